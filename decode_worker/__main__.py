@@ -1,0 +1,3 @@
+from decode_worker.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""`decode-worker` command line: argv -> settings -> the chosen subcommand.
+
+Each subcommand lives in its own module and exposes `run(args, loaded) -> int`; this file only
+parses arguments and resolves settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from decode_worker.errors import ConfigError, DecodeWorkerError
+from decode_worker.settings import LoadedSettings, load_settings
+
+# subcommand -> (module with run(args, loaded), one-line help)
+_SUBCOMMANDS = {
+    "serve": ("decode_worker.daemon.serve", "run the decode worker daemon"),
+    "prefill": ("decode_worker.daemon.prefill_main", "run the reference prefill peer"),
+    "demo": ("decode_worker.daemon.demo", "prefill peer + decode worker + a multi-turn chat demo"),
+    "make-model": ("decode_worker.device.default_model", "write the tiny default gpt-oss model"),
+    "config": ("decode_worker.cli", "print the resolved settings and where each came from"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="decode-worker",
+        description="Decode worker for prefill/decode disaggregated serving of sliding-window "
+        "hybrid models (gpt-oss). Settings: defaults < --config TOML < DECODE_WORKER_<SECTION>__"
+        "<KEY> env < --set/flags.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_, help_text) in _SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _add_common(p)
+        if name in ("serve", "prefill", "demo"):
+            p.add_argument("--host", help="bind address (server.host)")
+            p.add_argument("--port", type=int, help="HTTP port (server.port)")
+        if name in ("prefill", "demo"):
+            p.add_argument("--bootstrap-port", type=int, help="ZMQ port (transfer.bootstrap_port)")
+        if name == "demo":
+            p.add_argument("--turns", type=int, default=4, help="chat turns per conversation")
+            p.add_argument("--conversations", type=int, default=4, help="parallel conversations")
+            p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per answer")
+        if name == "make-model":
+            p.add_argument("dir", type=Path, help="output directory (Hugging Face layout)")
+        if name == "config":
+            p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    return parser
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="TOML settings file")
+    p.add_argument("--model", type=Path, help="local Hugging Face model directory (model.path)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        help="override one setting (repeatable); values are parsed as JSON when they can be",
+    )
+
+
+def resolve(args: argparse.Namespace) -> LoadedSettings:
+    """Turn parsed arguments into validated settings; raises ConfigError."""
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE")
+        overrides[key.strip()] = _parse_value(raw)
+    named = {
+        "model.path": getattr(args, "model", None),
+        "server.host": getattr(args, "host", None),
+        "server.port": getattr(args, "port", None),
+        "transfer.bootstrap_port": getattr(args, "bootstrap_port", None),
+    }
+    overrides.update({k: v for k, v in named.items() if v is not None})
+    return load_settings(args.config, overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        loaded = resolve(args)
+    except ConfigError as exc:
+        print(f"decode-worker: configuration error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=loaded.settings.server.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    module_name, _ = _SUBCOMMANDS[args.command]
+    if args.command == "config":
+        return run_config(args, loaded)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        print(f"decode-worker {args.command}: not built yet", file=sys.stderr)
+        return 2
+    try:
+        return int(module.run(args, loaded))
+    except ConfigError as exc:
+        print(f"decode-worker {args.command}: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except DecodeWorkerError as exc:
+        print(f"decode-worker {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+def run_config(args: argparse.Namespace, loaded: LoadedSettings) -> int:
+    """Print every resolved setting with its source; secrets are redacted."""
+    values = loaded.settings.model_dump(mode="json")
+    rows = []
+    for section, keys in values.items():
+        for key, value in keys.items():
+            dotted = f"{section}.{key}"
+            shown = "**********" if key in _SECRET_KEYS and value is not None else value
+            rows.append((dotted, shown, loaded.sources.get(dotted, "default")))
+    if args.json:
+        print(json.dumps({k: {"value": v, "source": s} for k, v, s in rows}, indent=2))
+        return 0
+    width = max(len(k) for k, _, _ in rows)
+    for dotted, shown, source in rows:
+        print(f"{dotted:<{width}} = {json.dumps(shown)}  # {source}")
+    return 0
+
+
+_SECRET_KEYS = frozenset({"api_key"})
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw

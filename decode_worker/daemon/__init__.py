@@ -1,0 +1,1 @@
+"""daemon layer; see README "Layout"."""

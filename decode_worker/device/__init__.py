@@ -1,0 +1,1 @@
+"""device layer; see README "Layout"."""

@@ -1,0 +1,1 @@
+"""device/model layer; see README "Layout"."""

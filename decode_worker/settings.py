@@ -1,0 +1,285 @@
+"""Typed settings, grouped by concern, with the source of every value.
+
+Sources, lowest priority first:
+  1. defaults (the field defaults below);
+  2. a TOML file (`--config FILE`), sections named as below;
+  3. environment: `DECODE_WORKER_<SECTION>__<KEY>` (e.g. `DECODE_WORKER_CACHE__PAGE_SIZE=64`), and
+     the plain switches `ENABLE_UNIFIED_RADIX_TREE` / `SGLANG_ENABLE_UNIFIED_RADIX_TREE`
+     (the `DECODE_WORKER_` form wins if both are set);
+  4. CLI overrides (`--set section.key=value` and the named flags such as `--port`).
+
+Runtime facts (how many pages fit in memory) live in the device layer's `CacheLayout`, never here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from decode_worker.errors import ConfigError
+
+ENV_PREFIX = "DECODE_WORKER_"
+UNIFIED_TREE_VARS = ("ENABLE_UNIFIED_RADIX_TREE", "SGLANG_ENABLE_UNIFIED_RADIX_TREE")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class ModelSettings(_Section):
+    """Which model to serve and how to hold its weights."""
+
+    path: Path | None = Field(
+        None, description="Local Hugging Face directory; unset = the embedded tiny gpt-oss"
+    )
+    served_model_name: str | None = Field(None, description="Name reported by /v1/models")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weight/activation dtype; auto = float32 on CPU, bfloat16 on CUDA"
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if present")
+    cache_dir: Path = Field(
+        Path.home() / ".cache" / "decode-worker",
+        description="Where the embedded default model is written once",
+    )
+    seed: int = Field(0, description="Seed of the embedded default model's random weights")
+
+
+class CacheSettings(_Section):
+    """KV pools and the decode-side radix cache."""
+
+    page_size: int = Field(16, gt=0, description="Tokens per KV page (both pools)")
+    decode_radix_cache: bool = Field(True, description="Reuse full-attention KV across requests")
+    unified_radix_tree: bool = Field(
+        True, description="One tree with full and SWA values (env ENABLE_UNIFIED_RADIX_TREE)"
+    )
+    hierarchical_cache: bool = Field(False, description="Host-tier cache (not with SWA radix)")
+    num_full_pages: int | None = Field(None, gt=0, description="Full pool size; unset = derived")
+    num_swa_pages: int | None = Field(None, gt=0, description="SWA pool size; unset = derived")
+    memory_fraction: float = Field(
+        0.85, gt=0.0, le=1.0, description="Share of free device memory for weights + pools (CUDA)"
+    )
+    cpu_pool_bytes: int = Field(
+        256 * 2**20, gt=0, description="Bytes for both pools together when running on CPU"
+    )
+    swa_pool_share: float = Field(
+        0.25, gt=0.0, lt=1.0, description="Share of pool bytes given to the SWA pool when derived"
+    )
+    kv_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="KV pool dtype; auto = the model dtype"
+    )
+
+
+class SchedulerSettings(_Section):
+    """Prealloc queue, admission and the decode batch."""
+
+    max_running_requests: int = Field(64, gt=0, description="Largest decode batch")
+    max_queued_requests: int = Field(1024, gt=0, description="Prealloc queue bound (then 503)")
+    max_prompt_tokens: int | None = Field(None, gt=0, description="Longer prompts get 413")
+    default_max_new_tokens: int = Field(128, gt=0, description="When a request gives none")
+    queue_timeout_s: float = Field(60.0, gt=0, description="Deadline to get pages, then abort")
+    kv_timeout_s: float = Field(30.0, gt=0, description="Deadline for KV to arrive, then abort")
+    cuda_graph: bool = Field(True, description="Capture the decode step in CUDA graphs (GPU)")
+    cuda_graph_batch_sizes: list[int] = Field(
+        [1, 2, 4, 8, 16, 24, 32, 48, 64], description="Graph buckets; eager above the largest"
+    )
+
+    @field_validator("cuda_graph_batch_sizes")
+    @classmethod
+    def _sorted_positive(cls, sizes: list[int]) -> list[int]:
+        if not sizes or any(s <= 0 for s in sizes):
+            raise ValueError("must be a non-empty list of positive batch sizes")
+        return sorted(set(sizes))
+
+
+class TransferSettings(_Section):
+    """KV transfer over NIXL and the prefill control plane (ZMQ)."""
+
+    backend: str = Field("UCX", description="NIXL backend plugin")
+    bootstrap_host: str = Field("127.0.0.1", description="Prefill peer: ZMQ bind address")
+    bootstrap_port: int = Field(8998, gt=0, lt=65536, description="Prefill peer: ZMQ port")
+    heartbeat_interval_s: float = Field(1.0, gt=0, description="Peer liveness ping period")
+    peer_dead_after_s: float = Field(5.0, gt=0, description="No heartbeat this long = peer gone")
+    abort_quiesce_s: float = Field(
+        10.0, gt=0, description="Pages of an aborted transfer wait this long for the peer's ack"
+    )
+
+
+class ServerSettings(_Section):
+    """HTTP front end and lifecycle."""
+
+    host: str = Field("127.0.0.1", description="Bind address (loopback by default)")
+    port: int = Field(30000, gt=0, lt=65536, description="HTTP port")
+    drain_grace_s: float = Field(30.0, ge=0, description="SIGTERM: time for running requests")
+    max_body_bytes: int = Field(8 * 2**20, gt=0, description="Larger request bodies get 413")
+    api_key: SecretStr | None = Field(None, description="Bearer token required if set")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Logging")
+
+
+class MetricsSettings(_Section):
+    """Prometheus exposition on GET /metrics."""
+
+    enabled: bool = Field(True, description="Serve /metrics")
+
+
+class Settings(BaseSettings):
+    """All settings. Build with `load_settings`, which also records each value's source."""
+
+    model_config = SettingsConfigDict(extra="forbid", frozen=True)
+
+    model: ModelSettings = ModelSettings()
+    cache: CacheSettings = CacheSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    transfer: TransferSettings = TransferSettings()
+    server: ServerSettings = ServerSettings()
+    metrics: MetricsSettings = MetricsSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # load_settings merges the sources itself (to know where each value came from).
+        return (init_settings,)
+
+
+class LoadedSettings(BaseModel):
+    """Resolved settings plus, for every dotted key, where its value came from."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    settings: Settings
+    sources: dict[str, str]
+
+
+def load_settings(
+    config_file: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> LoadedSettings:
+    """Merge defaults < TOML < environment < overrides and validate.
+
+    Args:
+        overrides: dotted keys (`"server.port"`) to values, from the CLI.
+        environ: the environment to read (default `os.environ`).
+    Raises:
+        ConfigError: one line naming the key, where it came from, the value and what is allowed.
+    """
+    env = dict(os.environ if environ is None else environ)
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if config_file is not None:
+        layers.append((f"file {config_file}", _read_toml(config_file)))
+    layers.append(("env", _read_env(env)))
+    layers.append(("cli", _nest(overrides or {})))
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name, layer in layers:
+        for key, value in _flatten(layer).items():
+            sources[key] = name
+            _set_dotted(merged, key, value)
+    try:
+        settings = Settings(**merged)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, sources, merged)) from None
+    for key in _flatten(settings.model_dump()):
+        sources.setdefault(key, "default")
+    return LoadedSettings(settings=settings, sources=dict(sorted(sources.items())))
+
+
+def env_var_name(dotted_key: str) -> str:
+    """`cache.page_size` -> `DECODE_WORKER_CACHE__PAGE_SIZE`."""
+    section, _, key = dotted_key.partition(".")
+    return f"{ENV_PREFIX}{section.upper()}__{key.upper()}"
+
+
+def parse_bool(name: str, raw: str) -> bool:
+    """Parse an operator's on/off switch; raises ConfigError naming the variable."""
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r}: expected one of 1/true/yes/on or 0/false/no/off")
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: no such file")
+    try:
+        return dict(TomlConfigSettingsSource(Settings, toml_file=path)())
+    except ValueError as exc:  # tomllib.TOMLDecodeError is a ValueError
+        raise ConfigError(f"--config {path}: not valid TOML: {exc}") from None
+
+
+def _read_env(env: dict[str, str]) -> dict[str, Any]:
+    source = EnvSettingsSource(
+        Settings, env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False
+    )
+    source.env_vars = {k.lower(): v for k, v in env.items()}
+    values = dict(source())
+    explicit = f"{ENV_PREFIX}CACHE__UNIFIED_RADIX_TREE".lower()
+    if explicit not in source.env_vars:
+        # Plain operator switches: ours first, then the name operators bring from SGLang.
+        for name in UNIFIED_TREE_VARS:
+            if name in env:
+                cache = dict(values.get("cache", {}))
+                cache["unified_radix_tree"] = parse_bool(name, env[name])
+                values["cache"] = cache
+                break
+    return values
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and "." not in dotted:
+            flat.update(_flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        if "." not in key:
+            raise ConfigError(f"override {key!r}: expected section.key=value")
+        _set_dotted(nested, key, value)
+    return nested
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    section, _, key = dotted.partition(".")
+    node = tree.setdefault(section, {})
+    if not isinstance(node, dict):
+        raise ConfigError(f"{section}: expected a section, got {node!r}")
+    node[key] = value
+
+
+def _describe(exc: ValidationError, sources: dict[str, str], merged: dict[str, Any]) -> str:
+    err = exc.errors()[0]
+    dotted = ".".join(str(p) for p in err["loc"][:2])
+    source = sources.get(dotted, "default")
+    where = {"env": env_var_name(dotted), "cli": f"--set {dotted}"}.get(source, dotted)
+    if source.startswith("file "):
+        where = f"{dotted} (in {source[5:]})"
+    value = _flatten(merged).get(dotted, "<missing>")
+    if err["type"] == "extra_forbidden":
+        return f"{where}: unknown setting (see `decode-worker config` for the valid keys)"
+    return f"{where}={value!r}: {err['msg']}"

@@ -1,0 +1,1 @@
+"""utils layer; see README "Layout"."""

@@ -1,0 +1,49 @@
+"""Sampling parameters of one request (pure; parsed by io/api, applied by device/sampler)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from decode_worker.errors import ClientError
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens and when to stop.
+
+    temperature 0 means greedy (argmax). top_k 0 or less means off; top_p 1.0 off; min_p 0.0 off.
+    `seed` makes a sampled request reproducible. Stop tokens and strings end generation; the stop
+    string itself is trimmed from the text unless `no_stop_trim`.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    extra: dict[str, object] = field(default_factory=dict, compare=False)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+    def validate(self) -> None:
+        """Raise ClientError naming the bad field; the request is answered 400."""
+        if self.max_new_tokens < 0:
+            raise ClientError(f"max_new_tokens={self.max_new_tokens}: must be >= 0")
+        if self.temperature < 0.0:
+            raise ClientError(f"temperature={self.temperature}: must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ClientError(f"top_p={self.top_p}: must be in (0, 1]")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ClientError(f"min_p={self.min_p}: must be in [0, 1]")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ClientError(f"top_k={self.top_k}: must be -1 (off) or >= 1")
+        if any(not s for s in self.stop):
+            raise ClientError("stop: empty stop strings are not allowed")

@@ -93,3 +93,11 @@ def test_every_subcommand_has_help() -> None:
     for sub in ("serve", "prefill", "demo", "make-model", "config"):
         out = _cli(sub, "--help")
         assert out.returncode == 0 and "usage:" in out.stdout, sub
+
+
+def test_example_configs_load() -> None:
+    root = Path(__file__).resolve().parents[2] / "configs"
+    files = sorted(root.glob("*.toml"))
+    assert len(files) >= 2
+    for path in files:
+        load_settings(path, environ={})

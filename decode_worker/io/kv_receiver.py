@@ -1,0 +1,354 @@
+"""Decode side of KV transfer: handshakes, transfer requests, completions, liveness.
+
+`KVReceiver` is single-threaded and non-blocking: its owner (the compute thread) calls `poll()`
+at least every ~100 ms. Every failure fails only its own transfer. Per transfer the owner gets:
+
+    submit ──► "done"                       KV and first token landed; pages are the request's
+           └─► "failed" ... "released"      tell the client now; reuse the pages only on
+                                            "released" (the peer acked, finished, or
+                                            `abort_quiesce_s` passed)
+    abort  ──► "released"                   (no "failed": the owner asked for it)
+
+Failure reasons are the abort labels of docs/CONTRACTS.md: transfer_failed (peer-reported
+error, refused handshake, NIXL error), peer_dead (no heartbeat answer for `peer_dead_after_s`),
+kv_timeout (the transfer's deadline passed), bad_request (invalid page ids).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import zmq
+
+from decode_worker.core.types import MemoryRegion
+from decode_worker.errors import PageError, TransferError
+from decode_worker.io import protocol as p
+from decode_worker.io.kv_peer import Peer, Transfer
+from decode_worker.io.nixl_agent import NixlAgent
+
+if TYPE_CHECKING:  # io/ takes the settings object but does not import pydantic at run time
+    from decode_worker.settings import TransferSettings
+
+log = logging.getLogger(__name__)
+
+EventKind = Literal["done", "failed", "released"]
+
+
+@dataclass(frozen=True, slots=True)
+class TransferEvent:
+    kind: EventKind
+    transfer_id: int
+    rid: str
+    room: int
+    reason: str | None = None  # abort label, on "failed"
+    detail: str = ""
+    num_bytes: int = 0
+    num_descriptors: int = 0
+    duration_s: float = 0.0
+
+
+@dataclass(slots=True)
+class ReceiverStats:
+    done: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    unknown_notifs: int = 0
+    late_notifs: int = 0
+    bytes_received: int = 0
+
+
+class KVReceiver:
+    """Receives KV pushed by prefill peers into the regions registered here.
+
+    `regions` are the decode side's "full", "swa" and "aux" layouts (see protocol.RegionLayout).
+    Raises ConfigError if the NIXL agent cannot start.
+    """
+
+    def __init__(
+        self,
+        settings: TransferSettings,
+        compat: p.ModelCompat,
+        regions: dict[str, p.RegionLayout],
+        kv_timeout_s: float = 30.0,
+        agent_name: str | None = None,
+    ) -> None:
+        self.settings, self.compat, self.regions = settings, compat, regions
+        self.kv_timeout_s = kv_timeout_s
+        self.agent = NixlAgent(agent_name or f"decode-{os.getpid()}", settings.backend)
+        self.agent.register([_memory_region(r) for r in regions.values()])
+        self._hello = p.Hello(
+            p.PROTOCOL_VERSION,
+            compat,
+            self.agent.name,
+            self.agent.metadata(),
+            list(regions.values()),
+        )
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._peers: dict[str, Peer] = {}
+        self._transfers: dict[int, Transfer] = {}
+        self._finished: OrderedDict[int, None] = OrderedDict()  # recent ids, for late notifs
+        self._events: list[TransferEvent] = []
+        self._next_id = 1
+        self.stats = ReceiverStats()
+
+    # -- owner API -------------------------------------------------------------------------
+
+    def submit(
+        self,
+        host: str,
+        port: int,
+        *,
+        rid: str,
+        room: int,
+        prompt_len: int,
+        reused_len: int,
+        swa_window_start: int,
+        full_page_ids: list[int],
+        swa_page_ids: list[int],
+        aux_slot: int,
+        timeout_s: float | None = None,
+    ) -> int:
+        """Ask the prefill peer at host:port for this request's KV; returns the transfer id.
+
+        Never raises for a per-request problem: bad page ids, a dead or incompatible peer all
+        come back as a "failed" then "released" event from `poll()`.
+        """
+        tid, self._next_id = self._next_id, self._next_id + 1
+        req = p.TransferRequest(
+            tid,
+            room,
+            rid,
+            prompt_len,
+            reused_len,
+            swa_window_start,
+            list(full_page_ids),
+            list(swa_page_ids),
+            aux_slot,
+            timeout_s or self.kv_timeout_s,
+        )
+        now = time.monotonic()
+        xfer = Transfer(req, f"{host}:{port}", now, now + req.deadline_s)
+        self._transfers[tid] = xfer
+        try:
+            p.validate_request(req, self.compat.page_size, self.regions)
+        except PageError as exc:
+            self._fail(xfer, "bad_request", str(exc), now)
+            return tid
+        peer = self._peers.get(xfer.peer_key) or self._connect(host, port, now)
+        if peer.ready:
+            self._send_request(peer, xfer, now)
+        else:
+            peer.waiting.append(tid)
+        return tid
+
+    def abort(self, transfer_id: int) -> None:
+        """Stop waiting for this transfer. Its pages come back with a later "released" event."""
+        xfer = self._transfers.get(transfer_id)
+        if xfer is None or xfer.phase == "aborting":
+            return
+        now = time.monotonic()
+        if xfer.phase == "queued":
+            self._release(xfer, now)
+            return
+        self._start_abort(xfer, now)
+
+    def poll(self) -> list[TransferEvent]:
+        """Do all pending work without blocking; returns the events since the last call."""
+        now = time.monotonic()
+        for peer in list(self._peers.values()):
+            self._read_peer(peer, now)
+        self._read_notifs(now)
+        self._check_liveness(now)
+        self._check_deadlines(now)
+        events, self._events = self._events, []
+        return events
+
+    def num_in_flight(self) -> int:
+        return len(self._transfers)
+
+    def close(self) -> None:
+        for peer in self._peers.values():
+            peer.client.close()
+        self._peers.clear()
+        self.agent.close()
+        self._ctx.term()
+
+    # -- peers -----------------------------------------------------------------------------
+
+    def _connect(self, host: str, port: int, now: float) -> Peer:
+        peer = Peer.open(self._ctx, host, port, now, self.settings.heartbeat_interval_s)
+        self._peers[peer.key] = peer
+        peer.client.send(self._hello)
+        return peer
+
+    def _read_peer(self, peer: Peer, now: float) -> None:
+        for msg in peer.client.recv_all():
+            peer.last_seen = now
+            match msg:
+                case p.Welcome():
+                    self._on_welcome(peer, msg, now)
+                case p.Refused(reason=reason):
+                    self._drop_peer(peer, "transfer_failed", f"peer refused: {reason}", now)
+                    return
+                case p.TransferFailed(transfer_id=tid, reason=reason):
+                    if (xfer := self._transfers.get(tid)) is not None:
+                        self._fail(xfer, "transfer_failed", f"peer: {reason}", now, acked=True)
+                case p.AbortAck(transfer_id=tid) | p.TransferDone(transfer_id=tid):
+                    self._on_peer_stopped(tid, now)
+                case p.Pong():
+                    pass
+                case _:
+                    log.warning("peer %s: unexpected %s", peer.key, type(msg).__name__)
+
+    def _on_welcome(self, peer: Peer, msg: p.Welcome, now: float) -> None:
+        try:
+            p.check_compat(self.compat, msg.compat, msg.version)
+        except TransferError as exc:
+            self._drop_peer(peer, "transfer_failed", str(exc), now)
+            return
+        peer.agent_name, peer.ready = msg.agent_name, True
+        for tid in peer.waiting:
+            if (xfer := self._transfers.get(tid)) is not None and xfer.phase == "queued":
+                self._send_request(peer, xfer, now)
+        peer.waiting.clear()
+
+    def _send_request(self, peer: Peer, xfer: Transfer, now: float) -> None:
+        try:
+            peer.client.send(xfer.req)
+        except TransferError as exc:
+            self._fail(xfer, "transfer_failed", str(exc), now, acked=True)
+            return
+        xfer.phase = "sent"
+
+    def _drop_peer(self, peer: Peer, reason: str, detail: str, now: float) -> None:
+        """Fail every transfer of this peer; its socket is closed, a later submit reconnects."""
+        log.warning("prefill peer %s dropped (%s): %s", peer.key, reason, detail)
+        self._peers.pop(peer.key, None)
+        peer.client.close()
+        if peer.agent_name:
+            self.agent.remove_peer(peer.agent_name)
+        for xfer in [x for x in self._transfers.values() if x.peer_key == peer.key]:
+            if xfer.phase == "aborting":
+                continue  # its quiesce deadline still runs
+            self._fail(xfer, reason, f"{peer.key}: {detail}", now, acked=xfer.phase == "queued")
+
+    def _check_liveness(self, now: float) -> None:
+        dead_after = self.settings.peer_dead_after_s
+        for peer in list(self._peers.values()):
+            if now - peer.last_seen > dead_after:
+                what = "heartbeat" if peer.ready else "handshake"
+                self._drop_peer(peer, "peer_dead", f"no {what} answer for {dead_after:.1f} s", now)
+            elif now >= peer.next_ping:
+                peer.ping(now, self.settings.heartbeat_interval_s)
+
+    # -- transfers -------------------------------------------------------------------------
+
+    def _read_notifs(self, now: float) -> None:
+        for sender, raw in self.agent.drain_notifs():
+            try:
+                notif = p.decode_notif(raw)
+            except TransferError as exc:
+                self.stats.unknown_notifs += 1
+                log.warning("notification from %s: %s", sender, exc)
+                continue
+            xfer = self._transfers.get(notif.transfer_id)
+            if xfer is None or xfer.req.room != notif.room:
+                late = notif.transfer_id in self._finished
+                self.stats.late_notifs += late
+                self.stats.unknown_notifs += not late
+                log.info("%s notification %s from %s", "late" if late else "unknown", notif, sender)
+                continue
+            if xfer.add_part(notif):
+                self._complete(xfer, now)
+
+    def _complete(self, xfer: Transfer, now: float) -> None:
+        if xfer.phase == "aborting":
+            self._release(xfer, now)  # the peer finished writing: the pages are quiet
+            return
+        self._forget(xfer)
+        num_bytes = _transfer_bytes(xfer.req, self.regions)
+        self.stats.done += 1
+        self.stats.bytes_received += num_bytes
+        self._events.append(
+            TransferEvent(
+                "done",
+                xfer.req.transfer_id,
+                xfer.req.rid,
+                xfer.req.room,
+                num_bytes=num_bytes,
+                num_descriptors=xfer.num_descriptors,
+                duration_s=now - xfer.started_at,
+            )
+        )
+
+    def _on_peer_stopped(self, tid: int, now: float) -> None:
+        xfer = self._transfers.get(tid)
+        if xfer is not None and xfer.phase == "aborting":
+            self._release(xfer, now)
+
+    def _check_deadlines(self, now: float) -> None:
+        for xfer in list(self._transfers.values()):
+            if xfer.phase == "aborting":
+                if now >= xfer.release_at:
+                    self._release(xfer, now)
+            elif now >= xfer.deadline:
+                detail = f"KV did not arrive within {xfer.req.deadline_s:.1f} s"
+                self._fail(xfer, "kv_timeout", detail, now)
+
+    def _fail(
+        self, xfer: Transfer, reason: str, detail: str, now: float, acked: bool = False
+    ) -> None:
+        """Fail one transfer. Unless the peer cannot be writing (`acked`, or never asked), its
+        pages wait for an ack, the last notification, or `abort_quiesce_s`."""
+        r = xfer.req
+        log.warning(
+            "transfer %d rid=%s room=%d failed (%s): %s",
+            r.transfer_id,
+            r.rid,
+            r.room,
+            reason,
+            detail,
+        )
+        self.stats.failures[reason] += 1
+        self._events.append(TransferEvent("failed", r.transfer_id, r.rid, r.room, reason, detail))
+        if acked or xfer.phase == "queued":
+            self._release(xfer, now)
+        else:
+            self._start_abort(xfer, now)
+
+    def _start_abort(self, xfer: Transfer, now: float) -> None:
+        xfer.phase, xfer.release_at = "aborting", now + self.settings.abort_quiesce_s
+        peer = self._peers.get(xfer.peer_key)
+        if peer is not None:
+            # Best effort: the quiesce deadline still protects the pages.
+            with contextlib.suppress(TransferError):
+                peer.client.send(p.Abort(xfer.req.transfer_id, xfer.req.room))
+
+    def _release(self, xfer: Transfer, now: float) -> None:
+        self._forget(xfer)
+        r = xfer.req
+        self._events.append(TransferEvent("released", r.transfer_id, r.rid, r.room))
+
+    def _forget(self, xfer: Transfer) -> None:
+        self._transfers.pop(xfer.req.transfer_id, None)
+        self._finished[xfer.req.transfer_id] = None
+        while len(self._finished) > 4096:
+            self._finished.popitem(last=False)
+
+
+def _memory_region(r: p.RegionLayout) -> MemoryRegion:
+    return MemoryRegion(r.addr, r.length, r.device_id, r.kind)
+
+
+def _transfer_bytes(req: p.TransferRequest, regions: dict[str, p.RegionLayout]) -> int:
+    full, swa, aux = regions["full"], regions["swa"], regions["aux"]
+    return (
+        len(req.full_page_ids) * full.num_layers * full.row_bytes
+        + len(req.swa_page_ids) * swa.num_layers * swa.row_bytes
+        + aux.row_bytes
+    )

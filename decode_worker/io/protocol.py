@@ -1,0 +1,276 @@
+"""The KV-transfer wire protocol: versioned, tagged msgspec structs over msgpack (no pickle).
+
+Control plane (ZMQ DEALER on the decode side -> ROUTER on the prefill peer):
+
+    decode                                   prefill
+      Hello(version, compat, agent, regions) ->
+                                          <- Welcome(version, compat, agent) | Refused(reason)
+      Ping(seq)                           ->
+                                          <- Pong(seq)
+      TransferRequest(transfer_id, room, ...) ->
+                                          <- TransferDone | TransferFailed   (after the WRITEs)
+      Abort(transfer_id, room)            ->
+                                          <- AbortAck(transfer_id, room)     (no more writes)
+
+Data plane: NIXL WRITEs from the prefill pools into the decode regions; each WRITE carries a
+`Notif` (encoded with `encode_notif`) naming the transfer and its part; the decode side
+completes a transfer when it holds all `num_parts` notifications of it.
+
+Regions: `RegionLayout` describes one registered tensor as rows of `row_bytes`:
+`addr(layer, row) = addr + (layer * rows_per_layer + row) * row_bytes`. A KV pool is
+`[num_layers, num_pages + 1, 2, page_size, kv_heads, head_dim]`, so a row is one page (K and V)
+and `rows_per_layer = num_pages + 1` (page 0 is the reserved dummy page). The aux buffer is one
+layer of `num_rows` rows.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from decode_worker.errors import IncompatiblePeer, PageError, ProtocolError
+from decode_worker.utils.mathx import cdiv
+
+PROTOCOL_VERSION = 1
+NOTIF_PREFIX = b"dw1:"
+
+
+class _Msg(msgspec.Struct, frozen=True, tag_field="t", forbid_unknown_fields=True):
+    """Base of every control message; the class name is the tag on the wire."""
+
+
+class ModelCompat(msgspec.Struct, frozen=True):
+    """What both sides must agree on before any KV moves.
+
+    `window` is the number of earlier tokens a sliding-window query sees (HF `sliding_window - 1`).
+    `layer_kinds` lists "full" or "swa" per model layer, in model order.
+    """
+
+    model: str
+    dtype: str
+    layer_kinds: list[str]
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    window: int
+
+
+class RegionLayout(msgspec.Struct, frozen=True):
+    """One registered memory region seen as `num_layers x rows_per_layer` rows of `row_bytes`."""
+
+    name: Literal["full", "swa", "aux"]
+    addr: int
+    num_layers: int
+    rows_per_layer: int
+    row_bytes: int
+    device_id: int
+    kind: Literal["DRAM", "VRAM"]
+
+    @property
+    def length(self) -> int:
+        return self.num_layers * self.rows_per_layer * self.row_bytes
+
+    def row_addr(self, layer: int, row: int) -> int:
+        return self.addr + (layer * self.rows_per_layer + row) * self.row_bytes
+
+
+class Hello(_Msg):
+    version: int
+    compat: ModelCompat
+    agent_name: str
+    agent_metadata: bytes
+    regions: list[RegionLayout]
+
+
+class Welcome(_Msg):
+    version: int
+    compat: ModelCompat
+    agent_name: str
+    heartbeat_interval_s: float
+
+
+class Refused(_Msg):
+    reason: str
+
+
+class Ping(_Msg):
+    seq: int
+
+
+class Pong(_Msg):
+    seq: int
+
+
+class TransferRequest(_Msg):
+    """Decode asks for the KV it lacks. Token ranges (L = prompt_len, P = reused_len, S =
+    swa_window_start, all page-aligned except L):
+
+        [0 ........ P ........ S ........ L)
+         cached here |<- full_page_ids ------>|   one id per page of [P, L)
+                                |<- swa --->|   one id per page of [S, L)
+
+    The prefill side uses S as given (it never recomputes the window). `aux_slot` is the aux row
+    that receives the first output token. `deadline_s` is relative: how long decode will wait.
+    """
+
+    transfer_id: int
+    room: int
+    rid: str
+    prompt_len: int
+    reused_len: int
+    swa_window_start: int
+    full_page_ids: list[int]
+    swa_page_ids: list[int]
+    aux_slot: int
+    deadline_s: float
+
+
+class Abort(_Msg):
+    transfer_id: int
+    room: int
+
+
+class AbortAck(_Msg):
+    """The prefill peer will not write into the pages of this transfer any more."""
+
+    transfer_id: int
+    room: int
+
+
+class TransferDone(_Msg):
+    transfer_id: int
+    room: int
+    num_bytes: int
+    num_descriptors: int
+
+
+class TransferFailed(_Msg):
+    transfer_id: int
+    room: int
+    reason: str
+
+
+Message = (
+    Hello
+    | Welcome
+    | Refused
+    | Ping
+    | Pong
+    | TransferRequest
+    | Abort
+    | AbortAck
+    | TransferDone
+    | TransferFailed
+)
+
+
+class Notif(msgspec.Struct, frozen=True, array_like=True):
+    """The NIXL notification of one WRITE: part `part` of `num_parts` of a transfer."""
+
+    transfer_id: int
+    room: int
+    part: int
+    num_parts: int
+    num_descriptors: int
+
+
+class _VersionPeek(msgspec.Struct):
+    t: str = ""
+    version: int = -1
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
+_notif_decoder = msgspec.msgpack.Decoder(Notif)
+_peek_decoder = msgspec.msgpack.Decoder(_VersionPeek)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(raw: bytes) -> Message:
+    """Decode one control frame. Raises ProtocolError naming the version when it differs."""
+    try:
+        return _decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        try:
+            peek = _peek_decoder.decode(raw)
+        except msgspec.DecodeError:
+            peek = _VersionPeek()
+        if peek.version not in (-1, PROTOCOL_VERSION):
+            raise ProtocolError(
+                f"peer speaks protocol version {peek.version}, we speak {PROTOCOL_VERSION}"
+            ) from None
+        raise ProtocolError(f"malformed {peek.t or 'control'} message: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"undecodable control frame: {exc}") from None
+
+
+def encode_notif(notif: Notif) -> bytes:
+    return NOTIF_PREFIX + _encoder.encode(notif)
+
+
+def decode_notif(raw: bytes) -> Notif:
+    """Raises ProtocolError for anything that is not one of our notifications."""
+    if not raw.startswith(NOTIF_PREFIX):
+        raise ProtocolError(f"foreign notification {raw[:32]!r}")
+    try:
+        return _notif_decoder.decode(raw[len(NOTIF_PREFIX) :])
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"malformed notification: {exc}") from None
+
+
+def compat_mismatches(decode_side: ModelCompat, prefill_side: ModelCompat) -> list[str]:
+    """Every field the two sides disagree on, as "field: decode=X prefill=Y"."""
+    out = []
+    for field in decode_side.__struct_fields__:
+        ours, theirs = getattr(decode_side, field), getattr(prefill_side, field)
+        if ours != theirs:
+            out.append(f"{field}: decode={ours!r} prefill={theirs!r}")
+    return out
+
+
+def check_compat(decode_side: ModelCompat, prefill_side: ModelCompat, version: int) -> None:
+    """Raises IncompatiblePeer with one message naming both sides' values of every mismatch."""
+    problems = compat_mismatches(decode_side, prefill_side)
+    if version != PROTOCOL_VERSION:
+        problems.insert(0, f"protocol_version: ours={PROTOCOL_VERSION} peer={version}")
+    if problems:
+        raise IncompatiblePeer("incompatible peer: " + "; ".join(problems))
+
+
+def validate_request(
+    req: TransferRequest, page_size: int, regions: dict[str, RegionLayout]
+) -> None:
+    """Check a transfer request against the decode side's regions before any byte moves.
+
+    Raises PageError (a TransferError) naming the first problem: ranges not page-aligned or out of
+    order, a page-id list of the wrong length, an id outside `[1, num_pages]` or repeated, or an
+    aux slot outside the aux region.
+    """
+    ps, n_pages = page_size, cdiv(req.prompt_len, page_size)
+    if req.prompt_len <= 0:
+        raise PageError(f"room {req.room}: prompt_len {req.prompt_len} must be positive")
+    if req.reused_len % ps or not 0 <= req.reused_len <= req.prompt_len:
+        raise PageError(f"room {req.room}: reused_len={req.reused_len} not page-aligned in [0, L]")
+    if req.swa_window_start % ps or not 0 <= req.swa_window_start < req.prompt_len:
+        raise PageError(
+            f"room {req.room}: swa_window_start={req.swa_window_start} not page-aligned in [0, L)"
+        )
+    _check_ids(req, "full", req.full_page_ids, n_pages - req.reused_len // ps, regions["full"])
+    _check_ids(req, "swa", req.swa_page_ids, n_pages - req.swa_window_start // ps, regions["swa"])
+    if not 0 <= req.aux_slot < regions["aux"].rows_per_layer:
+        raise PageError(f"room {req.room}: aux_slot {req.aux_slot} out of range")
+
+
+def _check_ids(
+    req: TransferRequest, pool: str, ids: list[int], expected: int, region: RegionLayout
+) -> None:
+    if len(ids) != expected:
+        raise PageError(f"room {req.room}: {len(ids)} {pool} page ids for {expected} pages")
+    if any(not 1 <= p < region.rows_per_layer for p in ids):
+        raise PageError(f"room {req.room}: {pool} page id out of [1, {region.rows_per_layer - 1}]")
+    if len(set(ids)) != len(ids):
+        raise PageError(f"room {req.room}: repeated {pool} page ids")

@@ -61,3 +61,7 @@ class IncompatiblePeer(TransferError):
 
 class FatalError(DecodeWorkerError):
     """A broken invariant or a device failure: the process exits non-zero."""
+
+
+class LockStateError(FatalError):
+    """A radix-tree lock released twice, or a lock count that would go negative."""

@@ -1,0 +1,83 @@
+"""Node of the unified radix tree and the page-key helper (pure data, no tree logic).
+
+A key is a list of *page keys*: one per page of `page_size` tokens (the token tuple, or the bare
+token when `page_size == 1`). A child is found by its first page key; a node's key, full value
+and SWA value always have the same number of pages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Union
+
+PageKey = Union[tuple[int, ...], int]  # noqa: UP007 - a runtime alias, kept readable
+
+
+def page_keys(token_ids: Sequence[int], page_size: int) -> list[PageKey]:
+    """Page keys of the page-aligned prefix of `token_ids` (a trailing partial page is dropped).
+
+    Compute them once per request and pass them to `match_prefix`/`insert` via `keys=`.
+    """
+    if page_size == 1:
+        return list(token_ids)
+    n = len(token_ids) - len(token_ids) % page_size
+    ids = token_ids if isinstance(token_ids, list | tuple) else list(token_ids)
+    return [tuple(ids[j : j + page_size]) for j in range(0, n, page_size)]
+
+
+class Node:
+    """One key segment of the tree with a full value and an SWA value.
+
+    - `full`: full-pool page ids, one per page of `key` (root: empty). Nodes without full KV do
+      not exist (full eviction deletes the leaf).
+    - `swa`: SWA-pool page ids, or None: a *tombstone* (SWA gone, full stays).
+    - `full_lock`, `swa_lock`: lock refs; `full_lock >= swa_lock >= 0`; a tombstone has
+      `swa_lock == 0`.
+    - `swa_uuid`: nonzero marks the top of some lock's SWA span (moves up on a split).
+    - `swa_epoch`: tick at which `swa` became live (a lock skips nodes made live after it).
+    - `tick`: logical last-access time (LRU for full eviction).
+    """
+
+    __slots__ = (
+        "children",
+        "full",
+        "full_lock",
+        "key",
+        "parent",
+        "swa",
+        "swa_epoch",
+        "swa_lock",
+        "swa_uuid",
+        "tick",
+    )
+
+    def __init__(
+        self,
+        parent: Node | None,
+        key: list[PageKey],
+        full: list[int],
+        swa: list[int] | None,
+        tick: int = 0,
+    ) -> None:
+        self.parent = parent
+        self.children: dict[PageKey, Node] = {}
+        self.key = key
+        self.full = full
+        self.swa = swa
+        self.full_lock = 0
+        self.swa_lock = 0
+        self.swa_uuid = 0
+        self.swa_epoch = tick
+        self.tick = tick
+
+    @property
+    def num_pages(self) -> int:
+        """Pages in this node's key (and in each of its values)."""
+        return len(self.key)
+
+    def __repr__(self) -> str:
+        state = "tomb" if self.swa is None else "live"
+        return (
+            f"Node(pages={len(self.key)}, {state}, full_lock={self.full_lock}, "
+            f"swa_lock={self.swa_lock}, children={len(self.children)})"
+        )

@@ -1,0 +1,46 @@
+"""One request's KV bookkeeping in page units (`ReqKV`), shared by the tree and admission."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from decode_worker.core.radix_locks import LockRef
+
+
+@dataclass(slots=True)
+class ReqKV:
+    """The pages one request holds, per logical page `i` (token positions `[i*ps, (i+1)*ps)`).
+
+    ```
+    token pos:  0 ........ cache_protected_len ........ swa_start ........ len(token_ids)
+    full:       [ tree-owned (locked) | request-owned .............................. ]
+    swa:        [ 0 (not held) ........................ | live SWA pages ............ ]
+    ```
+    - `full_page_ids[i]` is always present for every page the request holds (it may hold pages
+      past `cdiv(len(token_ids), ps)`, preallocated for decoding).
+    - `swa_page_ids[i]` is an SWA-pool page or 0 (not held); pages below `swa_start // ps` are 0.
+      Inside the tree-owned prefix an entry is the tree's SWA page, or 0 for a tombstone.
+    - `swa_start` is page-aligned.
+    - `cache_protected_len` is page-aligned: tokens `[0, this)` are owned by the tree and kept
+      alive by `lock`; the request frees only pages at or past it.
+    """
+
+    token_ids: list[int]
+    full_page_ids: list[int]
+    swa_page_ids: list[int]
+    swa_start: int = 0
+    cache_protected_len: int = 0
+    lock: LockRef | None = field(default=None)
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens whose KV the request holds."""
+        return len(self.token_ids)
+
+    def owned_full_page_ids(self, page_size: int) -> list[int]:
+        """Full pages the request owns (not the tree): those at or past the protected prefix."""
+        return self.full_page_ids[self.cache_protected_len // page_size :]
+
+    def owned_swa_page_ids(self, page_size: int) -> list[int]:
+        """Live SWA pages the request owns (not the tree)."""
+        return [p for p in self.swa_page_ids[self.cache_protected_len // page_size :] if p]

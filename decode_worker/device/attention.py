@@ -1,0 +1,137 @@
+"""Attention over the paged pools, with gpt-oss sinks, for decode batches and for prefill.
+
+Window convention: `window` = earlier tokens a sliding query sees (HF `sliding_window - 1`, 127
+for gpt-oss). A sliding query at position p sees keys [p - window, p]; a full query sees [0, p].
+
+Slot of position `pos` in a page table: page `table[pos // page_size]`, offset `pos % page_size`.
+Page 0 is the dummy page: writes aimed at it (graph padding, SWA pages that are not held) land
+there harmlessly, and reads from it are always masked out.
+
+Everything is vectorized: one gather per layer over the whole batch, no per-token Python loop.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from decode_worker.device.kv_pool import KVPools
+
+PREFILL_QUERY_CHUNK = 512  # bounds the [chunk, keys] score matrix of a long prefill
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+           sinks: torch.Tensor, scale: float) -> torch.Tensor:
+    """Softmax attention with one sink logit per head (appended, then dropped).
+
+    q: [B, Q, heads, hd]; k, v: [B, L, kv_heads, hd]; mask: [B, Q, L] bool (True = visible);
+    sinks: [heads]. Returns [B, Q, heads * hd]. Scores are computed in float32.
+    """
+    b, nq, nh, hd = q.shape
+    nkv = k.shape[2]
+    g = nh // nkv
+    qg = q.float().view(b, nq, nkv, g, hd).permute(0, 2, 3, 1, 4)  # [B, kvh, g, Q, hd]
+    kt = k.float().permute(0, 2, 3, 1)[:, :, None]  # [B, kvh, 1, hd, L]
+    s = torch.matmul(qg, kt) * scale  # s: [B, kvh, g, Q, L]
+    s = s.masked_fill(~mask[:, None, None], float("-inf"))
+    sink = sinks.float().view(1, nkv, g, 1, 1).expand(b, nkv, g, nq, 1)  # [B, kvh, g, Q, 1]
+    logits = torch.cat((s, sink), dim=-1)  # [B, kvh, g, Q, L + 1]
+    p = torch.softmax(logits - logits.amax(-1, keepdim=True), dim=-1)[..., :-1]
+    vg = v.float().permute(0, 2, 1, 3)[:, :, None]  # [B, kvh, 1, L, hd]
+    out = torch.matmul(p, vg)  # out: [B, kvh, g, Q, hd]
+    return out.permute(0, 3, 1, 2, 4).reshape(b, nq, nh * hd).to(q.dtype)
+
+
+class DecodeAttention:
+    """One decode step for `bs` requests (one new token each) over the pools.
+
+    Built once per step; its index tensors are shared by all layers. Shapes depend only on
+    (bs, table width), so the whole step can be captured in a CUDA graph.
+    """
+
+    def __init__(self, pools: KVPools, window: int, positions: torch.Tensor,
+                 full_table: torch.Tensor, swa_table: torch.Tensor) -> None:
+        """positions: [bs] i64; full_table / swa_table: [bs, max_pages] i64 (0-padded)."""
+        ps = pools.page_size
+        self.pools = pools
+        bs, width = full_table.shape
+        rows = torch.arange(bs, device=positions.device)[:, None]  # [bs, 1]
+        last = (positions // ps)[:, None]  # [bs, 1]
+        self.full_w_page = full_table.gather(1, last)[:, 0]  # [bs]
+        self.swa_w_page = swa_table.gather(1, last)[:, 0]  # [bs]
+        self.w_off = positions % ps  # [bs]
+        kpos = torch.arange(width * ps, device=positions.device)  # [L]
+        self.full_pages = full_table[:, kpos // ps]  # [bs, L]
+        self.full_offs = (kpos % ps).expand(bs, -1)  # [bs, L]
+        self.full_mask = (kpos[None, :] <= positions[:, None])[:, None]  # [bs, 1, L]
+        spos = positions[:, None] - window + torch.arange(window + 1, device=positions.device)
+        sclamped = spos.clamp(min=0)  # spos/sclamped: [bs, W + 1]
+        self.swa_pages = swa_table[rows, sclamped // ps]  # [bs, W + 1]
+        self.swa_offs = sclamped % ps  # [bs, W + 1]
+        self.swa_mask = (spos >= 0)[:, None]  # [bs, 1, W + 1]
+        self.scale = pools.spec.head_dim ** -0.5
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 sinks: torch.Tensor) -> torch.Tensor:
+        """q: [bs, heads, hd]; k, v: [bs, kvh, hd] -> [bs, heads * hd]. Writes k/v first."""
+        pool, _ = self.pools.layer_slot(layer)
+        kv = self.pools.layer_tensor(layer)  # [N + 1, 2, ps, kvh, hd]
+        if pool == "full":
+            w_page, pages, offs, mask = (self.full_w_page, self.full_pages, self.full_offs,
+                                         self.full_mask)
+        else:
+            w_page, pages, offs, mask = (self.swa_w_page, self.swa_pages, self.swa_offs,
+                                         self.swa_mask)
+        kv[w_page, 0, self.w_off] = k.to(kv.dtype)
+        kv[w_page, 1, self.w_off] = v.to(kv.dtype)
+        keys = kv[pages, 0, offs]  # [bs, L, kvh, hd]
+        vals = kv[pages, 1, offs]  # [bs, L, kvh, hd]
+        out = attend(q[:, None], keys, vals, mask, sinks, self.scale)  # [bs, 1, heads * hd]
+        return out[:, 0].to(q.dtype)
+
+
+class PrefillAttention:
+    """Positions [start, start + T) of one request; the KV of [0, start) is read from the pools.
+
+    New K/V go to the full pool for every position and to the SWA pool where the SWA page id is
+    not 0 (page 0 = not held: the write lands on the dummy page). Attention over the new tokens
+    uses the freshly computed K/V directly, so un-held SWA pages never need to be read back.
+    """
+
+    def __init__(self, pools: KVPools, window: int, start: int, num_new: int,
+                 full_table: torch.Tensor, swa_table: torch.Tensor) -> None:
+        """full_table / swa_table: [num_pages] i64 covering [0, start + num_new)."""
+        ps, dev = pools.page_size, full_table.device
+        self.pools, self.window, self.start = pools, window, start
+        pos = torch.arange(start, start + num_new, device=dev)  # [T]
+        self.qpos = pos
+        self.full_w = (full_table[pos // ps], pos % ps)  # ([T], [T])
+        self.swa_w = (swa_table[pos // ps], pos % ps)  # ([T], [T]); page 0 = not held
+        self.full_prev = torch.arange(start, device=dev)  # [P] cached positions, full layers
+        swa_from = max(0, start - window)
+        self.swa_prev = torch.arange(swa_from, start, device=dev)  # [<= W] cached, SWA layers
+        self.full_r = (full_table[self.full_prev // ps], self.full_prev % ps)
+        self.swa_r = (swa_table[self.swa_prev // ps], self.swa_prev % ps)
+        self.scale = pools.spec.head_dim ** -0.5
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 sinks: torch.Tensor) -> torch.Tensor:
+        """q: [T, heads, hd]; k, v: [T, kvh, hd] -> [T, heads * hd]."""
+        pool, _ = self.pools.layer_slot(layer)
+        kv = self.pools.layer_tensor(layer)  # [N + 1, 2, ps, kvh, hd]
+        (w_page, w_off), (r_page, r_off), prev = (
+            (self.full_w, self.full_r, self.full_prev) if pool == "full"
+            else (self.swa_w, self.swa_r, self.swa_prev))
+        keys = torch.cat((kv[r_page, 0, r_off].to(k.dtype), k))  # [P + T, kvh, hd]
+        vals = torch.cat((kv[r_page, 1, r_off].to(v.dtype), v))  # [P + T, kvh, hd]
+        kv[w_page, 0, w_off] = k.to(kv.dtype)
+        kv[w_page, 1, w_off] = v.to(kv.dtype)
+        kpos = torch.cat((prev, self.qpos))  # [P + T]
+        outs = []
+        for c0 in range(0, q.shape[0], PREFILL_QUERY_CHUNK):
+            qpos = self.qpos[c0:c0 + PREFILL_QUERY_CHUNK]  # [C]
+            mask = kpos[None, :] <= qpos[:, None]  # [C, P + T]
+            if pool == "swa":
+                mask &= kpos[None, :] >= qpos[:, None] - self.window
+            qc = q[c0:c0 + PREFILL_QUERY_CHUNK][None]  # [1, C, heads, hd]
+            outs.append(attend(qc, keys[None], vals[None], mask[None], sinks, self.scale)[0])
+        return torch.cat(outs)  # [T, heads * hd]

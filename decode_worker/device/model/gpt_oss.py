@@ -1,0 +1,173 @@
+"""The gpt-oss forward pass over flat token batches; attention is supplied by the caller.
+
+The model knows nothing about pages: each layer hands its post-RoPE q/k/v to an `Attend`
+callable (device/attention.py), which stores the new K/V into the pools and returns the attention
+output. Architecture facts (transformers' GptOss): RMSNorm; q/k/v/o with biases; RoPE (YaRN) on
+the two halves of each head; attention with a learned per-head sink logit; a top-k router with a
+bias whose chosen logits are softmaxed; experts with a clamped SwiGLU
+`(clamp(up, -l, l) + 1) * g * sigmoid(alpha * g)`, `g = clamp(gate, max=l)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from decode_worker.device.model.config import GptOssConfig, rope_inv_freq
+
+
+class Attend(Protocol):
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor
+    ) -> torch.Tensor:
+        """q: [T, heads, head_dim], k/v: [T, kv_heads, head_dim] -> [T, heads * head_dim]."""
+        ...
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    """One decoder layer. Expert gate/up columns are de-interleaved: [gate | up]."""
+
+    input_norm: torch.Tensor  # [H]
+    post_norm: torch.Tensor  # [H]
+    qkv_w: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, H]
+    qkv_b: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim]
+    o_w: torch.Tensor  # [H, heads * head_dim]
+    o_b: torch.Tensor  # [H]
+    sinks: torch.Tensor  # [heads] float32
+    router_w: torch.Tensor  # [E, H]
+    router_b: torch.Tensor  # [E]
+    gate_up: torch.Tensor  # [E, H, 2I]
+    gate_up_b: torch.Tensor  # [E, 2I]
+    down: torch.Tensor  # [E, I, H]
+    down_b: torch.Tensor  # [E, H]
+
+
+class GptOssModel:
+    """Weights plus the forward pass. Build with `weights.load_model` (or `from_state_dict`)."""
+
+    def __init__(self, cfg: GptOssConfig, embed: torch.Tensor, layers: list[LayerWeights],
+                 norm: torch.Tensor, lm_head: torch.Tensor) -> None:
+        self.cfg = cfg
+        self.embed = embed  # [V, H]
+        self.layers = layers
+        self.norm = norm  # [H]
+        self.lm_head = lm_head  # [V, H]
+        inv, scale = rope_inv_freq(cfg)
+        # inv_freq: [head_dim / 2] f32 (RoPE math is done in float32 like the reference)
+        self.inv_freq = torch.tensor(inv, dtype=torch.float32, device=embed.device)
+        self.rope_scale = scale
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attend: Attend,
+                *, static: bool = False) -> torch.Tensor:
+        """Hidden states after the final norm: token_ids/positions [T] i64 -> [T, H].
+
+        `static` keeps every op free of data-dependent shapes (CUDA-graph capture).
+        """
+        cfg = self.cfg
+        h = self.embed[token_ids]  # h: [T, H]
+        cos, sin = self._rope(positions)  # cos/sin: [T, 1, head_dim / 2]
+        nq, nkv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        for i, lw in enumerate(self.layers):
+            x = rms_norm(h, lw.input_norm, cfg.rms_norm_eps)
+            qkv = F.linear(x, lw.qkv_w, lw.qkv_b)  # qkv: [T, nq + 2 nkv]
+            q = qkv[:, :nq].view(-1, cfg.num_attention_heads, cfg.head_dim)  # [T, heads, hd]
+            k = qkv[:, nq:nq + nkv].view(-1, cfg.num_key_value_heads, cfg.head_dim)
+            v = qkv[:, nq + nkv:].view(-1, cfg.num_key_value_heads, cfg.head_dim)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            a = attend(i, q, k, v, lw.sinks)  # a: [T, heads * hd]
+            h = h + F.linear(a, lw.o_w, lw.o_b)
+            x = rms_norm(h, lw.post_norm, cfg.rms_norm_eps)
+            h = h + moe(x, lw, cfg, static=static)
+        return rms_norm(h, self.norm, cfg.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, H] -> [N, V] float32."""
+        return F.linear(hidden, self.lm_head).float()
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, hd/2] f32
+        cos = (freqs.cos() * self.rope_scale).to(self.dtype)[:, None, :]  # [T, 1, hd/2]
+        sin = (freqs.sin() * self.rope_scale).to(self.dtype)[:, None, :]  # [T, 1, hd/2]
+        return cos, sin
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in float32, scaled by `weight`, cast back to x's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight * xf).to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the two halves of each head: x [T, n, hd], cos/sin [T, 1, hd/2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """[..., 2I] laid out [gate | up] -> [..., I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def moe(x: torch.Tensor, lw: LayerWeights, cfg: GptOssConfig, *, static: bool) -> torch.Tensor:
+    """Routed experts: x [T, H] -> [T, H].
+
+    Three equivalent strategies: per-token weight gather when few (token, expert) pairs exist,
+    every expert on every token when that is cheaper or shapes must be static (graphs), and a
+    loop over the hit experts (the reference's strategy) for large eager batches of many experts.
+    """
+    num_tokens, num_experts, top_k = x.shape[0], cfg.num_local_experts, cfg.num_experts_per_tok
+    router = F.linear(x, lw.router_w, lw.router_b)  # router: [T, E]
+    top_v, top_i = torch.topk(router, top_k, dim=-1)  # [T, k]
+    top_w = torch.softmax(top_v, dim=-1)  # [T, k]
+    if num_tokens * top_k < num_experts:
+        return _moe_gather(x, lw, cfg, top_i, top_w)
+    if static or num_experts <= 16:
+        return _moe_dense(x, lw, cfg, top_i, top_w)
+    return _moe_loop(x, lw, cfg, top_i, top_w)
+
+
+def _moe_gather(x: torch.Tensor, lw: LayerWeights, cfg: GptOssConfig,
+                top_i: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
+    gu = torch.einsum("th,tkhi->tki", x, lw.gate_up[top_i]) + lw.gate_up_b[top_i]  # [T, k, 2I]
+    act = swiglu(gu, cfg.swiglu_alpha, cfg.swiglu_limit)  # [T, k, I]
+    out = torch.einsum("tki,tkih->tkh", act, lw.down[top_i]) + lw.down_b[top_i]  # [T, k, H]
+    return (out * top_w[..., None].to(out.dtype)).sum(1)  # [T, H]
+
+
+def _moe_dense(x: torch.Tensor, lw: LayerWeights, cfg: GptOssConfig,
+               top_i: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
+    num_experts = cfg.num_local_experts
+    xe = x.unsqueeze(0).expand(num_experts, -1, -1)  # [E, T, H]
+    gu = torch.baddbmm(lw.gate_up_b[:, None, :], xe, lw.gate_up)  # [E, T, 2I]
+    act = swiglu(gu, cfg.swiglu_alpha, cfg.swiglu_limit)  # [E, T, I]
+    out = torch.baddbmm(lw.down_b[:, None, :], act, lw.down)  # [E, T, H]
+    dense_w = torch.zeros(x.shape[0], num_experts, dtype=out.dtype, device=x.device)
+    dense_w.scatter_(1, top_i, top_w.to(out.dtype))  # dense_w: [T, E]
+    return torch.einsum("eth,te->th", out, dense_w)  # [T, H]
+
+
+def _moe_loop(x: torch.Tensor, lw: LayerWeights, cfg: GptOssConfig,
+              top_i: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
+    y = torch.zeros_like(x)  # [T, H]
+    for e in torch.unique(top_i).tolist():
+        tok, slot = torch.where(top_i == e)  # [n], [n]
+        gu = x[tok] @ lw.gate_up[e] + lw.gate_up_b[e]  # [n, 2I]
+        out = swiglu(gu, cfg.swiglu_alpha, cfg.swiglu_limit) @ lw.down[e] + lw.down_b[e]
+        y.index_add_(0, tok, out * top_w[tok, slot, None].to(out.dtype))
+    return y

@@ -1,0 +1,135 @@
+"""ModelRunner: the only forward entry point (prefill one request, decode a batch).
+
+Page tables are the per-request lists of docs/CONTRACTS.md: `full_page_ids[i]` / `swa_page_ids[i]`
+hold the pages of token positions [i * page_size, (i + 1) * page_size); an SWA id 0 is a page that
+is not held (before the window start). `window` below is HF `sliding_window - 1`.
+
+Not thread-safe: call from the compute thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from decode_worker.device.attention import DecodeAttention, PrefillAttention
+from decode_worker.device.cuda_graph import CudaGraphDecoder
+from decode_worker.device.kv_pool import KVPools
+from decode_worker.device.model.gpt_oss import GptOssModel
+from decode_worker.errors import PageError
+from decode_worker.utils.mathx import cdiv
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeBatch:
+    """One new token per request at `positions[i]` (the token's own position, 0-based).
+
+    `full_page_tables[i]` must cover positions [0, positions[i]]; `swa_page_tables[i]` the last
+    `window + 1` of them (earlier entries may be 0).
+    """
+
+    token_ids: list[int]
+    positions: list[int]
+    full_page_tables: list[list[int]]
+    swa_page_tables: list[list[int]]
+
+
+class ModelRunner:
+    """Runs `model` over `pools`; owns the CUDA graphs (if any)."""
+
+    def __init__(self, model: GptOssModel, pools: KVPools, *, use_cuda_graph: bool,
+                 graph_batch_sizes: list[int], max_graph_pages: int | None = None) -> None:
+        """`max_graph_pages`: widest page table a graph is captured for (default: the
+        model's max_position_embeddings, capped at the full pool); wider batches run eager."""
+        self.model = model
+        self.pools = pools
+        self.window = model.cfg.window
+        self.device = model.device
+        self.graphs: CudaGraphDecoder | None = None
+        if use_cuda_graph and self.device.type == "cuda":
+            max_pages = max_graph_pages or min(
+                cdiv(model.cfg.max_position_embeddings, pools.page_size), pools.num_pages["full"])
+            self.graphs = CudaGraphDecoder(self._decode_step, self.device, graph_batch_sizes,
+                                           max_pages)
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: list[int], full_page_ids: list[int], swa_page_ids: list[int],
+                *, start_pos: int = 0) -> torch.Tensor:
+        """Compute positions [start_pos, len(token_ids)); return the last one's logits [V] f32.
+
+        Reads the KV of [0, start_pos) through the page tables (SWA: only the last `window`
+        positions before start_pos, which must be held), writes the KV of the new positions.
+        Raises PageError when the tables do not cover the positions.
+        """
+        seq_len, ps = len(token_ids), self.pools.page_size
+        if not 0 <= start_pos < seq_len:
+            raise PageError(f"prefill: start_pos {start_pos} outside [0, {seq_len})")
+        need = cdiv(seq_len, ps)
+        if len(full_page_ids) < need or len(swa_page_ids) < need:
+            raise PageError(f"prefill: {seq_len} tokens need {need} pages, got "
+                            f"{len(full_page_ids)} full / {len(swa_page_ids)} swa")
+        first_swa_read = max(0, start_pos - self.window) // ps
+        if start_pos and 0 in swa_page_ids[first_swa_read:cdiv(start_pos, ps)]:
+            raise PageError(f"prefill: SWA pages of [{start_pos - self.window}, {start_pos}) "
+                            "must be held to extend from start_pos")
+        _check_ids(full_page_ids[:need], self.pools.num_pages["full"], "full")
+        _check_ids(swa_page_ids[:need], self.pools.num_pages["swa"], "swa")
+        dev = self.device
+        tokens = torch.tensor(token_ids[start_pos:], dtype=torch.long, device=dev)  # [T]
+        positions = torch.arange(start_pos, seq_len, device=dev)  # [T]
+        full_t = torch.tensor(full_page_ids[:need], dtype=torch.long, device=dev)  # [pages]
+        swa_t = torch.tensor(swa_page_ids[:need], dtype=torch.long, device=dev)  # [pages]
+        attn = PrefillAttention(self.pools, self.window, start_pos, seq_len - start_pos,
+                                full_t, swa_t)
+        hidden = self.model.forward(tokens, positions, attn)  # [T, H]
+        return self.model.logits(hidden[-1:])[0]  # [V] f32
+
+    @torch.inference_mode()
+    def decode(self, batch: DecodeBatch) -> torch.Tensor:
+        """One step for every request of `batch`: logits [bs, V] float32 (row i = request i)."""
+        bs = len(batch.token_ids)
+        if not bs or not (bs == len(batch.positions) == len(batch.full_page_tables)
+                          == len(batch.swa_page_tables)):
+            raise PageError(f"decode: ragged or empty batch of {bs}")
+        ps = self.pools.page_size
+        width = max(len(t) for t in [*batch.full_page_tables, *batch.swa_page_tables])
+        for pos, full, swa in zip(batch.positions, batch.full_page_tables,
+                                  batch.swa_page_tables, strict=True):
+            if pos // ps >= min(len(full), len(swa)):
+                raise PageError(f"decode: position {pos} is beyond its page tables "
+                                f"({len(full)} full / {len(swa)} swa pages)")
+        dev = self.device
+        full_t = _pad_tables(batch.full_page_tables, width, dev)  # [bs, width]
+        swa_t = _pad_tables(batch.swa_page_tables, width, dev)  # [bs, width]
+        tokens = torch.tensor(batch.token_ids, dtype=torch.long, device=dev)  # [bs]
+        positions = torch.tensor(batch.positions, dtype=torch.long, device=dev)  # [bs]
+        if self.graphs is not None and self.graphs.can_run(bs, width):
+            return self.graphs.run(tokens, positions, full_t, swa_t)
+        return self._decode_step(tokens, positions, full_t, swa_t)
+
+    def _decode_step(self, tokens: torch.Tensor, positions: torch.Tensor,
+                     full_t: torch.Tensor, swa_t: torch.Tensor) -> torch.Tensor:
+        """Pure tensor step (graph-capturable): [bs] tokens -> [bs, V] f32 logits."""
+        attn = DecodeAttention(self.pools, self.window, positions, full_t, swa_t)
+        hidden = self.model.forward(tokens, positions, attn, static=self.graphs is not None)
+        return self.model.logits(hidden)  # [bs, V]
+
+    def destroy(self) -> None:
+        """Release graph memory (call before the pools are deregistered)."""
+        if self.graphs is not None:
+            self.graphs.destroy()
+            self.graphs = None
+
+
+def _pad_tables(tables: list[list[int]], width: int, dev: torch.device) -> torch.Tensor:
+    rows = [t + [0] * (width - len(t)) for t in tables]
+    return torch.tensor(rows, dtype=torch.long, device=dev)  # [bs, width]
+
+
+def _check_ids(ids: list[int], num_pages: int, pool: str) -> None:
+    if ids and (min(ids) < 0 or max(ids) > num_pages):
+        raise PageError(f"{pool} page ids must be in [0, {num_pages}], got {min(ids)}..{max(ids)}")

@@ -1,0 +1,121 @@
+"""Tokenizer: a thin wrapper over `tokenizers` (tokenizer.json) plus the chat template.
+
+Chat template: when the model directory ships one (`chat_template.jinja`, or `chat_template` in
+tokenizer_config.json) and jinja2 is importable, it is rendered with `messages`,
+`add_generation_prompt`, `bos_token` and `eos_token`. Otherwise the built-in template is used:
+
+    <|start|>{role}<|message|>{content}<|end|>   (one per message)
+    <|start|>assistant<|message|>                (if add_generation_prompt)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from decode_worker.errors import ConfigError
+
+BUILTIN_CHAT_TEMPLATE = (
+    "{%- for m in messages -%}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>"
+    "{%- endfor -%}{%- if add_generation_prompt -%}<|start|>assistant<|message|>{%- endif -%}"
+)
+
+
+class Tokenizer:
+    """Text <-> token ids. Thread-safe for encode/decode (the Rust tokenizer is)."""
+
+    def __init__(self, inner: HFTokenizer, eos_token_ids: Sequence[int] = (),
+                 chat_template: str | None = None, special: dict[str, str] | None = None) -> None:
+        self.inner = inner
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.chat_template = chat_template
+        self.special = special or {}
+        self._compiled: Any = None
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> Tokenizer:
+        """Load tokenizer.json (+ optional tokenizer_config.json, generation_config.json,
+        config.json for the eos ids, chat_template.jinja). Raises ConfigError if missing."""
+        path = Path(model_dir) / "tokenizer.json"
+        if not path.is_file():
+            raise ConfigError(f"{model_dir}: no tokenizer.json")
+        inner = HFTokenizer.from_file(str(path))
+        tok_cfg = _read_json(Path(model_dir) / "tokenizer_config.json")
+        template = tok_cfg.get("chat_template")
+        jinja_file = Path(model_dir) / "chat_template.jinja"
+        if jinja_file.is_file():
+            template = jinja_file.read_text()
+        special = {k: v for k in ("bos_token", "eos_token")
+                   if isinstance(v := tok_cfg.get(k), str)}
+        eos = _eos_ids(Path(model_dir), inner, special.get("eos_token"))
+        return cls(inner, eos, template if isinstance(template, str) else None, special)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.inner.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids, special-token strings in the text are recognised, no BOS added."""
+        return list(self.inner.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Ids -> text (ids outside the vocabulary are dropped)."""
+        return str(self.inner.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]],
+                            add_generation_prompt: bool = True) -> str:
+        """Render a chat (a list of {"role", "content"}) to prompt text. See the module doc."""
+        if self.chat_template is not None:
+            rendered = self._render(self.chat_template, messages, add_generation_prompt)
+            if rendered is not None:
+                return rendered
+        parts = [f"<|start|>{m['role']}<|message|>{_content(m)}<|end|>" for m in messages]
+        if add_generation_prompt:
+            parts.append("<|start|>assistant<|message|>")
+        return "".join(parts)
+
+    def _render(self, template: str, messages: Sequence[dict[str, Any]],
+                add_generation_prompt: bool) -> str | None:
+        try:
+            import jinja2
+        except ImportError:
+            return None
+        if self._compiled is None:
+            env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+            self._compiled = env.from_string(template)
+        return str(self._compiled.render(
+            messages=[{**m, "content": _content(m)} for m in messages],
+            add_generation_prompt=add_generation_prompt, **self.special))
+
+
+def _content(message: dict[str, Any]) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):  # OpenAI content parts: keep the text ones
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _eos_ids(model_dir: Path, inner: HFTokenizer, eos_token: str | None) -> tuple[int, ...]:
+    for name in ("generation_config.json", "config.json"):
+        eos = _read_json(model_dir / name).get("eos_token_id")
+        if isinstance(eos, int):
+            return (eos,)
+        if isinstance(eos, list) and eos:
+            return tuple(int(e) for e in eos)
+    if eos_token is not None and (tid := inner.token_to_id(eos_token)) is not None:
+        return (int(tid),)
+    return ()

@@ -1,0 +1,115 @@
+"""The only link between the event loop and the compute thread: typed commands and events.
+
+The loop puts commands into the `Inbox`; the compute thread blocks on it when idle and drains it
+without blocking when busy. The compute thread hands a whole step's events to the loop with one
+`call_soon_threadsafe` (not one per token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from decode_worker.core.sampling import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    return_logprob: bool
+    bootstrap_host: str | None
+    bootstrap_port: int | None
+    bootstrap_room: int | None
+    received_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    rid: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Stop admitting; abort what is still queued or transferring after `grace_s`."""
+
+    grace_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    pass
+
+
+Command = AddRequest | AbortRequest | Drain | Shutdown
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    """New tokens of one request, and its end when `finish_reason` is set."""
+
+    rid: str
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+    error_status: int = 500
+
+
+@dataclass(slots=True)
+class EngineDead:
+    reason: str
+
+
+Event = TokenEvent | EngineDead
+
+
+class Inbox:
+    """Commands from the loop to the compute thread (thread-safe, unbounded)."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[Command] = queue.SimpleQueue()
+
+    def put(self, cmd: Command) -> None:
+        self._q.put(cmd)
+
+    def get_all(self, timeout_s: float | None) -> list[Command]:
+        """Block up to `timeout_s` for the first command (0 = don't block), then drain the rest."""
+        cmds: list[Command] = []
+        try:
+            if timeout_s is None or timeout_s > 0:
+                cmds.append(self._q.get(timeout=timeout_s))
+            while True:
+                cmds.append(self._q.get_nowait())
+        except queue.Empty:
+            pass
+        return cmds
+
+
+@dataclass
+class Outbox:
+    """Events from the compute thread to the loop, delivered in one batch per step."""
+
+    loop: asyncio.AbstractEventLoop
+    deliver: Callable[[list[Event]], Any]
+    _pending: list[Event] = field(default_factory=list)
+
+    def put(self, event: Event) -> None:
+        self._pending.append(event)
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        try:
+            self.loop.call_soon_threadsafe(self.deliver, batch)
+        except RuntimeError:  # the loop is closed: shutting down, nobody is listening
+            pass

@@ -8,6 +8,7 @@ without blocking when busy. The compute thread hands a whole step's events to th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,13 @@ class AbortRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class FinishRequest:
+    """The API layer matched a stop string: end `rid` as finished (its KV is cached)."""
+
+    rid: str
+
+
+@dataclass(frozen=True, slots=True)
 class Drain:
     """Stop admitting; abort what is still queued or transferring after `grace_s`."""
 
@@ -46,7 +54,7 @@ class Shutdown:
     pass
 
 
-Command = AddRequest | AbortRequest | Drain | Shutdown
+Command = AddRequest | AbortRequest | FinishRequest | Drain | Shutdown
 
 
 @dataclass(slots=True)
@@ -62,6 +70,7 @@ class TokenEvent:
     cached_tokens: int = 0
     error: str | None = None
     error_status: int = 500
+    error_code: str = "internal"
 
 
 @dataclass(slots=True)
@@ -109,7 +118,6 @@ class Outbox:
         if not self._pending:
             return
         batch, self._pending = self._pending, []
-        try:
+        # A closed loop means we are shutting down and nobody is listening.
+        with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.deliver, batch)
-        except RuntimeError:  # the loop is closed: shutting down, nobody is listening
-            pass

@@ -1,0 +1,148 @@
+"""The decode worker's `GenerateBackend`: the event-loop side of the engine.
+
+Runs on the event loop thread only. `generate` posts an `AddRequest` to the compute thread and
+yields the chunks that `deliver` routes to the request's queue; closing the iterator early
+aborts the request, so every request ends in the engine exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from decode_worker.daemon.bridge import (
+    AbortRequest,
+    AddRequest,
+    EngineDead,
+    Event,
+    FinishRequest,
+    Inbox,
+    TokenEvent,
+)
+from decode_worker.errors import ClientError, ServiceUnavailable
+from decode_worker.io.api.backend import GenerateInput, Health, OutputChunk, Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendInfo:
+    """What /server_info and /model_info report."""
+
+    model_path: str
+    served_model_name: str
+    page_size: int
+    window: int
+    max_total_tokens: int
+    max_running_requests: int
+
+
+class DecodeBackend:
+    """Bridges HTTP requests to the compute thread (see module docstring)."""
+
+    def __init__(self, inbox: Inbox, tokenizer: Tokenizer, info: BackendInfo,
+                 max_queued: int) -> None:
+        self._inbox = inbox
+        self._tokenizer = tokenizer
+        self.info = info
+        self.max_queued = max_queued
+        self._queues: dict[str, asyncio.Queue[OutputChunk]] = {}
+        self.draining = False
+        self.dead_reason: str | None = None
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    @property
+    def num_active(self) -> int:
+        return len(self._queues)
+
+    async def generate(self, inp: GenerateInput) -> AsyncIterator[OutputChunk]:
+        self._check_can_accept(inp)
+        queue: asyncio.Queue[OutputChunk] = asyncio.Queue()
+        self._queues[inp.rid] = queue
+        self._inbox.put(AddRequest(
+            rid=inp.rid, input_ids=list(inp.input_ids), sampling=inp.sampling,
+            return_logprob=inp.return_logprob, bootstrap_host=inp.bootstrap_host,
+            bootstrap_port=inp.bootstrap_port, bootstrap_room=inp.bootstrap_room,
+            received_at=inp.received_at,
+        ))
+        ended = False
+        try:
+            while not ended:
+                chunk = await queue.get()
+                ended = chunk.finish_reason is not None or chunk.error is not None
+                yield chunk
+        finally:
+            self._queues.pop(inp.rid, None)
+            if not ended:  # the consumer went away first
+                self._inbox.put(AbortRequest(inp.rid, "client_abort"))
+
+    def abort(self, rid: str, reason: str) -> None:
+        if rid in self._queues:
+            self._inbox.put(AbortRequest(rid, reason))
+
+    def finish(self, rid: str) -> None:
+        if rid in self._queues:
+            self._inbox.put(FinishRequest(rid))
+
+    def deliver(self, events: list[Event]) -> None:
+        """Called on the loop (via call_soon_threadsafe) with one engine step's events."""
+        for event in events:
+            if isinstance(event, EngineDead):
+                self._on_engine_dead(event.reason)
+                continue
+            queue = self._queues.get(event.rid)
+            if queue is not None:  # else: the client left and the abort is on its way
+                queue.put_nowait(_to_chunk(event))
+
+    def health(self) -> Health:
+        if self.dead_reason is not None:
+            return Health("unhealthy", f"engine stopped: {self.dead_reason}")
+        if self.draining:
+            return Health("draining", "draining: not accepting new requests")
+        return Health("ok")
+
+    def server_info(self) -> dict[str, Any]:
+        i = self.info
+        return {
+            "model_path": i.model_path, "tokenizer_path": i.model_path,
+            "served_model_name": i.served_model_name, "disaggregation_mode": "decode",
+            "tp_size": 1, "dp_size": 1, "page_size": i.page_size, "sliding_window": i.window,
+            "max_total_num_tokens": i.max_total_tokens,
+            "max_running_requests": i.max_running_requests, "status": self.health().status,
+        }
+
+    def model_info(self) -> dict[str, Any]:
+        return {"model_path": self.info.model_path, "tokenizer_path": self.info.model_path,
+                "served_model_name": self.info.served_model_name, "is_generation": True}
+
+    def _check_can_accept(self, inp: GenerateInput) -> None:
+        health = self.health()
+        if not health.is_ok:
+            raise ServiceUnavailable(health.message)
+        if inp.rid in self._queues:
+            raise ClientError(f"rid {inp.rid!r} is already running")
+        if len(self._queues) >= self.max_queued:
+            raise ServiceUnavailable(f"queue full ({self.max_queued} requests): retry later")
+
+    def _on_engine_dead(self, reason: str) -> None:
+        self.dead_reason = reason
+        for rid, queue in self._queues.items():
+            queue.put_nowait(OutputChunk(error=f"engine stopped: {reason}", error_status=503,
+                                         error_code="internal"))
+            log.error("rid=%s failed: engine stopped", rid)
+
+
+def _to_chunk(e: TokenEvent) -> OutputChunk:
+    finish = e.finish_reason if e.finish_reason in ("stop", "length", "abort") else None
+    return OutputChunk(
+        token_ids=e.token_ids, logprobs=e.logprobs, finish_reason=finish,  # type: ignore[arg-type]
+        matched_stop=e.matched_stop, prompt_tokens=e.prompt_tokens,
+        cached_tokens=e.cached_tokens, error=e.error, error_status=e.error_status,
+        error_code=e.error_code,
+    )

@@ -1,0 +1,109 @@
+"""Token sampling for a decode batch: greedy, temperature, top-k, top-p, min-p, per-request seed.
+
+One call samples every row of a [bs, V] logits tensor. An all-greedy batch takes the argmax path
+only. Otherwise the filters run vectorized on probabilities sorted once per step, and the token is
+drawn with the exponential race (argmax of p / E, E ~ Exp(1)), which samples exactly from p.
+A row with `seed` draws its noise from its own generator seeded by (seed, step), so the same seed
+gives the same tokens whatever the batch around it; other rows share the sampler's generator.
+
+Logprobs (on request) are those of the chosen token under the model's raw distribution
+(log_softmax of the unscaled logits, before temperature and filters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from decode_worker.core.sampling import SamplingParams
+
+_SEED_MIX = 1_000_003
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRow:
+    """One request of the batch: its params, how many tokens it produced so far (the seed's
+    step), and whether it wants the chosen token's logprob."""
+
+    params: SamplingParams
+    step: int = 0
+    return_logprob: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SampleOutput:
+    token_ids: list[int]
+    logprobs: list[float | None]
+
+
+class Sampler:
+    """Holds the shared generator of unseeded rows. Not thread-safe (compute thread only)."""
+
+    def __init__(self, device: torch.device | str = "cpu", seed: int | None = None) -> None:
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device)
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampleOutput:
+        """logits: [bs, V] (any float dtype); rows: bs entries, in the same order."""
+        logits = logits.float()  # [bs, V]
+        greedy = [r.params.is_greedy for r in rows]
+        # all-greedy batches take the argmax path only; chosen: [bs]
+        chosen = logits.argmax(dim=-1) if all(greedy) else self._sample(logits, rows, greedy)
+        return SampleOutput(chosen.tolist(), _logprobs(logits, chosen, rows))
+
+    def _sample(self, logits: torch.Tensor, rows: Sequence[SampleRow],
+                greedy: list[bool]) -> torch.Tensor:
+        dev, vocab = logits.device, logits.shape[1]
+        temps = torch.tensor([1.0 if g else r.params.temperature for r, g in zip(
+            rows, greedy, strict=True)], device=dev)  # [bs]
+        probs = torch.softmax(logits / temps[:, None], dim=-1)  # [bs, V]
+        sorted_p, sorted_i = probs.sort(dim=-1, descending=True)  # [bs, V] each
+        sorted_p = _filter_sorted(sorted_p, rows, vocab)  # [bs, V], renormalized
+        noise = self._noise(rows, vocab, dev)  # [bs, V] Exp(1)
+        pick = (sorted_p / noise).argmax(dim=-1, keepdim=True)  # [bs, 1] index into sorted
+        sampled = sorted_i.gather(1, pick)[:, 0]  # [bs]
+        is_greedy = torch.tensor(greedy, device=dev)  # [bs] bool
+        return torch.where(is_greedy, logits.argmax(dim=-1), sampled)  # [bs]
+
+    def _noise(self, rows: Sequence[SampleRow], vocab: int, dev: torch.device) -> torch.Tensor:
+        noise = torch.empty(len(rows), vocab, device=dev)  # [bs, V]
+        noise.exponential_(generator=self.generator)
+        for i, r in enumerate(rows):
+            if r.params.seed is not None and not r.params.is_greedy:
+                g = torch.Generator(device=dev)
+                g.manual_seed((r.params.seed * _SEED_MIX + r.step) % (2**63))
+                noise[i].exponential_(generator=g)
+        return noise.clamp_(min=1e-20)  # p / 0 would give nan for filtered-out tokens
+
+
+def _filter_sorted(sorted_p: torch.Tensor, rows: Sequence[SampleRow], vocab: int) -> torch.Tensor:
+    """Zero the probabilities top-k / top-p / min-p remove (the top token always stays)."""
+    dev = sorted_p.device
+    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in rows],
+                         device=dev)  # [bs]
+    top_p = torch.tensor([r.params.top_p for r in rows], device=dev)  # [bs]
+    min_p = torch.tensor([r.params.min_p for r in rows], device=dev)  # [bs]
+    rank = torch.arange(vocab, device=dev)[None, :]  # [1, V]
+    drop = rank >= top_k[:, None]  # [bs, V]
+    before = sorted_p.cumsum(dim=-1) - sorted_p  # [bs, V] mass strictly above each token
+    drop |= before > top_p[:, None]
+    drop |= sorted_p < (min_p * sorted_p[:, 0])[:, None]
+    drop[:, 0] = False
+    kept = sorted_p.masked_fill(drop, 0.0)  # [bs, V]
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def _logprobs(logits: torch.Tensor, chosen: torch.Tensor,
+              rows: Sequence[SampleRow]) -> list[float | None]:
+    if not any(r.return_logprob for r in rows):
+        return [None] * len(rows)
+    lp = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]  # [bs]
+    return [float(v) if r.return_logprob else None
+            for v, r in zip(lp.tolist(), rows, strict=True)]

@@ -80,7 +80,7 @@ class KVReceiver:
         self.settings, self.compat, self.regions = settings, compat, regions
         self.kv_timeout_s = kv_timeout_s
         self.agent = NixlAgent(agent_name or f"decode-{os.getpid()}", settings.backend)
-        self.agent.register([_memory_region(r) for r in regions.values()])
+        self.agent.register([_memory_region(r) for r in regions.values() if r.length])
         self._hello = p.Hello(
             p.PROTOCOL_VERSION,
             compat,
@@ -112,25 +112,19 @@ class KVReceiver:
         swa_page_ids: list[int],
         aux_slot: int,
         timeout_s: float | None = None,
+        prompt_ids: list[int] | None = None,
     ) -> int:
         """Ask the prefill peer at host:port for this request's KV; returns the transfer id.
+        `prompt_ids`: send the prompt too (when no router gives it to the peer over HTTP).
 
         Never raises for a per-request problem: bad page ids, a dead or incompatible peer all
         come back as a "failed" then "released" event from `poll()`.
         """
         tid, self._next_id = self._next_id, self._next_id + 1
         req = p.TransferRequest(
-            tid,
-            room,
-            rid,
-            prompt_len,
-            reused_len,
-            swa_window_start,
-            list(full_page_ids),
-            list(swa_page_ids),
-            aux_slot,
-            timeout_s or self.kv_timeout_s,
-        )
+            tid, room, rid, prompt_len, reused_len, swa_window_start, list(full_page_ids),
+            list(swa_page_ids), aux_slot, timeout_s or self.kv_timeout_s, prompt_ids,
+        )  # fmt: skip
         now = time.monotonic()
         xfer = Transfer(req, f"{host}:{port}", now, now + req.deadline_s)
         self._transfers[tid] = xfer

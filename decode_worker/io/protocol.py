@@ -112,6 +112,8 @@ class TransferRequest(_Msg):
 
     The prefill side uses S as given (it never recomputes the window). `aux_slot` is the aux row
     that receives the first output token. `deadline_s` is relative: how long decode will wait.
+    `prompt_ids`, when set, is the prompt itself (router-less use); otherwise the prefill peer
+    takes it from its own HTTP request with the same room.
     """
 
     transfer_id: int
@@ -124,6 +126,7 @@ class TransferRequest(_Msg):
     swa_page_ids: list[int]
     aux_slot: int
     deadline_s: float
+    prompt_ids: list[int] | None = None  # set when no router sends the prompt to prefill's HTTP
 
 
 class Abort(_Msg):

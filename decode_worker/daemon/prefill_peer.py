@@ -1,0 +1,253 @@
+"""The reference prefill peer: ZMQ bootstrap server + one compute thread.
+
+Each room needs two halves, which may arrive in either order: the prompt (from this peer's own
+HTTP /generate, `add_prompt`, or the `prompt_ids` of the transfer request) and the decode side's
+`TransferRequest`. When both are in, the compute thread prefills the prompt into this peer's own
+pools, writes the first token into an aux row, WRITEs the requested pages (full `[P, L)`, SWA
+`[S, L)`) and the aux row into the decode side, waits for the WRITEs, then answers
+`TransferDone` (or `TransferFailed`). Unmatched halves expire after `match_timeout_s`.
+
+Threads: the bootstrap thread runs `_on_message`; the compute thread owns torch, the pools and
+the page free lists; `_lock` guards the matching tables shared by both.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from decode_worker.daemon.prefill_state import Job, Matcher, PageFreeList, PrefillResult
+from decode_worker.device.aux_buffer import ROW_BYTES, AuxBuffer
+from decode_worker.device.kv_pool import KVPools
+from decode_worker.device.runner import ModelRunner
+from decode_worker.errors import DecodeWorkerError, TransferError
+from decode_worker.io import protocol as p
+from decode_worker.io.bootstrap import BootstrapServer
+from decode_worker.io.kv_sender import KVSender, SourcePages, plan_writes
+from decode_worker.io.nixl_agent import NixlAgent
+from decode_worker.settings import TransferSettings
+from decode_worker.utils.mathx import cdiv
+
+log = logging.getLogger(__name__)
+
+
+def region_layouts(pools: KVPools, aux: AuxBuffer) -> dict[str, p.RegionLayout]:
+    """The "full", "swa" and "aux" RegionLayouts of a worker's pools (both sides use this)."""
+    out: dict[str, p.RegionLayout] = {}
+    for name in ("full", "swa"):
+        t = pools.tensor(name)  # type: ignore[arg-type]
+        out[name] = p.RegionLayout(
+            name, t.data_ptr(), t.shape[0], t.shape[1], pools.page_bytes(name),  # type: ignore[arg-type]
+            t.device.index or 0, "VRAM" if t.is_cuda else "DRAM",
+        )  # fmt: skip
+    region = aux.memory_region()
+    out["aux"] = p.RegionLayout("aux", region.addr, 1, aux.num_rows, ROW_BYTES, 0, "DRAM")
+    return out
+
+
+def model_compat(runner: ModelRunner, model_name: str) -> p.ModelCompat:
+    """What a peer must match: taken from the loaded model and the pools."""
+    pools, cfg = runner.pools, runner.model.cfg
+    kinds = [pools.layer_slot(i)[0] for i in range(len(cfg.layer_types))]
+    return p.ModelCompat(
+        model_name, str(pools.dtype).removeprefix("torch."), kinds, cfg.num_key_value_heads,
+        cfg.head_dim, pools.page_size, cfg.window,
+    )  # fmt: skip
+
+
+@dataclass
+class _Decoder:
+    agent_name: str
+    regions: dict[str, p.RegionLayout]
+    last_seen: float
+    rooms: set[int] = field(default_factory=set)
+
+
+class PrefillPeer:
+    """Serve prefill-and-push on `settings.bootstrap_host:bootstrap_port` until `close()`.
+
+    Raises TransferError if the port cannot be bound, ConfigError if NIXL cannot start.
+    """
+
+    def __init__(
+        self, runner: ModelRunner, settings: TransferSettings, model_name: str,
+        num_aux_rows: int = 256, match_timeout_s: float = 60.0,
+    ) -> None:  # fmt: skip
+        self.runner, self.settings = runner, settings
+        self.compat = model_compat(runner, model_name)
+        self.aux = AuxBuffer(num_aux_rows)
+        self.regions = region_layouts(runner.pools, self.aux)
+        self.agent = NixlAgent(f"prefill-{os.getpid()}-{settings.bootstrap_port}", settings.backend)
+        self.agent.register([*runner.pools.memory_regions(), self.aux.memory_region()])
+        self.sender = KVSender(self.agent)
+        self._free = PageFreeList(runner.pools.num_pages["full"], runner.pools.num_pages["swa"])
+        self._aux_rows = list(range(num_aux_rows))
+        self._lock = threading.Lock()
+        self._decoders: dict[bytes, _Decoder] = {}
+        self._matcher = Matcher(match_timeout_s)
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._stop = threading.Event()
+        self.server = BootstrapServer(
+            settings.bootstrap_host, settings.bootstrap_port, self._on_message
+        )
+        self._thread = threading.Thread(target=self._compute_loop, name="prefill", daemon=True)
+        self._thread.start()
+
+    # -- the two halves ----------------------------------------------------------------------
+
+    def add_prompt(
+        self,
+        room: int,
+        token_ids: list[int],
+        on_done: Callable[[PrefillResult], None] | None = None,
+    ) -> None:
+        """The prompt of `room` (from HTTP). `on_done` runs on the compute thread once the KV is
+        handed off or the room failed/expired; it must not block."""
+        with self._lock:
+            job = self._matcher.add_prompt(room, token_ids, on_done, time.monotonic())
+        if job is not None:
+            self._jobs.put(job)
+
+    def _on_message(self, peer: bytes, msg: p.Message) -> list[p.Message]:
+        now = time.monotonic()
+        with self._lock:
+            if (dec := self._decoders.get(peer)) is not None:
+                dec.last_seen = now
+        match msg:
+            case p.Hello():
+                return [self._hello(peer, msg, now)]
+            case p.Ping(seq=seq):
+                return [p.Pong(seq)]
+            case p.TransferRequest():
+                return self._transfer_request(peer, msg, now)
+            case p.Abort(transfer_id=tid, room=room):
+                with self._lock:
+                    acked = self._matcher.abort(peer, tid)
+                return [p.AbortAck(tid, room)] if acked else []
+        return [p.Refused(f"unexpected {type(msg).__name__}")]
+
+    def _hello(self, peer: bytes, msg: p.Hello, now: float) -> p.Message:
+        try:
+            p.check_compat(msg.compat, self.compat, msg.version)
+            regions = {r.name: r for r in msg.regions}
+            if set(regions) != {"full", "swa", "aux"}:
+                raise TransferError(f"regions {sorted(regions)}: need full, swa and aux")
+            name = self.agent.add_peer(msg.agent_metadata)
+        except TransferError as exc:
+            log.warning("refused decode peer %s: %s", msg.agent_name, exc)
+            return p.Refused(str(exc))
+        with self._lock:
+            self._decoders[peer] = _Decoder(name, regions, now)
+        log.info("decode peer %s connected", name)
+        return p.Welcome(p.PROTOCOL_VERSION, self.compat, self.agent.name,
+                         self.settings.heartbeat_interval_s)  # fmt: skip
+
+    def _transfer_request(self, peer: bytes, req: p.TransferRequest, now: float) -> list[p.Message]:
+        with self._lock:
+            dec = self._decoders.get(peer)
+        try:
+            if dec is None:
+                raise TransferError("no handshake from this peer")
+            p.validate_request(req, self.compat.page_size, dec.regions)
+        except TransferError as exc:
+            return [p.TransferFailed(req.transfer_id, req.room, str(exc))]
+        with self._lock:
+            dec.rooms.add(req.room)
+            job = self._matcher.add_request(peer, req, now)
+        if job is not None:
+            self._jobs.put(job)
+        return []
+
+    # -- compute thread ----------------------------------------------------------------------
+
+    def _compute_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                job = self._jobs.get(timeout=0.2)
+            except queue.Empty:
+                job = None
+            if job is not None:
+                self._run(job)
+            self._sweep(time.monotonic())
+
+    def _run(self, job: Job) -> None:
+        req, t0 = job.req, time.monotonic()
+        with self._lock:
+            dec = self._decoders.get(job.peer)
+        try:
+            if dec is None:
+                raise TransferError("decode peer went away")
+            if len(job.prompt) != req.prompt_len:
+                raise TransferError(
+                    f"prompt has {len(job.prompt)} tokens, request says {req.prompt_len}"
+                )
+            result = self._prefill_and_push(job, dec)
+        except DecodeWorkerError as exc:
+            log.warning("room %d rid=%s: %s", req.room, req.rid, exc)
+            self.server.send(job.peer, p.TransferFailed(req.transfer_id, req.room, str(exc)))
+            result = PrefillResult(req.room, None, 0.0, 0, str(exc))
+        finally:
+            with self._lock:
+                aborted = self._matcher.finish(job)
+        if aborted:
+            self.server.send(job.peer, p.AbortAck(req.transfer_id, req.room))
+        log.info("room %d rid=%s: %s in %.1f ms", req.room, req.rid,
+                 result.error or "pushed", 1e3 * (time.monotonic() - t0))  # fmt: skip
+        if job.on_done is not None:
+            job.on_done(result)
+
+    def _prefill_and_push(self, job: Job, dec: _Decoder) -> PrefillResult:
+        req, ps = job.req, self.runner.pools.page_size
+        n_pages = cdiv(req.prompt_len, ps)
+        full_ids, swa_ids = self._free.take(n_pages)
+        row = self._aux_rows.pop()
+        try:
+            logits = self.runner.prefill(job.prompt, full_ids, swa_ids)  # logits: [V] f32
+            logprobs = torch.log_softmax(logits.float(), dim=-1)  # logprobs: [V] f32
+            token = int(torch.argmax(logprobs))
+            self.aux.write(row, req.room, token, float(logprobs[token]), req.transfer_id)
+            if self.runner.device.type == "cuda":
+                torch.cuda.synchronize(self.runner.device)
+            plan = plan_writes(
+                req, ps, self.regions, dec.regions, SourcePages(full_ids, swa_ids, row)
+            )
+            handles = self.sender.post(dec.agent_name, req, plan)
+            self.sender.wait(handles, timeout_s=req.deadline_s)
+        finally:
+            self._free.give(full_ids, swa_ids)
+            self._aux_rows.append(row)
+        done = p.TransferDone(req.transfer_id, req.room, plan.num_bytes, plan.num_descriptors)
+        self.server.send(job.peer, done)
+        return PrefillResult(req.room, token, float(logprobs[token]), plan.num_bytes, None)
+
+    def _sweep(self, now: float) -> None:
+        """Expire unmatched halves; forget decode peers silent for `peer_dead_after_s`."""
+        with self._lock:
+            expired = self._matcher.expire(now)
+            dead = [k for k, d in self._decoders.items()
+                    if now - d.last_seen > self.settings.peer_dead_after_s]  # fmt: skip
+            for key in dead:
+                log.warning("decode peer %s silent: dropping it", self._decoders[key].agent_name)
+                expired += self._matcher.drop_peer(key)
+                self.agent.remove_peer(self._decoders.pop(key).agent_name)
+        for half in expired:
+            if half.req is not None and half.peer is not None:
+                reason = "prompt never arrived for this room"
+                self.server.send(
+                    half.peer, p.TransferFailed(half.req.transfer_id, half.req.room, reason)
+                )
+            if half.on_done is not None:
+                half.on_done(PrefillResult(half.room, None, 0.0, 0, "no transfer request for room"))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.server.close()
+        self.agent.close()

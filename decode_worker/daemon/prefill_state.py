@@ -1,0 +1,138 @@
+"""Book-keeping of the prefill peer: matching a room's two halves, and its page free lists.
+
+Plain records; the caller (`PrefillPeer`) holds its lock around every `Matcher` call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from decode_worker.errors import FatalError, OutOfPages
+from decode_worker.io.protocol import TransferRequest
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillResult:
+    """What the HTTP side learns: the first token, or why the room failed."""
+
+    room: int
+    token_id: int | None
+    logprob: float
+    num_bytes: int
+    error: str | None
+
+
+OnDone = Callable[[PrefillResult], None]
+
+
+@dataclass(slots=True)
+class Half:
+    """One half that waits for its partner: a prompt (from HTTP) or a transfer request."""
+
+    room: int
+    arrived_at: float
+    prompt: list[int] | None = None
+    on_done: OnDone | None = None
+    req: TransferRequest | None = None
+    peer: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A matched room, ready for the compute thread."""
+
+    peer: bytes
+    req: TransferRequest
+    prompt: list[int]
+    on_done: OnDone | None
+
+
+class Matcher:
+    """Pairs prompts with transfer requests by room; tracks running jobs for aborts."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.prompts: dict[int, Half] = {}
+        self.requests: dict[int, Half] = {}
+        self.running: dict[tuple[bytes, int], bool] = {}  # (peer, transfer id) -> aborted
+
+    def add_prompt(
+        self, room: int, prompt: list[int], on_done: OnDone | None, now: float
+    ) -> Job | None:
+        waiting = self.requests.pop(room, None)
+        if waiting is None:
+            self.prompts[room] = Half(room, now, prompt=prompt, on_done=on_done)
+            return None
+        if waiting.req is None or waiting.peer is None:
+            raise FatalError("matcher: a waiting request without its request")
+        return self._start(waiting.peer, waiting.req, prompt, on_done)
+
+    def add_request(self, peer: bytes, req: TransferRequest, now: float) -> Job | None:
+        http = self.prompts.pop(req.room, None)
+        if http is not None and http.prompt is not None:
+            return self._start(peer, req, req.prompt_ids or http.prompt, http.on_done)
+        if req.prompt_ids is not None:
+            return self._start(peer, req, req.prompt_ids, None)
+        self.requests[req.room] = Half(req.room, now, req=req, peer=peer)
+        return None
+
+    def _start(
+        self, peer: bytes, req: TransferRequest, prompt: list[int], on_done: OnDone | None
+    ) -> Job:
+        self.running[(peer, req.transfer_id)] = False
+        return Job(peer, req, prompt, on_done)
+
+    def abort(self, peer: bytes, transfer_id: int) -> bool:
+        """True if the peer may be told now that nothing will be written (AbortAck)."""
+        for room, half in list(self.requests.items()):
+            if half.peer == peer and half.req is not None and half.req.transfer_id == transfer_id:
+                del self.requests[room]
+                return True
+        key = (peer, transfer_id)
+        if key in self.running:
+            self.running[key] = True  # acked when the job's WRITEs have drained
+            return False
+        return True
+
+    def finish(self, job: Job) -> bool:
+        """Forget a job; True if it was aborted while running (its ack is due now)."""
+        return self.running.pop((job.peer, job.req.transfer_id), False)
+
+    def expire(self, now: float) -> list[Half]:
+        """Remove and return the halves older than `timeout_s` (or their request deadline)."""
+        out = []
+        for table in (self.prompts, self.requests):
+            for room, half in list(table.items()):
+                limit = half.req.deadline_s if half.req is not None else self.timeout_s
+                if now - half.arrived_at > limit:
+                    out.append(table.pop(room))
+        return out
+
+    def drop_peer(self, peer: bytes) -> list[Half]:
+        """Remove the waiting requests of a peer that went silent (nobody to answer)."""
+        gone = [room for room, h in self.requests.items() if h.peer == peer]
+        return [self.requests.pop(room) for room in gone]
+
+
+class PageFreeList:
+    """Page ids of the prefill peer's own pools; it holds a prompt's pages only while pushing."""
+
+    def __init__(self, num_full_pages: int, num_swa_pages: int) -> None:
+        self.full = list(range(num_full_pages, 0, -1))
+        self.swa = list(range(num_swa_pages, 0, -1))
+
+    def take(self, n: int) -> tuple[list[int], list[int]]:
+        """n pages from each pool. Raises OutOfPages (the request fails, nothing is taken)."""
+        if n > len(self.full) or n > len(self.swa):
+            raise OutOfPages(
+                f"prompt needs {n} pages per pool; prefill peer has {len(self.full)} full and "
+                f"{len(self.swa)} swa free (raise cache.num_*_pages)"
+            )
+        full, swa = self.full[-n:][::-1], self.swa[-n:][::-1]
+        del self.full[-n:], self.swa[-n:]
+        return full, swa
+
+    def give(self, full: list[int], swa: list[int]) -> None:
+        self.full.extend(reversed(full))
+        self.swa.extend(reversed(swa))

@@ -63,6 +63,11 @@ class PageAllocator:
         self._check_range(page_id)
         return self._state[page_id] == _FREE
 
+    def all_held(self, page_ids: Iterable[int]) -> bool:
+        """True if every id is in range and allocated (0 and out-of-range ids are not held)."""
+        state, top = self._state, self._num_pages
+        return all(0 < p <= top and state[p] == _HELD for p in page_ids)
+
     def alloc(self, n: int) -> list[int]:
         """Take `n` pages; raises `OutOfPages` (nothing taken) if fewer than `n` are free."""
         if n <= 0:

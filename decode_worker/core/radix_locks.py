@@ -1,14 +1,13 @@
-"""Lock references of the unified radix tree (the handle a request keeps while it uses a prefix).
-
-The lock arithmetic itself lives in `radix_tree.UnifiedRadixTree.lock/unlock`; this module holds
-the handle so that `req_kv` can name it without importing the tree.
-"""
+"""Locks of the unified radix tree: the handle a request keeps while it uses a prefix
+(`LockRef`), and the lock-ref arithmetic (full lock to the root, SWA lock over one window)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from decode_worker.core.radix_base import TreeBase
 from decode_worker.core.radix_node import Node
+from decode_worker.errors import LockStateError
 
 
 @dataclass(slots=True, eq=False)
@@ -33,3 +32,88 @@ class LockRef:
     def is_held(self) -> bool:
         """True until `unlock`."""
         return self.full_held
+
+
+class LockOps(TreeBase):
+    """`lock`, `unlock`, `release_swa_lock` (mixed into `UnifiedRadixTree`)."""
+
+    def lock(self, node: Node, *, swa: bool = True) -> LockRef:
+        """Lock the full values on the path root -> `node` and (if `swa`) the live SWA values of
+        about one window above `node`'s end: walking up, live values are locked until `window`
+        tokens are covered; that node is marked as the span's boundary. Tombstones are skipped.
+        Locked pages are never evicted."""
+        self._tick += 1
+        ledger, root = self.ledger, self.root
+        n = node
+        while n is not root:
+            if n.full_lock == 0:
+                ledger.full_evictable -= len(n.key)
+                ledger.full_protected += len(n.key)
+                ledger.discard_leaf(n)
+            n.full_lock += 1
+            n = n.parent  # type: ignore[assignment]
+        ref = LockRef(node, self._tick)
+        if swa and self.swa is not None:
+            ref.swa_uuid = self._lock_swa(node)
+            ref.swa_held = True
+        return ref
+
+    def _lock_swa(self, node: Node) -> int:
+        """SWA part of `lock`; returns the boundary uuid (0: the walk reached the root)."""
+        ledger, root, got = self.ledger, self.root, 0
+        while node is not root:
+            if node.swa is not None:
+                if node.swa_lock == 0:
+                    ledger.swa_evictable -= len(node.key)
+                    ledger.swa_protected += len(node.key)
+                node.swa_lock += 1
+                got += len(node.key) * self.page_size
+                if got >= self.window:
+                    if not node.swa_uuid:
+                        self._uuid += 1
+                        node.swa_uuid = self._uuid
+                    return node.swa_uuid
+            node = node.parent  # type: ignore[assignment]
+        return 0
+
+    def unlock(self, lock: LockRef, *, skip_swa: bool = False) -> None:
+        """Release `lock`. The SWA part is released iff still held: after `release_swa_lock` it is
+        skipped, so nothing is released twice; `skip_swa` is accepted for symmetry with SGLang and
+        never leaves an SWA count behind. Raises `LockStateError` on a lock already released."""
+        if not lock.full_held:
+            raise LockStateError("unlock of a tree lock that is already released")
+        if lock.swa_held:
+            self.release_swa_lock(lock)
+        lock.full_held = False
+        ledger, root = self.ledger, self.root
+        n = lock.node
+        while n is not root:
+            if n.full_lock <= 0:
+                raise LockStateError(f"full lock underflow at {n!r}")
+            n.full_lock -= 1
+            if n.full_lock == 0:
+                ledger.full_protected -= len(n.key)
+                ledger.full_evictable += len(n.key)
+                if not n.children:
+                    ledger.add_leaf(n)
+            n = n.parent  # type: ignore[assignment]
+
+    def release_swa_lock(self, lock: LockRef) -> None:
+        """Release only the SWA part of `lock` (a request decoding past its window); a no-op if
+        already released. Walks the same span as `lock`: live values made live before the lock,
+        up to the node marked with the lock's uuid."""
+        if not lock.swa_held:
+            return
+        lock.swa_held = False
+        ledger, root, n = self.ledger, self.root, lock.node
+        while n is not root:
+            if n.swa is not None and n.swa_epoch < lock.epoch:
+                if n.swa_lock <= 0:
+                    raise LockStateError(f"SWA lock underflow at {n!r}")
+                n.swa_lock -= 1
+                if n.swa_lock == 0:
+                    ledger.swa_protected -= len(n.key)
+                    ledger.swa_evictable += len(n.key)
+            if lock.swa_uuid and n.swa_uuid == lock.swa_uuid:
+                return
+            n = n.parent  # type: ignore[assignment]

@@ -81,3 +81,35 @@ class Node:
             f"Node(pages={len(self.key)}, {state}, full_lock={self.full_lock}, "
             f"swa_lock={self.swa_lock}, children={len(self.children)})"
         )
+
+
+def common_pages(node_key: list[PageKey], keys: list[PageKey], i: int, limit: int) -> int:
+    """Pages of `node_key` equal to `keys[i:limit]` from the start (the first is known equal)."""
+    k = len(node_key)
+    m = min(k, limit - i)
+    if node_key[:m] == keys[i : i + m] if m < k else node_key == keys[i : i + k]:
+        return m
+    j = 1
+    while node_key[j] == keys[i + j]:
+        j += 1
+    return j
+
+
+def path_values_of(path: list[Node]) -> tuple[list[int], list[int]]:
+    """Concatenated full and SWA page ids of `path` (0 for tombstoned pages)."""
+    full: list[int] = []
+    swa: list[int] = []
+    for node in path:
+        full += node.full
+        swa += node.swa if node.swa is not None else [0] * len(node.key)
+    return full, swa
+
+
+def path_values(node: Node) -> tuple[list[int], list[int]]:
+    """`path_values_of` of the path root -> `node`."""
+    path: list[Node] = []
+    while node.parent is not None:
+        path.append(node)
+        node = node.parent
+    path.reverse()
+    return path_values_of(path)

@@ -13,8 +13,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from decode_worker.core.pages import PageAllocator, PoolStats
-from decode_worker.core.radix_locks import LockRef
-from decode_worker.core.radix_node import Node, PageKey
+from decode_worker.core.radix_check import check_tree
+from decode_worker.core.radix_insert import InsertOps
+from decode_worker.core.radix_locks import LockOps
+from decode_worker.core.radix_node import Node, PageKey, page_keys, path_values, path_values_of
 from decode_worker.core.req_kv import ReqKV
 
 
@@ -44,16 +46,16 @@ class MatchResult:
     node: Node
 
 
-class UnifiedRadixTree:
-    """Prefix cache of full and SWA KV pages (see module docstring)."""
+class UnifiedRadixTree(InsertOps, LockOps):
+    """Prefix cache of full and SWA KV pages (see module docstring).
 
-    def __init__(
-        self, page_size: int, window: int, full: PageAllocator, swa: PageAllocator | None
-    ) -> None:
-        """`swa=None` for a model without SWA layers: every node is then SWA-less and RESUME
-        matches need full KV only."""
-        raise NotImplementedError
+    Accounting per pool: `total == available + evictable + protected + held_by_requests`, where
+    evictable/protected count tree-owned pages (unlocked/locked) and the rest is allocated but
+    owned outside the tree. Construction: `UnifiedRadixTree(page_size, window, full, swa)` with
+    `window` in tokens (HF `sliding_window - 1`) and `swa=None` for a model without SWA layers.
+    """
 
+    # -- match -------------------------------------------------------------------------------
     def match_prefix(
         self,
         token_ids: Sequence[int],
@@ -65,74 +67,119 @@ class UnifiedRadixTree:
         """Longest cached page-aligned prefix of `token_ids` valid for `mode`, capped at
         `align_down(max_len)`. Refreshes LRU state on the matched path; may split the node at the
         match end. Takes no lock: call `lock(result.node)` before anything can evict."""
-        raise NotImplementedError
+        ks = self._keys(token_ids, keys)
+        limit = len(ks) if max_len is None else min(len(ks), max(0, max_len) // self.page_size)
+        self._tick += 1
+        path = self._walk(ks, limit)
+        if mode is MatchMode.RESUME and self.swa is not None:
+            path = path[: self._resume_depth(path)]
+        node = path[-1] if path else self.root
+        self._touch(path)
+        full, swa = path_values_of(path)
+        return MatchResult(len(full) * self.page_size, full, swa, node)
 
-    def lock(self, node: Node, *, swa: bool = True) -> LockRef:
-        """Lock the full values on the path root -> `node` and (if `swa`) the live SWA values of
-        about one window above `node`'s end. Locked pages are never evicted."""
-        raise NotImplementedError
-
-    def unlock(self, lock: LockRef, *, skip_swa: bool = False) -> None:
-        """Release `lock`. The SWA part is released only if still held (after
-        `release_swa_lock` it is skipped whatever `skip_swa` says, so nothing is released twice).
-        Raises `LockStateError` on a lock already released."""
-        raise NotImplementedError
-
-    def release_swa_lock(self, lock: LockRef) -> None:
-        """Release only the SWA part of `lock` (a request decoding past its window); a no-op if
-        already released."""
-        raise NotImplementedError
-
-    def insert(
-        self,
-        token_ids: Sequence[int],
-        full_page_ids: Sequence[int],
-        swa_page_ids: Sequence[int],
-        swa_start: int,
-        protected_len: int = 0,
-        *,
-        keys: Sequence[PageKey] | None = None,
-    ) -> int:
-        """Insert the page-aligned prefix of `token_ids`; returns the length already present.
-
-        Ownership: pages of the first `protected_len` tokens are the tree's already. The caller's
-        pages at or past `protected_len` (within the aligned length) pass to the tree: new ones are
-        stored, duplicates of cached pages are freed, a tombstone whose range the caller holds live
-        SWA for is healed with the caller's SWA pages. SWA pages below `swa_start` must be 0 and
-        become tombstones. Pages past the aligned length are untouched (still the caller's)."""
-        raise NotImplementedError
-
+    # -- eviction ----------------------------------------------------------------------------
     def evict_full(self, num_pages: int) -> list[int]:
         """Evict unlocked leaves, least recently used first, until at least `num_pages` full pages
         are freed or nothing is evictable. Frees via the allocators (the leaves' SWA pages too);
         returns the full page ids freed."""
-        raise NotImplementedError
+        freed: list[int] = []
+        swa_freed: list[int] = []
+        ledger = self.ledger
+        while len(freed) < num_pages:
+            node = ledger.pop_lru_leaf()
+            if node is None:
+                break
+            freed.extend(node.full)
+            ledger.full_evictable -= len(node.key)
+            if node.swa is not None:
+                swa_freed.extend(node.swa)
+                ledger.swa_evictable -= len(node.key)
+                ledger.swa_remove(node)
+            parent = node.parent
+            assert parent is not None
+            del parent.children[node.key[0]]
+            node.parent = None
+            if parent is not self.root and not parent.children and parent.full_lock == 0:
+                ledger.add_leaf(parent)
+        self.full.free(freed)
+        if self.swa is not None:
+            self.swa.free(swa_freed)
+        return freed
 
     def evict_swa(self, num_pages: int) -> list[int]:
         """Tombstone unlocked live SWA values, least recently used first, until at least
-        `num_pages` SWA pages are freed or none is left. Full values stay. Returns the SWA page
-        ids freed."""
-        raise NotImplementedError
+        `num_pages` SWA pages are freed or none is left. Full values stay (TRANSFER matches
+        still use them). Returns the SWA page ids freed."""
+        if self.swa is None or num_pages <= 0:
+            return []
+        freed: list[int] = []
+        ledger = self.ledger
+        for node in ledger.swa_victims(num_pages):
+            assert node.swa is not None
+            freed.extend(node.swa)
+            ledger.swa_evictable -= len(node.key)
+            ledger.swa_remove(node)
+            node.swa = None
+            node.swa_uuid = 0
+        self.swa.free(freed)
+        return freed
 
+    # -- requests ----------------------------------------------------------------------------
     def cache_unfinished_req(self, kv: ReqKV) -> None:
         """Insert a running request's page-aligned KV, free its duplicates, repoint `kv`'s page
-        tables onto the cache-owned pages, move its lock to the node at the aligned end, and set
-        `kv.cache_protected_len` to the aligned length."""
-        raise NotImplementedError
+        tables onto the cache-owned pages, move its lock to the node at the aligned end (taking the
+        new lock before dropping the old), and set `kv.cache_protected_len` to the aligned
+        length. The request keeps its pages past the aligned end."""
+        keys = page_keys(kv.token_ids, self.page_size)
+        _, node = self._insert(
+            keys, kv.full_page_ids, kv.swa_page_ids, kv.swa_start, kv.cache_protected_len
+        )
+        n = len(keys)
+        full, swa = path_values(node)
+        kv.full_page_ids[:n] = full
+        if self.swa is not None:
+            kv.swa_page_ids[:n] = swa
+        new = self.lock(node)
+        if kv.lock is not None:
+            self.unlock(kv.lock)
+        kv.lock = new
+        kv.cache_protected_len = n * self.page_size
 
     def cache_finished_req(self, kv: ReqKV, *, insert: bool = True) -> None:
         """A request leaves: insert its page-aligned KV (or not), free every page it still owns
         (the unaligned tail, preallocated pages, or all of `[protected, end)` without insert),
-        release its lock, and empty `kv`'s page tables."""
-        raise NotImplementedError
+        release its lock, and empty `kv`'s page tables (so a second call frees nothing)."""
+        ps = self.page_size
+        keep = kv.cache_protected_len // ps
+        if insert:
+            keys = page_keys(kv.token_ids, ps)
+            self._insert(
+                keys, kv.full_page_ids, kv.swa_page_ids, kv.swa_start, kv.cache_protected_len
+            )
+            keep = len(keys)
+        self.full.free(kv.full_page_ids[keep:])
+        if self.swa is not None:
+            self.swa.free([p for p in kv.swa_page_ids[keep:] if p])
+        if kv.lock is not None:
+            self.unlock(kv.lock)
+        kv.lock = None
+        kv.full_page_ids = []
+        kv.swa_page_ids = []
+        kv.cache_protected_len = 0
 
+    # -- accounting --------------------------------------------------------------------------
     def full_stats(self) -> PoolStats:
         """Full-pool accounting (page units)."""
-        raise NotImplementedError
+        led = self.ledger
+        return _stats(self.full, led.full_evictable, led.full_protected)
 
     def swa_stats(self) -> PoolStats:
         """SWA-pool accounting (page units); all zero without an SWA pool."""
-        raise NotImplementedError
+        if self.swa is None:
+            return PoolStats(0, 0, 0, 0, 0)
+        led = self.ledger
+        return _stats(self.swa, led.swa_evictable, led.swa_protected)
 
     def check_integrity(
         self, held_full: Collection[int] = (), held_swa: Collection[int] = ()
@@ -142,4 +189,10 @@ class UnifiedRadixTree:
         `held_full` / `held_swa` are all pages owned outside the tree (by requests, in flight):
         they must be allocated, not referenced by the tree, and account exactly for
         `total - available - evictable - protected` of each pool."""
-        raise NotImplementedError
+        check_tree(self, held_full, held_swa)
+
+
+def _stats(pool: PageAllocator, evictable: int, protected: int) -> PoolStats:
+    total, available = pool.num_total, pool.num_free
+    held = total - available - evictable - protected
+    return PoolStats(total, available, evictable, protected, held)

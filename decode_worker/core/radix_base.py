@@ -1,0 +1,120 @@
+"""Shared state and walking of the unified radix tree (split from `radix_tree` by
+responsibility): construction, page keys, the downward walk, LRU touches and node splits.
+
+See `radix_tree.UnifiedRadixTree` for the public contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from decode_worker.core.pages import PageAllocator
+from decode_worker.core.radix_lru import RadixLedger
+from decode_worker.core.radix_node import Node, PageKey, common_pages, page_keys
+from decode_worker.errors import ConfigError
+from decode_worker.utils.mathx import cdiv
+
+
+class TreeBase:
+    """State every part of the tree shares; not used on its own."""
+
+    def __init__(
+        self, page_size: int, window: int, full: PageAllocator, swa: PageAllocator | None
+    ) -> None:
+        """`window` in tokens (HF `sliding_window - 1`). `swa=None` for a model without SWA
+        layers: every node is then SWA-less and RESUME matches need full KV only."""
+        if page_size < 1 or window < 0:
+            raise ConfigError(f"radix tree: page_size {page_size} / window {window} invalid")
+        self.page_size = page_size
+        self.window = window
+        self.full = full
+        self.swa = swa
+        self.root = Node(None, [], [], None)
+        self.root.full_lock = 1  # never evicted, never counted
+        self.ledger = RadixLedger()
+        self._tick = 0
+        self._uuid = 0
+        # a fresh live leaf keeps at most one page-aligned window; longer live runs are split
+        self._window_pages = max(1, cdiv(window, page_size))
+
+    def _keys(self, token_ids: Sequence[int], keys: Sequence[PageKey] | None) -> list[PageKey]:
+        if keys is None:
+            return page_keys(token_ids, self.page_size)
+        return keys if isinstance(keys, list) else list(keys)
+
+    def _walk(self, keys: list[PageKey], limit: int) -> list[Node]:
+        """Nodes matching `keys[:limit]` from the root down; the last one is split so that it
+        ends exactly at the match end."""
+        node, i, path = self.root, 0, []
+        while i < limit:
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            m = common_pages(child.key, keys, i, limit)
+            if m < len(child.key):
+                path.append(self._split(child, m))
+                break
+            path.append(child)
+            node, i = child, i + m
+        return path
+
+    def _resume_depth(self, path: list[Node]) -> int:
+        """How many nodes of `path` a RESUME match may use: the deepest node end with live SWA
+        for the `window` tokens before it (or live all the way from position 0)."""
+        if self.window == 0:
+            return len(path)
+        best, run, clean = 0, 0, True
+        for depth, node in enumerate(path, 1):
+            if node.swa is None:
+                run, clean = 0, False
+                continue
+            run += len(node.key) * self.page_size
+            if clean or run >= self.window:
+                best = depth
+        return best
+
+    def _touch(self, path: list[Node]) -> None:
+        """Mark `path` used now: full LRU on every node, SWA LRU on about one window."""
+        tick = self._tick
+        for node in path:
+            node.tick = tick
+        if path:
+            last = path[-1]
+            if last in self.ledger.leaves:
+                self.ledger.add_leaf(last)
+            self._swa_refresh(last)
+
+    def _swa_refresh(self, node: Node) -> None:
+        """Window-bounded SWA LRU refresh: live values within `window + page_size` tokens above
+        `node`'s end become the most recent (the deepest last)."""
+        if self.swa is None:
+            return
+        span = self.window + self.page_size
+        got, live = 0, []
+        while node is not self.root and got < span:
+            if node.swa is not None:
+                live.append(node)
+            got += len(node.key) * self.page_size
+            node = node.parent  # type: ignore[assignment]
+        live.reverse()
+        self.ledger.swa_touch(live)
+
+    def _split(self, node: Node, m: int) -> Node:
+        """Split `node` after `m` pages (0 < m < len); returns the new upper node. `node` keeps
+        its identity (and children) as the lower part. Locks and epochs are inherited; the SWA
+        boundary mark moves to the upper node. No counter changes."""
+        parent = node.parent
+        assert parent is not None  # the root is never split (its key is empty)
+        upper = Node(parent, node.key[:m], node.full[:m], None, node.tick)
+        upper.full_lock, upper.swa_lock = node.full_lock, node.swa_lock
+        upper.swa_epoch, upper.swa_uuid = node.swa_epoch, node.swa_uuid
+        node.swa_uuid = 0
+        if node.swa is not None:
+            upper.swa = node.swa[:m]
+            node.swa = node.swa[m:]
+            self.ledger.swa_add(upper)
+        node.key, node.full = node.key[m:], node.full[m:]
+        parent.children[upper.key[0]] = upper
+        upper.children[node.key[0]] = node
+        node.parent = upper
+        return upper

@@ -1,0 +1,127 @@
+"""`check_integrity()` of the unified radix tree: every invariant, O(tree size).
+
+Checked (any failure raises `FatalError` naming the invariant):
+- links: the root has no parent, an empty key and `full_lock == 1`; each child is filed under its
+  first page key and points back at its parent; key, full and SWA values have equal page counts;
+- locks: `full_lock >= swa_lock >= 0`; tombstones have `swa_lock == 0` and no boundary mark;
+- pages: tree pages are unique, in range and allocated; held pages are allocated and not in the
+  tree; per pool `total == available + evictable + protected + held` with the tree's counters
+  equal to the sums over nodes;
+- eviction orders: the leaf set is exactly the unlocked childless non-root nodes, each with a
+  current heap entry; the SWA LRU holds exactly the live SWA values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+from decode_worker.core.pages import PageAllocator
+from decode_worker.core.radix_node import Node
+from decode_worker.errors import FatalError
+
+if TYPE_CHECKING:
+    from decode_worker.core.radix_base import TreeBase
+
+
+def check_tree(tree: TreeBase, held_full: Collection[int], held_swa: Collection[int]) -> None:
+    """Raise `FatalError` unless every invariant in the module docstring holds."""
+    tree.full.check_integrity()
+    if tree.swa is not None:
+        tree.swa.check_integrity()
+    nodes = _nodes(tree.root)
+    for node in nodes:
+        _check_node(node)
+    led = tree.ledger
+    full_ev, full_pr, full_pages = _sums(nodes, swa=False)
+    _check_pool(tree.full, full_pages, held_full, full_ev, full_pr)
+    if (full_ev, full_pr) != (led.full_evictable, led.full_protected):
+        raise FatalError(
+            f"full counters {led.full_evictable}/{led.full_protected} != tree sums "
+            f"{full_ev}/{full_pr}"
+        )
+    swa_ev, swa_pr, swa_pages = _sums(nodes, swa=True)
+    if tree.swa is not None:
+        _check_pool(tree.swa, swa_pages, held_swa, swa_ev, swa_pr)
+    elif swa_pages or held_swa:
+        raise FatalError("SWA pages in a tree without an SWA pool")
+    if (swa_ev, swa_pr) != (led.swa_evictable, led.swa_protected):
+        raise FatalError(
+            f"SWA counters {led.swa_evictable}/{led.swa_protected} != tree sums {swa_ev}/{swa_pr}"
+        )
+    _check_orders(tree, nodes)
+
+
+def _nodes(root: Node) -> list[Node]:
+    """All nodes but the root, checking the root and the parent/child links on the way."""
+    if root.parent is not None or root.key or root.full or root.full_lock != 1:
+        raise FatalError("root: must have no parent, an empty key and full_lock 1")
+    out: list[Node] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        for first, child in node.children.items():
+            if child.parent is not node or not child.key or child.key[0] != first:
+                raise FatalError(f"link: {child!r} misfiled under its parent")
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def _check_node(node: Node) -> None:
+    k = len(node.key)
+    if len(node.full) != k or (node.swa is not None and len(node.swa) != k):
+        raise FatalError(f"values: {node!r} key and value lengths differ")
+    if node.swa_lock < 0 or node.full_lock < node.swa_lock:
+        raise FatalError(f"locks: {node!r} needs full_lock >= swa_lock >= 0")
+    if node.swa is None and (node.swa_lock or node.swa_uuid):
+        raise FatalError(f"tombstone: {node!r} is locked or marked")
+
+
+def _sums(nodes: list[Node], *, swa: bool) -> tuple[int, int, list[int]]:
+    """(evictable pages, protected pages, all page ids) of one pool over `nodes`."""
+    evictable = protected = 0
+    pages: list[int] = []
+    for node in nodes:
+        value = node.swa if swa else node.full
+        if value is None:
+            continue
+        pages += value
+        if (node.swa_lock if swa else node.full_lock) > 0:
+            protected += len(value)
+        else:
+            evictable += len(value)
+    return evictable, protected, pages
+
+
+def _check_pool(
+    pool: PageAllocator, tree_pages: list[int], held: Collection[int], ev: int, pr: int
+) -> None:
+    name = pool.name
+    tree_set, held_set = set(tree_pages), set(held)
+    if len(tree_set) != len(tree_pages):
+        raise FatalError(f"pool {name!r}: a page is referenced twice by the tree")
+    if len(held_set) != len(held):
+        raise FatalError(f"pool {name!r}: a held page is listed twice")
+    if tree_set & held_set:
+        raise FatalError(f"pool {name!r}: a page is both held and in the tree")
+    if not pool.all_held(tree_set) or not pool.all_held(held_set):
+        raise FatalError(f"pool {name!r}: a referenced page is free or out of range")
+    if pool.num_total != pool.num_free + ev + pr + len(held_set):
+        raise FatalError(
+            f"pool {name!r}: total {pool.num_total} != available {pool.num_free} + evictable {ev}"
+            f" + protected {pr} + held {len(held_set)}"
+        )
+
+
+def _check_orders(tree: TreeBase, nodes: list[Node]) -> None:
+    led = tree.ledger
+    leaves = {n for n in nodes if not n.children and n.full_lock == 0}
+    if leaves != led.leaves:
+        raise FatalError("leaves: the evictable-leaf set is not the unlocked childless nodes")
+    queued = {(id(n), t) for t, _, n in led.heap}
+    if any((id(n), n.tick) not in queued for n in leaves):
+        raise FatalError("leaves: an evictable leaf has no current heap entry")
+    live = [n for n in nodes if n.swa is not None]
+    if len(led.swa_lru) != len(live) or any(n not in led.swa_lru for n in live):
+        raise FatalError("swa lru: not exactly the nodes with a live SWA value")

@@ -1,0 +1,159 @@
+"""Insertion into the unified radix tree: dedup against cached pages, tombstone healing, new
+leaves with the tombstone/live split and the one-window leaf cap."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import pairwise
+
+from decode_worker.core.radix_base import TreeBase
+from decode_worker.core.radix_node import Node, PageKey, common_pages
+from decode_worker.errors import PageError
+from decode_worker.utils.mathx import cdiv
+
+
+class InsertOps(TreeBase):
+    """`insert` and its helpers (mixed into `UnifiedRadixTree`)."""
+
+    def insert(
+        self,
+        token_ids: Sequence[int],
+        full_page_ids: Sequence[int],
+        swa_page_ids: Sequence[int],
+        swa_start: int,
+        protected_len: int = 0,
+        *,
+        keys: Sequence[PageKey] | None = None,
+    ) -> int:
+        """Insert the page-aligned prefix of `token_ids`; returns the length already present.
+
+        Ownership: pages of the first `protected_len` tokens are the tree's already. The caller's
+        pages at or past `protected_len` (within the aligned length) pass to the tree: new ones are
+        stored, duplicates of cached pages are freed, a tombstone whose range the caller holds live
+        SWA for is healed with the caller's SWA pages. SWA pages in `[protected_len, swa_start)`
+        must be 0. Pages past the aligned length are untouched (still the caller's).
+        Raises `PageError` (tree unchanged) on short page lists or bad page ids."""
+        ks = self._keys(token_ids, keys)
+        prefix, _ = self._insert(ks, full_page_ids, swa_page_ids, swa_start, protected_len)
+        return prefix * self.page_size
+
+    def _insert(
+        self,
+        keys: list[PageKey],
+        full_ids: Sequence[int],
+        swa_ids: Sequence[int],
+        swa_start: int,
+        protected_len: int,
+    ) -> tuple[int, Node]:
+        """Insert; returns (pages already present, the node ending at the aligned end)."""
+        ps, n = self.page_size, len(keys)
+        prot, live_from = protected_len // ps, max(cdiv(swa_start, ps), protected_len // ps)
+        self._validate_insert(n, full_ids, swa_ids, prot, live_from)
+        self._tick += 1
+        node, i, path = self.root, 0, []
+        free_full: list[int] = []
+        free_swa: list[int] = []
+        while i < n:
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            m = common_pages(child.key, keys, i, n)
+            if m < len(child.key):
+                child = self._split(child, m)
+            child = self._absorb(child, i, full_ids, swa_ids, prot, live_from, free_full, free_swa)
+            path.append(child)
+            node, i = child, i + m
+        if prot > i:
+            raise PageError(f"insert: protected_len {protected_len} beyond the cached prefix")
+        if i < n:
+            path.extend(self._add_leaves(node, keys, i, full_ids, swa_ids, live_from))
+        self._touch(path)
+        self.full.free(free_full)
+        if free_swa and self.swa is not None:
+            self.swa.free(free_swa)
+        return i, path[-1] if path else self.root
+
+    def _validate_insert(
+        self, n: int, full_ids: Sequence[int], swa_ids: Sequence[int], prot: int, live_from: int
+    ) -> None:
+        """Check the caller's pages in `[prot, n)` before anything changes."""
+        if len(full_ids) < n or (self.swa is not None and len(swa_ids) < n):
+            raise PageError(f"insert: {n} pages of key but {len(full_ids)} full page ids")
+        if not self.full.all_held(full_ids[prot:n]):
+            raise PageError("insert: a full page id is not allocated")
+        if self.swa is None:
+            return
+        if any(swa_ids[prot:live_from]):
+            raise PageError("insert: a live SWA page below the window start")
+        if not self.swa.all_held(swa_ids[live_from:n]):
+            raise PageError("insert: an SWA page id in the window is missing or not allocated")
+
+    def _absorb(
+        self,
+        node: Node,
+        i: int,
+        full_ids: Sequence[int],
+        swa_ids: Sequence[int],
+        prot: int,
+        live_from: int,
+        free_full: list[int],
+        free_swa: list[int],
+    ) -> Node:
+        """The caller's pages over an existing node covering pages `[i, i+len)`: queue duplicate
+        frees, heal a tombstone where the caller holds live SWA (splitting off a tombstone upper
+        part if the live range starts inside). Returns the node ending at `i + len`."""
+        end = i + len(node.key)
+        lo = max(i, prot)
+        nf = node.full
+        free_full.extend(p for j, p in enumerate(full_ids[lo:end], lo - i) if p != nf[j])
+        if self.swa is None:
+            return node
+        if node.swa is not None:
+            ns = node.swa
+            free_swa.extend(p for j, p in enumerate(swa_ids[lo:end], lo - i) if p and p != ns[j])
+        elif live_from < end:
+            if live_from > i:
+                self._split(node, live_from - i)  # `node` stays the lower part
+            node.swa = list(swa_ids[max(i, live_from) : end])
+            node.swa_epoch = self._tick
+            self.ledger.swa_add(node)
+            self.ledger.swa_evictable += len(node.key)
+        return node
+
+    def _add_leaves(
+        self,
+        parent: Node,
+        keys: list[PageKey],
+        i: int,
+        full_ids: Sequence[int],
+        swa_ids: Sequence[int],
+        live_from: int,
+    ) -> list[Node]:
+        """New nodes for pages `[i, n)` below `parent`: a tombstone part below `live_from`, a live
+        part above it, the live part split so the leaf holds at most one page-aligned window."""
+        n = len(keys)
+        cuts = [i]
+        if self.swa is not None:
+            t = min(max(live_from, i), n)
+            if i < t < n:
+                cuts.append(t)
+            if t < n and cuts[-1] < n - self._window_pages:
+                cuts.append(n - self._window_pages)
+        cuts.append(n)
+        new: list[Node] = []
+        ledger, tick = self.ledger, self._tick
+        ledger.discard_leaf(parent)
+        for a, b in pairwise(cuts):
+            live = self.swa is not None and a >= live_from
+            node = Node(
+                parent, keys[a:b], list(full_ids[a:b]), list(swa_ids[a:b]) if live else None, tick
+            )
+            parent.children[keys[a]] = node
+            if live:
+                ledger.swa_add(node)
+                ledger.swa_evictable += b - a
+            new.append(node)
+            parent = node
+        ledger.full_evictable += n - i
+        ledger.add_leaf(parent)
+        return new

@@ -1,0 +1,201 @@
+"""Every Prometheus metric of the worker, on its own registry (names: docs/CONTRACTS.md).
+
+The daemon and the API layer call `Metrics` methods; nothing else creates metrics. All methods
+are thread-safe (prometheus_client locks internally), so the compute thread may call them too.
+Label values are closed sets where the contract says so: an unknown abort/failure reason is
+recorded as `internal` (and logged) rather than growing the label space.
+
+Who observes what (so nothing is counted twice):
+- the API layer (`io/api`): `http_requests_total`, `time_to_first_token_seconds`,
+  `inter_token_latency_seconds`, `request_e2e_seconds` (measured at the HTTP boundary from
+  `GenerateInput.received_at`), unless the app is built with `observe_latency=False`;
+- the daemon: everything else (pools, queues, admissions, aborts, requests, tokens, transfers,
+  prefix cache, draining).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+log = logging.getLogger(__name__)
+_LABEL_WORD = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+
+PREFIX = "decode_worker_"
+POOLS = ("full", "swa")
+QUEUES = ("prealloc", "transfer", "running")
+REQUEST_STATUSES = ("finished", "aborted", "failed")
+ABORT_REASONS = (
+    "client_abort", "kv_timeout", "queue_timeout", "too_large", "swa_reclaim_insufficient",
+    "transfer_failed", "peer_dead", "drain", "bad_request", "internal",
+)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+DESCRIPTOR_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
+
+
+class Metrics:
+    """The worker's metrics. One instance per process (or per test: each has its own registry)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # `*_created` series only add noise to dashboards; this switch is process-wide, and
+        # every metric of the process lives here.
+        disable_created_metrics()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._build_counters()
+        self._build_gauges()
+        self._build_histograms()
+        self._prefill_labels()
+
+    def _counter(self, name: str, doc: str, labels: Iterable[str] = ()) -> Counter:
+        # prometheus_client appends `_total` to a counter's name on exposition.
+        return Counter(PREFIX + name, doc, list(labels), registry=self.registry)
+
+    def _gauge(self, name: str, doc: str, labels: Iterable[str] = ()) -> Gauge:
+        return Gauge(PREFIX + name, doc, list(labels), registry=self.registry)
+
+    def _hist(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(PREFIX + name, doc, buckets=buckets, registry=self.registry)
+
+    def _build_counters(self) -> None:
+        c = self._counter
+        self.prefix_query_tokens = c("prefix_cache_query_tokens", "Tokens looked up in the tree")
+        self.prefix_hit_tokens = c("prefix_cache_hit_tokens", "Tokens found in the tree (full)")
+        self.transfer_received_tokens = c("transfer_received_tokens", "Tokens whose KV arrived")
+        self.admissions = c("admissions", "Requests admitted to the decode batch")
+        self.aborts = c("aborts", "Aborted requests by reason", ["reason"])
+        self.retractions = c("retractions", "Requests retracted to free pages")
+        self.requests = c("requests", "Requests ended, by status", ["status"])
+        self.generated_tokens = c("generated_tokens", "Output tokens generated")
+        self.transfer_bytes = c("transfer_bytes", "KV bytes received by transfer")
+        self.transfer_failures = c("transfer_failures", "Failed KV transfers by reason", ["reason"])
+        self.http_requests = c("http_requests", "HTTP requests by endpoint and status",
+                               ["endpoint", "code"])
+
+    def _build_gauges(self) -> None:
+        g = self._gauge
+        self.pages_available = g("kv_pages_available", "Free KV pages", ["pool"])
+        self.pages_used = g("kv_pages_used", "KV pages held by requests or the tree", ["pool"])
+        self.pages_evictable = g("kv_pages_evictable", "Tree pages that can be evicted", ["pool"])
+        self.pages_protected = g("kv_pages_protected", "Tree pages locked by requests", ["pool"])
+        self.pages_total = g("kv_pages_total", "KV pages in the pool (page 0 excluded)", ["pool"])
+        self.queue_requests = g("queue_requests", "Requests per queue", ["queue"])
+        self.draining = g("draining", "1 while the worker drains (SIGTERM), else 0")
+
+    def _build_histograms(self) -> None:
+        h = self._hist
+        self.transfer_duration = h("transfer_duration_seconds", "KV transfer time",
+                                   TRANSFER_BUCKETS)
+        self.transfer_descriptors = h("transfer_descriptors", "NIXL descriptors per transfer",
+                                      DESCRIPTOR_BUCKETS)
+        self.ttft = h("time_to_first_token_seconds", "Receipt to first output token", TTFT_BUCKETS)
+        self.itl = h("inter_token_latency_seconds", "Time between output tokens", ITL_BUCKETS)
+        self.e2e = h("request_e2e_seconds", "Receipt to last output token", E2E_BUCKETS)
+
+    def _prefill_labels(self) -> None:
+        """Create the known children so that every series is exported from the start (at 0)."""
+        for pool in POOLS:
+            for gauge in self._pool_gauges():
+                gauge.labels(pool=pool)
+        for queue in QUEUES:
+            self.queue_requests.labels(queue=queue)
+        for reason in ABORT_REASONS:
+            self.aborts.labels(reason=reason)
+        for status in REQUEST_STATUSES:
+            self.requests.labels(status=status)
+
+    def _pool_gauges(self) -> tuple[Gauge, ...]:
+        return (self.pages_available, self.pages_used, self.pages_evictable,
+                self.pages_protected, self.pages_total)
+
+    # -- what the daemon calls -------------------------------------------------------------
+
+    def update_pool(
+        self, pool: str, *, available: int, used: int, evictable: int, protected: int, total: int
+    ) -> None:
+        """Set one pool's page gauges (pool is "full" or "swa")."""
+        values = (available, used, evictable, protected, total)
+        for gauge, value in zip(self._pool_gauges(), values, strict=True):
+            gauge.labels(pool=pool).set(value)
+
+    def update_queues(self, *, prealloc: int, transfer: int, running: int) -> None:
+        for queue, value in zip(QUEUES, (prealloc, transfer, running), strict=True):
+            self.queue_requests.labels(queue=queue).set(value)
+
+    def observe_prefix_match(self, query_tokens: int, hit_tokens: int) -> None:
+        """One tree lookup: `query_tokens` asked, `hit_tokens` reused (full pool)."""
+        self.prefix_query_tokens.inc(query_tokens)
+        self.prefix_hit_tokens.inc(hit_tokens)
+
+    def inc_admission(self, n: int = 1) -> None:
+        self.admissions.inc(n)
+
+    def inc_abort(self, reason: str) -> None:
+        """One aborted request; also counts requests_total{status="aborted"}."""
+        self.aborts.labels(reason=_known(reason, ABORT_REASONS, "abort")).inc()
+        self.requests.labels(status="aborted").inc()
+
+    def inc_retraction(self, n: int = 1) -> None:
+        self.retractions.inc(n)
+
+    def inc_request(self, status: str) -> None:
+        """A request ended as "finished" or "failed" (aborts go through `inc_abort`)."""
+        self.requests.labels(status=_known(status, REQUEST_STATUSES, "status", "failed")).inc()
+
+    def inc_generated_tokens(self, n: int) -> None:
+        self.generated_tokens.inc(n)
+
+    def observe_transfer(self, num_bytes: int, duration_s: float, num_descriptors: int,
+                         num_tokens: int) -> None:
+        """One completed KV transfer into this worker."""
+        self.transfer_bytes.inc(num_bytes)
+        self.transfer_duration.observe(duration_s)
+        self.transfer_descriptors.observe(num_descriptors)
+        self.transfer_received_tokens.inc(num_tokens)
+
+    def inc_transfer_failure(self, reason: str) -> None:
+        """`reason` is a short snake_case word (e.g. an abort reason); anything else -> internal."""
+        label = reason if _LABEL_WORD.match(reason) else _known(reason, (), "transfer failure")
+        self.transfer_failures.labels(reason=label).inc()
+
+    def set_draining(self, draining: bool) -> None:
+        self.draining.set(1 if draining else 0)
+
+    # -- what the API layer calls ----------------------------------------------------------
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def observe_itl(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+
+    def observe_e2e(self, seconds: float) -> None:
+        self.e2e.observe(seconds)
+
+    def inc_http(self, endpoint: str, code: int) -> None:
+        """`endpoint` must be a route name (a closed set), never a raw client path."""
+        self.http_requests.labels(endpoint=endpoint, code=str(code)).inc()
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text exposition and its content type, for GET /metrics."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _known(value: str, allowed: tuple[str, ...], what: str, fallback: str = "internal") -> str:
+    if value in allowed:
+        return value
+    log.warning("metrics: unknown %s label %r recorded as %r", what, value, fallback)
+    return fallback

@@ -109,7 +109,7 @@ def write_model(out_dir: Path, seed: int = 0, **overrides: Any) -> Path:
     gen_cfg = {"eos_token_id": cfg["eos_token_id"], "do_sample": False}
     (out_dir / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
     save_file(random_state_dict(cfg, seed), str(out_dir / "model.safetensors"),
-              metadata={"format": "pt", "seed": str(seed)})
+              metadata={"format": "pt"})  # one key: header bytes stay stable
     byte_tokenizer().save(str(out_dir / "tokenizer.json"))
     tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": SPECIAL_TOKENS[0],
                "pad_token": SPECIAL_TOKENS[0], "chat_template": BUILTIN_CHAT_TEMPLATE,

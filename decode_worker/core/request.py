@@ -1,0 +1,196 @@
+"""The decode-side request and its state machine (pure; times are passed in, no clocks).
+
+```
+QUEUED --> RESERVED --> RECEIVING --> READY --> RUNNING --> FINISHED
+   ^          +-------------------------->^          |
+   |            (transfer done in one poll)          v
+   +-------------------------------------------- RETRACTED
+any non-terminal state --> ABORTED | FAILED (with a reason)
+```
+What each state holds: QUEUED and RETRACTED hold no pages; RESERVED, RECEIVING, READY and RUNNING
+hold `kv` (request-owned pages plus a lock on a tree prefix). Every transition goes through
+`DecodeRequest.transition`, which releases what the old state held when the new one holds none.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from decode_worker.core.pages import PageAllocator
+from decode_worker.core.radix_tree import UnifiedRadixTree
+from decode_worker.core.req_kv import ReqKV
+from decode_worker.errors import InvalidTransition
+
+
+class RequestState(enum.Enum):
+    QUEUED = "queued"  # in the prealloc queue, holds nothing
+    RESERVED = "reserved"  # pages reserved, transfer requested
+    RECEIVING = "receiving"  # the peer accepted the transfer; KV arriving
+    READY = "ready"  # KV and the first token arrived, not yet in the decode batch
+    RUNNING = "running"  # in the decode batch; prompt inserted into the tree
+    RETRACTED = "retracted"  # taken out of the batch for pages; computed KV cached; requeued
+    FINISHED = "finished"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+
+S = RequestState
+TERMINAL = frozenset({S.FINISHED, S.ABORTED, S.FAILED})
+HOLDS_KV = frozenset({S.RESERVED, S.RECEIVING, S.READY, S.RUNNING})
+_END = frozenset({S.ABORTED, S.FAILED})
+_ALLOWED: dict[RequestState, frozenset[RequestState]] = {
+    S.QUEUED: frozenset({S.RESERVED}) | _END,
+    S.RESERVED: frozenset({S.RECEIVING, S.READY}) | _END,
+    S.RECEIVING: frozenset({S.READY}) | _END,
+    S.READY: frozenset({S.RUNNING}) | _END,
+    S.RUNNING: frozenset({S.FINISHED, S.RETRACTED}) | _END,
+    S.RETRACTED: frozenset({S.QUEUED}) | _END,
+    S.FINISHED: frozenset(),
+    S.ABORTED: frozenset(),
+    S.FAILED: frozenset(),
+}
+
+
+class KVReleaser:
+    """Returns what a request's `ReqKV` holds: through the tree when there is one
+    (`cache_finished_req`: insert or not, free the rest, unlock), else straight to the
+    allocators (no decode radix cache: the request owns every page it references)."""
+
+    def __init__(
+        self,
+        tree: UnifiedRadixTree | None,
+        full: PageAllocator,
+        swa: PageAllocator | None,
+        page_size: int,
+    ) -> None:
+        self.tree = tree
+        self.full = full
+        self.swa = swa
+        self.page_size = page_size
+
+    def release(self, kv: ReqKV, *, insert: bool) -> None:
+        """Give back everything `kv` holds; with `insert`, the tree keeps its page-aligned KV
+        (valid KV only). Empties `kv`'s page tables."""
+        if self.tree is not None:
+            self.tree.cache_finished_req(kv, insert=insert)
+            return
+        self.full.free(kv.owned_full_page_ids(self.page_size))
+        if self.swa is not None:
+            self.swa.free(kv.owned_swa_page_ids(self.page_size))
+        kv.full_page_ids = []
+        kv.swa_page_ids = []
+
+
+@dataclass(slots=True, eq=False)
+class DecodeRequest:
+    """One generation request on the decode side.
+
+    `prompt_ids` never change; `output_ids` grow by one per step. The KV the request must hold
+    covers `fill_ids` = prompt + every output token but the last (the last one is the next
+    step's input). `entered_at[state]` is the `now` at which it last entered that state.
+    """
+
+    rid: str
+    room: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    output_ids: list[int] = field(default_factory=list)
+    state: RequestState = S.QUEUED
+    kv: ReqKV | None = None
+    reason: str = ""  # abort/fail label (docs/CONTRACTS.md abort reasons)
+    message: str = ""  # human-readable cause, for the client and the log
+    num_retractions: int = 0
+    entered_at: dict[RequestState, float] = field(default_factory=dict)
+
+    @property
+    def fill_len(self) -> int:
+        """Tokens whose KV must be present before the next step."""
+        return len(self.prompt_ids) + max(len(self.output_ids) - 1, 0)
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """Token ids of `fill_len` (what prefill is asked to provide KV for)."""
+        return self.prompt_ids + self.output_ids[:-1]
+
+    @property
+    def is_resumed(self) -> bool:
+        """A retracted request readmitted: its next input is `output_ids[-1]`, not a token
+        from the transfer (the shell replays it)."""
+        return bool(self.output_ids)
+
+    @property
+    def is_done(self) -> bool:
+        return self.state in TERMINAL
+
+    def transition(
+        self,
+        to: RequestState,
+        now: float,
+        *,
+        kv: ReqKV | None = None,
+        releaser: KVReleaser | None = None,
+        reason: str = "",
+        message: str = "",
+    ) -> None:
+        """Move to `to`; the one place a request changes state.
+
+        - to RESERVED: `kv` (the reserved pages and prefix lock) is required and taken over.
+        - leaving a state that holds KV for one that holds none: `releaser` is required; the
+          KV is inserted into the tree when it is valid (FINISHED, RETRACTED, or ABORTED after
+          it arrived) and freed otherwise (FAILED, ABORTED before arrival).
+        - to ABORTED / FAILED: `reason` is the label, `message` the cause.
+        Raises `InvalidTransition` (nothing changed) for a transition the state machine lacks
+        or a missing argument.
+        """
+        if to not in _ALLOWED[self.state]:
+            raise InvalidTransition(f"req={self.rid}: {self.state.value} -> {to.value}")
+        drops_kv = self.state in HOLDS_KV and to not in HOLDS_KV
+        if to is S.RESERVED and kv is None:
+            raise InvalidTransition(f"req={self.rid}: -> reserved needs the reserved kv")
+        if drops_kv and releaser is None:
+            raise InvalidTransition(f"req={self.rid}: {self.state.value} -> {to.value} "
+                                    "needs a releaser for the kv it holds")
+        if drops_kv and self.kv is not None and releaser is not None:
+            insert = to in (S.FINISHED, S.RETRACTED) or (
+                to is S.ABORTED and self.state in (S.READY, S.RUNNING)
+            )
+            releaser.release(self.kv, insert=insert)
+            self.kv = None
+        if to is S.RESERVED:
+            self.kv = kv
+        if to is S.RETRACTED:
+            self.num_retractions += 1
+        if to in _END:
+            self.reason, self.message = reason, message or reason
+        self.state = to
+        self.entered_at[to] = now
+
+    def arrive(self, first_token_id: int, now: float) -> None:
+        """The transfer completed (RESERVED or RECEIVING -> READY) with prefill's first output
+        token; a resumed request keeps its own last token and ignores the transferred one."""
+        self.transition(S.READY, now)
+        if not self.output_ids:
+            self.output_ids.append(first_token_id)
+
+    def append_token(self, token_id: int) -> None:
+        """Commit one decode step of a RUNNING request: the step wrote the KV of the previous
+        input (`output_ids[-1]`) at position `kv.seq_len`, and sampled `token_id`."""
+        if self.state is not S.RUNNING or self.kv is None or not self.output_ids:
+            raise InvalidTransition(f"req={self.rid}: append_token in {self.state.value}")
+        self.kv.token_ids.append(self.output_ids[-1])
+        self.output_ids.append(token_id)
+
+
+def held_page_ids(
+    reqs: Iterable[DecodeRequest], page_size: int
+) -> tuple[list[int], list[int]]:
+    """Full and SWA pages the requests own (not the tree's): for `check_integrity`."""
+    full: list[int] = []
+    swa: list[int] = []
+    for r in reqs:
+        if r.kv is not None:
+            full += r.kv.owned_full_page_ids(page_size)
+            swa += r.kv.owned_swa_page_ids(page_size)
+    return full, swa

@@ -1,0 +1,95 @@
+"""SWA window arithmetic and page counts (pure).
+
+`window` everywhere here is the number of *earlier* tokens a query sees: Hugging Face
+`sliding_window - 1` (127 for gpt-oss, whose `sliding_window` is 128). A query at position `q`
+reads positions `[q - window, q]`.
+
+Range map of one request at admission (`seq_len` tokens whose KV must be present; the next query
+is at position `seq_len`):
+
+```
+pos:  0 ........... P .............. S .................. B ......... seq_len
+      [ reused full prefix | full, transferred | full + SWA, transferred (the SWA tail) ]
+      P = reused prefix (page-aligned, <= S)    B = align_down(seq_len) (insert boundary)
+```
+"""
+
+from __future__ import annotations
+
+from decode_worker.utils.mathx import align_down, cdiv
+
+
+def swa_window_start(seq_len: int, window: int, page_size: int, radix_cache: bool) -> int:
+    """Page-aligned SWA window start S for a request whose next query is at `seq_len`.
+
+    `window`: earlier tokens a query sees (127 for gpt-oss; HF `sliding_window` 128).
+
+    - radix cache on: `align_down(max(0, seq_len - 1 - max(window, page_size)))`
+      (docs/CONTRACTS.md), lowered to `align_down(max(0, align_down(seq_len) - window))` where
+      the contract formula alone would leave less than one window of live SWA below the insert
+      boundary `B = align_down(seq_len)` (windows not of the form k*page_size - 1 or
+      k*page_size; for gpt-oss the two agree). So the leaf the tree inserts at `B` covers >= one
+      window and is matchable, and `S <= seq_len - window` (the next query sees its window).
+    - radix cache off: `align_down(max(0, seq_len - window))`.
+
+    Worked case: seq_len 895, page 64, window 127 -> 704 (tail 191 tokens, 3 pages).
+    The same function gives the decode-time frontier: SWA below `swa_window_start(n)` is no
+    longer read once the next query is at position `n`.
+    """
+    if not radix_cache:
+        return align_down(max(0, seq_len - window), page_size)
+    contract = align_down(max(0, seq_len - 1 - max(window, page_size)), page_size)
+    margin = align_down(max(0, align_down(seq_len, page_size) - window), page_size)
+    return min(contract, margin)
+
+
+def swa_tail_len(seq_len: int, window: int, page_size: int, radix_cache: bool) -> int:
+    """Tokens in the SWA tail `[S, seq_len)` that are transferred fresh (see `swa_window_start`;
+    `window` = earlier tokens a query sees, 127 for gpt-oss)."""
+    return seq_len - swa_window_start(seq_len, window, page_size, radix_cache)
+
+
+def swa_tail_pages(seq_len: int, window: int, page_size: int, radix_cache: bool) -> int:
+    """SWA pages of the tail `[S, seq_len)`: S is page-aligned, so the tail rounds up."""
+    return cdiv(swa_tail_len(seq_len, window, page_size, radix_cache), page_size)
+
+
+def num_pages(num_tokens: int, page_size: int) -> int:
+    """Pages that hold `num_tokens` tokens from position 0."""
+    return cdiv(num_tokens, page_size)
+
+
+def max_reuse_len(
+    seq_len: int, window: int, page_size: int, radix_cache: bool, has_swa: bool
+) -> int:
+    """Longest prefix that may be reused from the tree for a request of `seq_len` tokens.
+
+    With SWA layers: the window start S (the SWA tail always arrives fresh, so the tree needs no
+    live SWA for a hit). Without SWA layers: the page-aligned `seq_len` (a full hit still receives
+    the first output token). `window` = earlier tokens a query sees (127 for gpt-oss).
+    """
+    if not radix_cache:
+        return 0
+    if not has_swa:
+        return align_down(seq_len, page_size)
+    return swa_window_start(seq_len, window, page_size, radix_cache)
+
+
+def swa_peak_pages(window: int, page_size: int, radix_cache: bool) -> int:
+    """Most live SWA pages one decoding request references at once (exact, steady state).
+
+    While the next query is at `n` the request holds SWA pages for `[swa_window_start(n), n]`.
+    That count is periodic in `n` with period `page_size` once `n` is past a few windows, so
+    one period is scanned. `window` = earlier tokens a query sees (127 for gpt-oss).
+    """
+    base = 4 * (window + page_size)
+    return max(
+        n // page_size - swa_window_start(n, window, page_size, radix_cache) // page_size + 1
+        for n in range(base, base + page_size)
+    )
+
+
+def max_full_pages(prompt_len: int, max_new_tokens: int, page_size: int) -> int:
+    """Full pages a request needs at its longest: KV for the prompt and every output token but
+    the last (the last sampled token is never fed back)."""
+    return cdiv(prompt_len + max(max_new_tokens - 1, 0), page_size)

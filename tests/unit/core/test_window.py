@@ -1,0 +1,74 @@
+"""SWA window arithmetic: the worked case, the margin, and the decode-time peak."""
+
+from __future__ import annotations
+
+import pytest
+
+from decode_worker.core.window import (
+    max_full_pages,
+    max_reuse_len,
+    swa_peak_pages,
+    swa_tail_len,
+    swa_tail_pages,
+    swa_window_start,
+)
+from decode_worker.utils.mathx import align_down
+
+CASES = [(w, p) for p in (1, 2, 4, 16, 64, 128, 256) for w in (1, 3, 5, 31, 63, 100, 127, 128)]
+
+
+def test_worked_case_895_page_64_window_127() -> None:
+    assert swa_window_start(895, 127, 64, radix_cache=True) == 704
+    assert swa_tail_len(895, 127, 64, radix_cache=True) == 191
+    assert swa_tail_pages(895, 127, 64, radix_cache=True) == 3
+
+
+def test_without_radix_cache_start_is_seq_minus_window_rounded_down() -> None:
+    assert swa_window_start(895, 127, 64, radix_cache=False) == 768
+    assert swa_window_start(100, 127, 64, radix_cache=False) == 0
+
+
+@pytest.mark.parametrize(("window", "page"), CASES)
+def test_margin_keeps_a_page_aligned_matchable_window(window: int, page: int) -> None:
+    for seq_len in range(0, 6 * (window + page)):
+        s = swa_window_start(seq_len, window, page, radix_cache=True)
+        boundary = align_down(seq_len, page)
+        assert s % page == 0
+        assert s <= max(0, seq_len - window)  # the next query sees its whole window
+        if s > 0:
+            assert boundary - s >= window  # the inserted live SWA leaf covers one window
+
+
+@pytest.mark.parametrize(("window", "page"), CASES)
+def test_start_equals_contract_formula_when_it_keeps_the_margin(window: int, page: int) -> None:
+    for seq_len in range(0, 4 * (window + page)):
+        contract = align_down(max(0, seq_len - 1 - max(window, page)), page)
+        s = swa_window_start(seq_len, window, page, radix_cache=True)
+        if contract == 0 or align_down(seq_len, page) - contract >= window:
+            assert s == contract
+
+
+@pytest.mark.parametrize("radix", [True, False])
+@pytest.mark.parametrize(("window", "page"), CASES)
+def test_window_start_is_monotone_and_peak_bounds_live_pages(
+    window: int, page: int, radix: bool
+) -> None:
+    peak = swa_peak_pages(window, page, radix)
+    prev = 0
+    for n in range(0, 8 * (window + page)):
+        s = swa_window_start(n, window, page, radix)
+        assert s >= prev
+        prev = s
+        assert n // page - s // page + 1 <= peak
+
+
+def test_max_reuse_len_caps_at_window_start_or_aligned_len() -> None:
+    assert max_reuse_len(895, 127, 64, radix_cache=True, has_swa=True) == 704
+    assert max_reuse_len(895, 127, 64, radix_cache=True, has_swa=False) == 832
+    assert max_reuse_len(895, 127, 64, radix_cache=False, has_swa=True) == 0
+
+
+def test_max_full_pages_excludes_the_last_sampled_token() -> None:
+    assert max_full_pages(64, 1, 64) == 1
+    assert max_full_pages(64, 2, 64) == 2
+    assert max_full_pages(63, 2, 64) == 1

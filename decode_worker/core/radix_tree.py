@@ -130,7 +130,8 @@ class UnifiedRadixTree(InsertOps, LockOps):
         """Insert a running request's page-aligned KV, free its duplicates, repoint `kv`'s page
         tables onto the cache-owned pages, move its lock to the node at the aligned end (taking the
         new lock before dropping the old), and set `kv.cache_protected_len` to the aligned
-        length. The request keeps its pages past the aligned end."""
+        length. The request keeps its pages past the aligned end. SWA entries below
+        `kv.swa_start` become 0 (the tree may tombstone them at any time)."""
         keys = page_keys(kv.token_ids, self.page_size)
         _, node = self._insert(
             keys, kv.full_page_ids, kv.swa_page_ids, kv.swa_start, kv.cache_protected_len
@@ -139,7 +140,8 @@ class UnifiedRadixTree(InsertOps, LockOps):
         full, swa = path_values(node)
         kv.full_page_ids[:n] = full
         if self.swa is not None:
-            kv.swa_page_ids[:n] = swa
+            lo = min(kv.swa_start // self.page_size, n)
+            kv.swa_page_ids[:n] = [0] * lo + swa[lo:]  # below the window start: not the req's
         new = self.lock(node)
         if kv.lock is not None:
             self.unlock(kv.lock)

@@ -1,0 +1,259 @@
+"""Unified radix tree: one test per operation and per tricky case (page size 4, window 7)."""
+
+from __future__ import annotations
+
+import pytest
+
+from decode_worker.core.pages import PageAllocator
+from decode_worker.core.radix_tree import MatchMode, UnifiedRadixTree
+from decode_worker.core.req_kv import ReqKV
+from decode_worker.errors import LockStateError, PageError
+
+PS, WIN = 4, 7
+
+
+def make_tree(full: int = 64, swa: int | None = 32) -> UnifiedRadixTree:
+    pools = PageAllocator(full, "full"), (PageAllocator(swa, "swa") if swa else None)
+    return UnifiedRadixTree(PS, WIN, pools[0], pools[1])
+
+
+def admit(tree: UnifiedRadixTree, tokens: list[int], swa_start: int) -> ReqKV:
+    """A request holding fresh pages for all of `tokens`, live SWA from `swa_start`."""
+    n_pages = -(-len(tokens) // PS)
+    full = tree.full.alloc(n_pages)
+    swa = [0] * (swa_start // PS)
+    if tree.swa is not None:
+        swa += tree.swa.alloc(n_pages - len(swa))
+    return ReqKV(list(tokens), full, swa, swa_start=swa_start)
+
+
+def held(tree: UnifiedRadixTree, *kvs: ReqKV) -> tuple[list[int], list[int]]:
+    full = [p for kv in kvs for p in kv.owned_full_page_ids(PS)]
+    swa = [p for kv in kvs for p in kv.owned_swa_page_ids(PS)]
+    return full, swa
+
+
+def check(tree: UnifiedRadixTree, *kvs: ReqKV) -> None:
+    tree.check_integrity(*held(tree, *kvs))
+
+
+def finish(tree: UnifiedRadixTree, tokens: list[int], swa_start: int) -> None:
+    kv = admit(tree, tokens, swa_start)
+    tree.cache_finished_req(kv)
+    check(tree)
+
+
+def test_empty_tree_matches_nothing() -> None:
+    tree = make_tree()
+    res = tree.match_prefix(list(range(20)), MatchMode.TRANSFER)
+    assert (res.prefix_len, res.full_page_ids, res.node) == (0, [], tree.root)
+    check(tree)
+
+
+def test_insert_then_match_is_page_aligned_and_returns_the_pages() -> None:
+    tree = make_tree()
+    kv = admit(tree, list(range(18)), swa_start=8)
+    pages = list(kv.full_page_ids)
+    tree.cache_finished_req(kv)  # 4 pages cached, the partial 5th page freed
+    res = tree.match_prefix(list(range(18)), MatchMode.TRANSFER)
+    assert res.prefix_len == 16 and res.full_page_ids == pages[:4]
+    assert res.swa_page_ids[:2] == [0, 0] and all(res.swa_page_ids[2:])
+    assert tree.full_stats().available == 64 - 4
+    check(tree)
+
+
+def test_divergence_inside_a_node_splits_at_the_page_boundary() -> None:
+    tree = make_tree()
+    finish(tree, list(range(16)), swa_start=8)
+    other = [*range(9), 99, 99, 99, 99, 99, 99, 99]  # differs inside page 2
+    res = tree.match_prefix(other, MatchMode.TRANSFER)
+    assert res.prefix_len == 8  # pages 0 and 1 only; a partial page never matches
+    assert res.node.parent is tree.root and len(res.node.key) == 2
+    assert len(res.node.children) == 1
+    check(tree)
+
+
+def test_transfer_match_is_capped_at_max_len_and_splits_there() -> None:
+    tree = make_tree()
+    finish(tree, list(range(24)), swa_start=8)
+    res = tree.match_prefix(list(range(24)), MatchMode.TRANSFER, max_len=11)
+    assert res.prefix_len == 8 and len(res.full_page_ids) == 2
+    lock = tree.lock(res.node)
+    assert tree.full_stats().protected == 2
+    tree.unlock(lock)
+    check(tree)
+
+
+def test_transfer_ignores_tombstones_but_resume_needs_a_live_window() -> None:
+    tree = make_tree()
+    finish(tree, list(range(24)), swa_start=8)
+    assert tree.match_prefix(list(range(24)), MatchMode.RESUME).prefix_len == 24
+    tree.evict_swa(100)  # everything tombstoned, full stays
+    assert tree.swa_stats().evictable == 0
+    assert tree.match_prefix(list(range(24)), MatchMode.TRANSFER).prefix_len == 24
+    assert tree.match_prefix(list(range(24)), MatchMode.RESUME).prefix_len == 0
+    check(tree)
+
+
+def test_resume_stops_at_the_deepest_end_with_a_window_of_live_swa() -> None:
+    tree = make_tree()
+    finish(tree, list(range(16)), swa_start=0)  # all live, leaf capped to 2 pages
+    finish(tree, list(range(32)), swa_start=28)  # [16, 28) tombstone, [28, 32) live: 4 < 7
+    assert tree.match_prefix(list(range(32)), MatchMode.RESUME).prefix_len == 16
+    assert tree.match_prefix(list(range(32)), MatchMode.TRANSFER).prefix_len == 32
+    check(tree)
+
+
+def test_insert_dedups_and_frees_the_duplicate_pages() -> None:
+    tree = make_tree()
+    finish(tree, list(range(16)), swa_start=8)
+    free_before = tree.full.num_free, tree.swa.num_free  # type: ignore[union-attr]
+    kv = admit(tree, list(range(16)), swa_start=8)
+    assert tree.insert(kv.token_ids, kv.full_page_ids, kv.swa_page_ids, 8) == 16
+    assert (tree.full.num_free, tree.swa.num_free) == free_before  # type: ignore[union-attr]
+    check(tree)
+
+
+def test_insert_heals_a_tombstone_with_the_callers_live_swa() -> None:
+    tree = make_tree()
+    finish(tree, list(range(16)), swa_start=16)  # all tombstone
+    assert tree.swa_stats().evictable == 0
+    finish(tree, list(range(16)), swa_start=8)  # live SWA for pages 2, 3: heals them
+    assert tree.swa_stats().evictable == 2
+    assert tree.match_prefix(list(range(16)), MatchMode.RESUME).prefix_len == 16
+    check(tree)
+
+
+def test_insert_rejects_bad_pages_and_leaves_the_tree_unchanged() -> None:
+    tree = make_tree()
+    with pytest.raises(PageError):
+        tree.insert(list(range(8)), [1, 2], [0, 0], 8)  # pages never allocated
+    kv = admit(tree, list(range(8)), swa_start=0)
+    hole = list(kv.swa_page_ids)
+    hole[0] = 0
+    with pytest.raises(PageError):
+        tree.insert(kv.token_ids, kv.full_page_ids, hole, 0)  # a hole in the window
+    assert tree.full_stats().evictable == 0
+    check(tree, kv)
+
+
+def test_cache_unfinished_repoints_pages_and_moves_the_lock() -> None:
+    tree = make_tree()
+    finish(tree, list(range(16)), swa_start=8)
+    cached = tree.match_prefix(list(range(16)), MatchMode.TRANSFER).full_page_ids
+    kv = admit(tree, [*range(16), 50, 51, 52, 53, 54, 55], swa_start=8)
+    tree.cache_unfinished_req(kv)
+    assert kv.full_page_ids[:4] == cached  # repointed onto the tree's pages
+    assert kv.cache_protected_len == 20
+    assert kv.lock is not None and kv.lock.node.full_lock == 1
+    assert tree.full_stats().protected == 5
+    check(tree, kv)
+    tree.cache_finished_req(kv)
+    assert tree.full_stats().protected == 0 and tree.full_stats().held_by_requests == 0
+    check(tree)
+
+
+def test_cache_finished_without_insert_frees_only_the_requests_own_pages() -> None:
+    tree = make_tree()
+    finish(tree, list(range(16)), swa_start=8)
+    res = tree.match_prefix(list(range(24)), MatchMode.TRANSFER, max_len=16)
+    kv = admit(tree, list(range(24)), swa_start=16)
+    tree.full.free(kv.full_page_ids[:4])
+    kv.full_page_ids[:4] = res.full_page_ids
+    kv.cache_protected_len, kv.lock = 16, tree.lock(res.node)
+    check(tree, kv)
+    tree.cache_finished_req(kv, insert=False)  # a failed transfer
+    assert tree.full_stats().evictable == 4 and tree.full_stats().held_by_requests == 0
+    assert tree.swa_stats().held_by_requests == 0
+    check(tree)
+
+
+def test_eviction_never_returns_a_locked_page() -> None:
+    tree = make_tree()
+    finish(tree, list(range(16)), swa_start=8)
+    finish(tree, [7, *range(15)], swa_start=8)
+    res = tree.match_prefix(list(range(16)), MatchMode.TRANSFER)
+    lock = tree.lock(res.node)
+    freed = tree.evict_full(100)
+    assert not set(freed) & set(res.full_page_ids) and len(freed) == 4
+    swa_freed = tree.evict_swa(100)
+    assert not set(swa_freed) & {p for p in res.swa_page_ids if p}
+    check(tree)
+    tree.unlock(lock)
+    assert sorted(tree.evict_full(100)) == sorted(res.full_page_ids)
+    assert tree.full.num_free == 64 and tree.swa.num_free == 32  # type: ignore[union-attr]
+    check(tree)
+
+
+def test_evict_full_takes_least_recently_used_leaves_first() -> None:
+    tree = make_tree()
+    finish(tree, [1] * 8, swa_start=0)
+    finish(tree, [2] * 8, swa_start=0)
+    tree.match_prefix([1] * 8, MatchMode.TRANSFER)  # touch the first: the second is LRU
+    freed = tree.evict_full(1)
+    assert tree.match_prefix([2] * 8, MatchMode.TRANSFER).prefix_len == 0
+    assert tree.match_prefix([1] * 8, MatchMode.TRANSFER).prefix_len == 8 and len(freed) == 2
+
+
+def test_unlock_with_skip_swa_after_early_release_keeps_counts_balanced() -> None:
+    tree = make_tree()
+    finish(tree, list(range(24)), swa_start=8)
+    res = tree.match_prefix(list(range(24)), MatchMode.RESUME)
+    lock = tree.lock(res.node)
+    assert tree.swa_stats().protected == 2  # one window (7 tokens) = the 2-page leaf
+    tree.release_swa_lock(lock)
+    tree.release_swa_lock(lock)  # idempotent
+    assert tree.swa_stats().protected == 0
+    tree.unlock(lock, skip_swa=True)
+    assert tree.full_stats().protected == 0 and tree.swa_stats().protected == 0
+    with pytest.raises(LockStateError):
+        tree.unlock(lock)
+    check(tree)
+
+
+def test_swa_boundary_mark_moves_up_when_the_locked_node_splits() -> None:
+    tree = make_tree()
+    finish(tree, list(range(8)), swa_start=0)  # one live 2-page node
+    res = tree.match_prefix(list(range(8)), MatchMode.RESUME)
+    lock = tree.lock(res.node)
+    mark = res.node.swa_uuid
+    assert mark and lock.swa_uuid == mark
+    upper = tree.match_prefix(list(range(4)), MatchMode.TRANSFER).node  # splits the node
+    assert upper.swa_uuid == mark and res.node.swa_uuid == 0
+    assert upper.swa_lock == 1 and res.node.swa_lock == 1
+    other = tree.lock(upper)  # a second lock sharing the upper node
+    tree.unlock(lock)
+    assert upper.swa_lock == 1 and res.node.swa_lock == 0
+    tree.unlock(other)
+    check(tree)
+
+
+def test_a_tombstone_healed_after_a_lock_is_not_released_by_it() -> None:
+    tree = make_tree()
+    finish(tree, list(range(16)), swa_start=16)  # all tombstone
+    res = tree.match_prefix(list(range(16)), MatchMode.TRANSFER)
+    lock = tree.lock(res.node)  # locks full only: no live SWA on the path
+    finish(tree, list(range(16)), swa_start=0)  # heals the whole path
+    second = tree.lock(res.node)
+    tree.unlock(lock)  # must not take the second lock's SWA refs
+    assert res.node.swa_lock == 1
+    tree.unlock(second)
+    check(tree)
+
+
+def test_tree_without_swa_pool() -> None:
+    tree = make_tree(swa=None)
+    kv = admit(tree, list(range(18)), swa_start=0)
+    tree.cache_unfinished_req(kv)
+    assert tree.match_prefix(list(range(18)), MatchMode.RESUME).prefix_len == 16
+    assert tree.swa_stats().total == 0 and tree.evict_swa(4) == []
+    check(tree, kv)
+    tree.cache_finished_req(kv)
+    check(tree)
+
+
+def test_check_integrity_catches_a_leak() -> None:
+    tree = make_tree()
+    tree.full.alloc(1)  # nobody declares it held
+    with pytest.raises(Exception, match="total"):
+        tree.check_integrity()

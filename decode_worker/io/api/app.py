@@ -1,0 +1,208 @@
+"""The router-compatible HTTP API: routing, auth, health, info, metrics and error mapping.
+
+`ApiApp(backend, config, metrics)` is an `io.http` handler. Routes:
+  POST /generate, /v1/completions, /v1/chat/completions     (generation; auth; 503 when draining)
+  GET  /health, /health_generate                            (200, or 503 + Retry-After)
+  GET  /server_info, /get_server_info, /model_info, /get_model_info, /v1/models, /metrics
+Every error is `{"error": {"message", "type", "code", "reason"}}` with a matching status.
+`/health_generate` reports backend health without generating (a decode worker cannot
+generate without a prefill peer).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from decode_worker.core.sampling import SamplingParams
+from decode_worker.errors import AdmissionRejected, ClientError, ServiceUnavailable
+from decode_worker.io.api.backend import GenerateBackend, GenerateInput
+from decode_worker.io.api.common import ApiConfig, error_obj, new_rid, now_s
+from decode_worker.io.api.generate import handle_generate
+from decode_worker.io.api.openai import handle_chat, handle_completions
+from decode_worker.io.api.run import GenerationRun
+from decode_worker.io.api.schemas import Bootstrap
+from decode_worker.io.http.message import Request, Response, StreamResponse
+from decode_worker.io.metrics import Metrics
+
+log = logging.getLogger(__name__)
+Reply = Response | StreamResponse
+Route = Callable[["ApiApp", Request], Awaitable[Reply]]
+
+
+class ApiApp:
+    """HTTP handler over a `GenerateBackend`. Runs on the event loop; holds no locks."""
+
+    def __init__(
+        self, backend: GenerateBackend, config: ApiConfig, metrics: Metrics | None = None
+    ) -> None:
+        self.backend = backend
+        self.config = config
+        self.metrics = metrics
+        self._live: set[str] = set()  # internal rids of runs in flight (kept unique)
+        self._routes: dict[str, tuple[str, str, Route]] = {
+            "/generate": ("POST", "generate", handle_generate),
+            "/v1/completions": ("POST", "completions", handle_completions),
+            "/v1/chat/completions": ("POST", "chat_completions", handle_chat),
+            "/health": ("GET", "health", ApiApp._health),
+            "/health_generate": ("GET", "health_generate", ApiApp._health),
+            "/server_info": ("GET", "server_info", ApiApp._server_info),
+            "/get_server_info": ("GET", "server_info", ApiApp._server_info),
+            "/model_info": ("GET", "model_info", ApiApp._model_info),
+            "/get_model_info": ("GET", "model_info", ApiApp._model_info),
+            "/v1/models": ("GET", "models", ApiApp._models),
+            "/metrics": ("GET", "metrics", ApiApp._metrics),
+        }
+
+    async def __call__(self, req: Request) -> Reply:
+        route = self._routes.get(req.path)
+        endpoint = route[1] if route is not None else "other"
+        try:
+            reply = await self._route(req, route)
+        except Exception as exc:
+            reply = _error_reply(exc, req)
+        if self.metrics is not None:
+            self.metrics.inc_http(endpoint, reply.status)
+        return reply
+
+    async def _route(self, req: Request, route: tuple[str, str, Route] | None) -> Reply:
+        if route is None:
+            return _json_error(404, f"no route for {req.path[:200]}", "not_found")
+        method, endpoint, handler = route
+        allowed = (method, "HEAD") if method == "GET" else (method,)
+        if req.method not in allowed:
+            return _json_error(405, f"{req.method} not allowed on {req.path}", "bad_request",
+                               [("allow", ", ".join(allowed))])
+        if method == "POST" or endpoint == "models":
+            self._check_auth(req)
+        if method == "POST":
+            self._check_serving()
+        return await handler(self, req)
+
+    def _check_auth(self, req: Request) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        given = req.header("authorization") or ""
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            raise _AuthError("missing or wrong API key (Authorization: Bearer ...)")
+
+    def _check_serving(self) -> None:
+        health = self.backend.health()
+        if not health.is_ok:
+            exc = ServiceUnavailable(health.message or f"worker is {health.status}")
+            exc.retry_after_s = health.retry_after_s  # type: ignore[attr-defined]
+            raise exc
+
+    # -- used by the endpoint modules ------------------------------------------------------
+
+    def make_input(
+        self, rid: str | None, ids: list[int], sampling: SamplingParams, boot: Bootstrap,
+        *, stream: bool, return_logprob: bool, endpoint: str,
+    ) -> GenerateInput:
+        """A GenerateInput whose `rid` is unique among live runs (the client's rid if free:
+        router retries resend the same rid while the first attempt may still wait for KV)."""
+        client_rid = rid or new_rid()
+        internal = client_rid if client_rid not in self._live else f"{client_rid}-{new_rid()[:8]}"
+        return GenerateInput(
+            rid=internal, input_ids=ids, sampling=sampling, stream=stream,
+            return_logprob=return_logprob, bootstrap_host=boot.bootstrap_host,
+            bootstrap_port=boot.bootstrap_port, bootstrap_room=boot.bootstrap_room,
+            received_at=time.monotonic(), endpoint=endpoint, extra={"client_rid": client_rid},
+        )
+
+    async def start_run(self, inp: GenerateInput) -> GenerationRun:
+        """Submit to the backend and wait for its first chunk (errors raise: answered 4xx/5xx)."""
+        metrics = self.metrics if self.config.observe_latency else None
+        run = _TrackedRun(self.backend, inp, metrics, self._live)
+        await run.start()
+        return run
+
+    def model_name(self, requested: str | None = None) -> str:
+        if self.config.served_model_name:
+            return self.config.served_model_name
+        path = self.backend.server_info().get("model_path")
+        return str(path) if path else (requested or "default")
+
+    # -- small endpoints -------------------------------------------------------------------
+
+    async def _health(self, req: Request) -> Reply:
+        health = self.backend.health()
+        if health.is_ok:
+            return Response(200, b"", "text/plain; charset=utf-8")
+        return _json_error(503, health.message or health.status, health.status,
+                           [("retry-after", str(health.retry_after_s))])
+
+    async def _server_info(self, req: Request) -> Reply:
+        return Response.json(self.backend.server_info())
+
+    async def _model_info(self, req: Request) -> Reply:
+        return Response.json(self.backend.model_info())
+
+    async def _models(self, req: Request) -> Reply:
+        info = self.backend.server_info()
+        card = {"id": self.model_name(), "object": "model", "created": now_s(),
+                "owned_by": "decode-worker", "root": str(info.get("model_path", "")),
+                "max_model_len": info.get("context_length")}
+        return Response.json({"object": "list", "data": [card]})
+
+    async def _metrics(self, req: Request) -> Reply:
+        if self.metrics is None or not self.config.metrics_enabled:
+            return _json_error(404, "metrics are disabled", "not_found")
+        body, content_type = self.metrics.exposition()
+        return Response(200, body, content_type)
+
+
+class _TrackedRun(GenerationRun):
+    """A run that keeps its rid in the app's live set until it ends."""
+
+    def __init__(self, backend: GenerateBackend, inp: GenerateInput, metrics: Metrics | None,
+                 live: set[str]) -> None:
+        super().__init__(backend, inp, metrics)
+        self._live = live
+        live.add(inp.rid)
+
+    async def start(self) -> None:
+        try:
+            await super().start()
+        except BaseException:
+            self._live.discard(self.inp.rid)
+            raise
+
+    async def _close_iter(self) -> None:
+        self._live.discard(self.inp.rid)
+        await super()._close_iter()
+
+
+class _AuthError(ClientError):
+    status = 401
+
+
+def _json_error(status: int, message: str, code: str,
+                headers: list[tuple[str, str]] | None = None) -> Response:
+    return Response.json(error_obj(message, status, code), status, headers or [])
+
+
+def _error_reply(exc: Exception, req: Request) -> Response:
+    if isinstance(exc, ClientError):
+        return _json_error(exc.status, str(exc), "bad_request")
+    if isinstance(exc, ServiceUnavailable):
+        retry = str(getattr(exc, "retry_after_s", 5))
+        return _json_error(503, str(exc) or "unavailable", "unavailable", [("retry-after", retry)])
+    if isinstance(exc, AdmissionRejected):
+        return _json_error(413, str(exc), "too_large")
+    log.exception("%s %s failed", req.method, req.path)
+    return _json_error(500, f"internal error: {type(exc).__name__}", "internal")
+
+
+def check_model_path(info: dict[str, Any]) -> str | None:
+    """A warning if `model_path` is not a local directory holding tokenizer.json (the router
+    would then try to download a tokenizer), else None. The daemon logs it at startup."""
+    path = info.get("model_path")
+    if not path or not (Path(str(path)) / "tokenizer.json").is_file():
+        return f"server_info model_path={path!r} is not a local directory with tokenizer.json"
+    return None

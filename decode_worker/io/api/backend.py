@@ -1,0 +1,132 @@
+"""The seam between the HTTP API and whatever generates tokens (decode worker, prefill peer).
+
+Division of work:
+- The API layer parses and validates requests, tokenizes (`text` -> ids, chat messages -> the
+  tokenizer's chat template -> ids), checks `max_prompt_tokens`, detokenizes incrementally,
+  and applies **stop strings** on the text (the backend never sees text). When a stop string
+  matches it calls `backend.finish(rid)` and closes the iterator.
+- The backend judges **stop token ids, EOS and max_new_tokens** and reports them in
+  `OutputChunk.finish_reason`; it owns pages, queues, transfers and the device.
+
+Iterator contract of `generate`: chunks in order; the last one has `finish_reason` set (or
+`error`). If the consumer stops early it first calls `abort(rid, reason)` (client gone:
+"client_abort") or `finish(rid)` (stop string), then `aclose()`s / cancels the iterator, which
+must then release everything the request held. `abort` and `finish` are idempotent and may be
+called for an rid that has already ended. All methods are called on the event loop thread and
+must not block it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from decode_worker.core.sampling import SamplingParams
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(slots=True)
+class GenerateInput:
+    """One validated generation request, already tokenized.
+
+    `bootstrap_*` are the router's P/D fields (None when the client sent none): the prefill
+    peer's host, its bootstrap (ZMQ) port and the transfer room (a random int < 2**63, new on
+    every router retry). `received_at` is `time.monotonic()` when the HTTP request arrived.
+    """
+
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    stream: bool = False
+    return_logprob: bool = False
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
+    received_at: float = 0.0
+    endpoint: str = "generate"  # generate | completions | chat: for logs only
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class OutputChunk:
+    """New tokens for one request since the previous chunk.
+
+    `logprobs[i]` is the logprob of `token_ids[i]` (only when `return_logprob`).
+    `prompt_tokens` / `cached_tokens` (prompt tokens whose KV was reused from the prefix cache)
+    are totals, repeated on every chunk. `finish_reason` is set on the last chunk only;
+    `matched_stop` is the stop token id that ended it (or None for EOS / length).
+    `error` (with `error_status`, an HTTP status, and `error_code`, an abort reason such as
+    `kv_timeout`) ends the request; an error chunk may carry no tokens.
+    """
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    finish_reason: FinishReason | None = None
+    matched_stop: int | str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+    error_status: int = 500
+    error_code: str = "internal"
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """`ok` serves; `draining` answers 503 + Retry-After to new work; `unhealthy` answers 503."""
+
+    status: Literal["ok", "draining", "unhealthy"] = "ok"
+    message: str = ""
+    retry_after_s: int = 5
+
+    @property
+    def is_ok(self) -> bool:
+        return self.status == "ok"
+
+
+class Tokenizer(Protocol):
+    """What the API layer needs of a tokenizer (device/tokenizer.py provides one)."""
+
+    @property
+    def eos_token_ids(self) -> Sequence[int]: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt text for these messages, ending with the assistant turn's opening."""
+        ...
+
+
+class GenerateBackend(Protocol):
+    """A token generator behind the HTTP API. See the module docstring for the contract."""
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    def generate(self, inp: GenerateInput) -> AsyncIterator[OutputChunk]:
+        """Start `inp`. May raise `ClientError` (4xx) or `ServiceUnavailable` (503) at once or
+        on the first `__anext__`; later failures arrive as an `OutputChunk` with `error`."""
+        ...
+
+    def abort(self, rid: str, reason: str) -> None:
+        """Stop `rid` and free its resources; `reason` is a metrics abort reason."""
+        ...
+
+    def finish(self, rid: str) -> None:
+        """Stop `rid` as finished normally (the API layer matched a stop string)."""
+        ...
+
+    def health(self) -> Health: ...
+
+    def server_info(self) -> dict[str, Any]:
+        """For GET /server_info. Must hold `model_path`: a local directory with tokenizer.json
+        (the router loads its tokenizer from there); the router also reads `tp_size`,
+        `dp_size` and `disaggregation_mode` ("decode" / "prefill")."""
+        ...
+
+    def model_info(self) -> dict[str, Any]:
+        """For GET /model_info: `model_path`, `tokenizer_path`, `is_generation`, ..."""
+        ...

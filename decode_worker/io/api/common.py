@@ -1,0 +1,96 @@
+"""Pieces every endpoint uses: the API config, prompt checks, SSE framing, error bodies."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from decode_worker.errors import ClientError, RequestTooLarge
+from decode_worker.io.api.run import GenerationRun
+
+_JSON = msgspec.json.Encoder()
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    """What the API layer needs from settings (the daemon builds it; see `from_settings`).
+
+    `api_key`, when set, is required as `Authorization: Bearer <key>` on the generation
+    endpoints and /v1/models; health, info and metrics stay open (the router and Prometheus
+    probe them without credentials).
+    """
+
+    served_model_name: str | None = None
+    max_prompt_tokens: int | None = None
+    default_max_new_tokens: int = 128
+    api_key: str | None = None
+    metrics_enabled: bool = True
+    observe_latency: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ApiConfig:
+        """From a `decode_worker.settings.Settings` (duck-typed: io does not import settings)."""
+        key = settings.server.api_key
+        return cls(
+            served_model_name=settings.model.served_model_name,
+            max_prompt_tokens=settings.scheduler.max_prompt_tokens,
+            default_max_new_tokens=settings.scheduler.default_max_new_tokens,
+            api_key=key.get_secret_value() if key is not None else None,
+            metrics_enabled=settings.metrics.enabled,
+        )
+
+
+def check_prompt(ids: Sequence[int], max_prompt_tokens: int | None) -> list[int]:
+    """Validate a tokenized prompt. Raises ClientError (empty, negative ids) or RequestTooLarge."""
+    if not ids:
+        raise ClientError("the prompt is empty")
+    if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+        raise RequestTooLarge(
+            f"the prompt has {len(ids)} tokens; this worker accepts at most {max_prompt_tokens}"
+        )
+    if min(ids) < 0:
+        raise ClientError("input_ids must be non-negative token ids")
+    return list(ids)
+
+
+def new_rid() -> str:
+    return uuid.uuid4().hex
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + _JSON.encode(obj) + b"\n\n"
+
+
+def error_obj(message: str, status: int, code: str) -> dict[str, Any]:
+    """The `{"error": {...}}` object; `type` says the class of error, `code` the status."""
+    return {"error": {"message": message, "type": error_type(status), "code": status,
+                      "reason": code}}
+
+
+def error_type(status: int) -> str:
+    return {
+        400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+        405: "method_not_allowed", 413: "request_too_large", 503: "service_unavailable",
+    }.get(status, "internal_error" if status >= 500 else "invalid_request_error")
+
+
+async def collect(run: GenerationRun) -> GenerationRun:
+    """Consume every step of a non-streaming run; the run's totals hold the result."""
+    steps = run.steps()
+    try:
+        async for _ in steps:
+            pass
+    finally:
+        await steps.aclose()
+    return run
+

@@ -1,0 +1,171 @@
+"""OpenAI-compatible `POST /v1/completions` and `POST /v1/chat/completions`.
+
+Non-streaming answers carry `usage` with `prompt_tokens_details.cached_tokens`. Streams send
+one chunk per text delta, a final chunk with `finish_reason`, a usage chunk when
+`stream_options.include_usage`, then `data: [DONE]`; an error mid-stream is an SSE error event
+then `[DONE]`. Only `n=1`; `echo` is not supported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from decode_worker.errors import ClientError
+from decode_worker.io.api.common import SSE_DONE, check_prompt, collect, error_obj, now_s, sse
+from decode_worker.io.api.run import Finish, GenerationRun
+from decode_worker.io.api.schemas import (
+    ChatReq,
+    CompletionReq,
+    Message,
+    OpenAIBase,
+    check_bootstrap,
+    decode_body,
+    sampling_from_openai,
+)
+from decode_worker.io.http.message import Request, Response, StreamResponse
+
+if TYPE_CHECKING:
+    from decode_worker.io.api.app import ApiApp
+
+
+async def handle_completions(app: ApiApp, req: Request) -> Response | StreamResponse:
+    body = decode_body(req.body, CompletionReq)
+    if body.echo:
+        raise ClientError("echo=true is not supported")
+    ids = _prompt_ids(app, body.prompt)
+    logprobs = body.logprobs is not None and body.logprobs > 0
+    return await _serve(app, body, ids, logprobs, chat=False)
+
+
+async def handle_chat(app: ApiApp, req: Request) -> Response | StreamResponse:
+    body = decode_body(req.body, ChatReq)
+    if not body.messages:
+        raise ClientError("messages must be a non-empty list")
+    prompt = app.backend.tokenizer.apply_chat_template([_message(m) for m in body.messages])
+    ids = app.backend.tokenizer.encode(prompt)
+    return await _serve(app, body, ids, body.logprobs, chat=True)
+
+
+async def _serve(
+    app: ApiApp, body: OpenAIBase, ids: list[int], logprobs: bool, chat: bool
+) -> Response | StreamResponse:
+    check_bootstrap(body)
+    ids = check_prompt(ids, app.config.max_prompt_tokens)
+    sampling = sampling_from_openai(body, app.config.default_max_new_tokens)
+    inp = app.make_input(body.rid, ids, sampling, body, stream=body.stream,
+                         return_logprob=logprobs, endpoint="chat" if chat else "completions")
+    run = await app.start_run(inp)
+    shape = _Shape(app.model_name(body.model), run, chat)
+    if body.stream:
+        usage = body.stream_options is not None and body.stream_options.include_usage
+        return StreamResponse(200, _stream(shape, usage))
+    await collect(run)
+    fin = run.finish
+    if fin is not None and fin.reason == "error":
+        return Response.json(error_obj(fin.message or "", fin.status, fin.code), fin.status)
+    return Response.json(shape.full())
+
+
+def _prompt_ids(app: ApiApp, prompt: str | list[Any] | None) -> list[int]:
+    """`prompt` as a string, a list of token ids, or a one-element list of either."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return app.backend.tokenizer.encode(prompt)
+    if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+        return list(prompt)
+    if prompt is None:
+        raise ClientError("prompt is required")
+    raise ClientError("prompt must be a string or a list of token ids (no batches)")
+
+
+def _message(m: Message) -> dict[str, Any]:
+    if m.content is None or isinstance(m.content, str):
+        return {"role": m.role, "content": m.content or ""}
+    parts = []
+    for part in m.content:
+        if part.type != "text":
+            raise ClientError(f"message content type {part.type!r} is not supported")
+        parts.append(part.text or "")
+    return {"role": m.role, "content": "".join(parts)}
+
+
+class _Shape:
+    """Builds the OpenAI response objects of one run."""
+
+    def __init__(self, model: str, run: GenerationRun, chat: bool) -> None:
+        self.model, self.run, self.chat = model, run, chat
+        rid = run.inp.extra.get("client_rid", run.inp.rid)
+        self.id = f"chatcmpl-{rid}" if chat else f"cmpl-{rid}"
+        self.created = now_s()
+        self.object = "chat.completion" if chat else "text_completion"
+
+    def _envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
+        obj = f"{self.object}.chunk" if chunk and self.chat else self.object
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices}
+
+    def usage(self) -> dict[str, Any]:
+        run = self.run
+        done = len(run.output_ids)
+        return {"prompt_tokens": run.prompt_tokens, "completion_tokens": done,
+                "total_tokens": run.prompt_tokens + done,
+                "prompt_tokens_details": {"cached_tokens": run.cached_tokens}}
+
+    def logprobs(self, ids: list[int], lps: list[float]) -> dict[str, Any] | None:
+        if not self.run.inp.return_logprob:
+            return None
+        tok = self.run.backend.tokenizer
+        tokens = [tok.decode([t]) for t in ids]
+        if self.chat:
+            return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()),
+                                 "top_logprobs": []} for t, lp in zip(tokens, lps, strict=False)]}
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": None, "text_offset": []}
+
+    def choice(self, text: str, fin: Finish | None, lp: dict[str, Any] | None,
+               delta: bool) -> dict[str, Any]:
+        reason = fin.reason if fin is not None else None
+        out: dict[str, Any] = {"index": 0, "logprobs": lp, "finish_reason": reason,
+                               "matched_stop": fin.matched if fin is not None else None}
+        if not self.chat:
+            out["text"] = text
+        elif delta:
+            out["delta"] = {"content": text} if text or fin is None else {}
+        else:
+            out["message"] = {"role": "assistant", "content": text}
+        return out
+
+    def full(self) -> dict[str, Any]:
+        run = self.run
+        lp = self.logprobs(run.output_ids, run.logprobs)
+        body = self._envelope([self.choice(run.text.text, run.finish, lp, delta=False)], False)
+        body["usage"] = self.usage()
+        return body
+
+    def chunk(self, choice: dict[str, Any] | None, usage: bool = False) -> bytes:
+        body = self._envelope([choice] if choice is not None else [], True)
+        if usage:
+            body["usage"] = self.usage()
+        return sse(body)
+
+
+async def _stream(shape: _Shape, include_usage: bool) -> AsyncIterator[bytes]:
+    if shape.chat:
+        first = shape.choice("", None, None, delta=True)
+        first["delta"] = {"role": "assistant", "content": ""}
+        yield shape.chunk(first)
+    async with contextlib.aclosing(shape.run.steps()) as steps:
+        async for step in steps:
+            fin = step.finish
+            if fin is not None and fin.reason == "error":
+                yield sse(error_obj(fin.message or "internal error", fin.status, fin.code))
+                yield SSE_DONE
+                return
+            if step.text or fin is not None:
+                lp = shape.logprobs(step.token_ids, step.logprobs)
+                yield shape.chunk(shape.choice(step.text, fin, lp, delta=True))
+    if include_usage:
+        yield shape.chunk(None, usage=True)
+    yield SSE_DONE

@@ -1,0 +1,170 @@
+"""Driving one generation: the backend's chunks -> tokens, text, stop strings, latency metrics.
+
+`GenerationRun` is shared by the three generation endpoints. `start()` awaits the first chunk,
+so errors the backend raises early (4xx, 503) become plain HTTP errors; after that, failures
+arrive as a `Step` with `error` set. If the consumer stops before the last step (the client
+went away), the run aborts the request with "client_abort" and closes the backend iterator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from decode_worker.errors import DecodeWorkerError
+from decode_worker.io.api.backend import GenerateBackend, GenerateInput, OutputChunk
+from decode_worker.io.api.textgen import TextStream
+from decode_worker.io.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Finish:
+    """How a request ended. `reason` is stop / length / abort / error."""
+
+    reason: str
+    matched: int | str | None = None
+    message: str | None = None
+    status: int = 500
+    code: str = "internal"
+
+    def sglang(self, completion_tokens: int) -> dict[str, Any] | None:
+        """SGLang's `meta_info.finish_reason` object."""
+        if self.reason == "stop":
+            return {"type": "stop", "matched": self.matched}
+        if self.reason == "length":
+            return {"type": "length", "length": completion_tokens}
+        return {"type": "abort", "message": self.message or self.code}
+
+
+@dataclass(slots=True)
+class Step:
+    """What one backend chunk added."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float] = field(default_factory=list)
+    finish: Finish | None = None
+
+
+class BackendEnded(DecodeWorkerError):
+    """The backend's iterator ended without a finished chunk."""
+
+
+class GenerationRun:
+    """One request in flight. Use: `await run.start()`, then `async for step in run.steps()`."""
+
+    def __init__(
+        self, backend: GenerateBackend, inp: GenerateInput, metrics: Metrics | None = None
+    ) -> None:
+        self.backend = backend
+        self.inp = inp
+        self.metrics = metrics
+        sp = inp.sampling
+        self.text = TextStream(backend.tokenizer, sp.stop, sp.no_stop_trim)
+        self.output_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.prompt_tokens = len(inp.input_ids)
+        self.cached_tokens = 0
+        self.finish: Finish | None = None
+        self._iter: AsyncIterator[OutputChunk] | None = None
+        self._first: OutputChunk | None = None
+        self._last_token_at: float | None = None
+
+    async def start(self) -> None:
+        """Submit and wait for the first chunk. Raises what the backend raises (no abort then)."""
+        self._iter = self.backend.generate(self.inp)
+        try:
+            self._first = await anext(self._iter)
+        except StopAsyncIteration:
+            await self._close_iter()
+            raise BackendEnded("backend produced no output") from None
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):  # the client went away while waiting
+                self.backend.abort(self.inp.rid, "client_abort")
+            await self._close_iter()
+            raise
+
+    async def steps(self) -> AsyncIterator[Step]:
+        """Steps until the finishing one (inclusive). Closing early aborts the request."""
+        assert self._iter is not None and self._first is not None, "start() first"
+        chunk: OutputChunk | None = self._first
+        try:
+            while chunk is not None:
+                step = self._consume(chunk)
+                if step.finish is not None:
+                    self.finish = step.finish
+                yield step
+                if self.finish is not None:
+                    return
+                chunk = await anext(self._iter, None)
+            self.finish = Finish("error", message="backend ended without finishing")
+            yield Step("", [], finish=self.finish)
+        finally:
+            if self.finish is None:
+                log.info("rid=%s: client went away, aborting", self.inp.rid)
+                self.backend.abort(self.inp.rid, "client_abort")
+            await self._close_iter()
+
+    async def _close_iter(self) -> None:
+        aclose = getattr(self._iter, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+
+    def _consume(self, chunk: OutputChunk) -> Step:
+        self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
+        self.cached_tokens = chunk.cached_tokens
+        if chunk.error is not None:
+            return Step(self.text.finish(), [], finish=Finish(
+                "error", message=chunk.error, status=chunk.error_status, code=chunk.error_code))
+        ids = list(chunk.token_ids)
+        self._observe_tokens(len(ids))
+        self.output_ids += ids
+        self.logprobs += list(chunk.logprobs or ())
+        text = self.text.push(self._text_ids(chunk, ids))
+        if self.text.stopped:
+            self.backend.finish(self.inp.rid)
+            return self._finished(text, ids, chunk, Finish("stop", matched=self.text.matched))
+        if chunk.finish_reason is not None:
+            text += self.text.finish()
+            end = Finish(chunk.finish_reason, matched=chunk.matched_stop, code="abort")
+            return self._finished(text, ids, chunk, end)
+        return Step(text, ids, list(chunk.logprobs or ()))
+
+    def _text_ids(self, chunk: OutputChunk, ids: list[int]) -> list[int]:
+        """Token ids to render: a matched stop token is not shown unless `no_stop_trim`."""
+        stop = chunk.matched_stop
+        trim = chunk.finish_reason == "stop" and isinstance(stop, int) and not isinstance(
+            stop, bool)
+        if trim and ids and ids[-1] == stop and not self.inp.sampling.no_stop_trim:
+            return ids[:-1]
+        return ids
+
+    def _finished(self, text: str, ids: list[int], chunk: OutputChunk, end: Finish) -> Step:
+        if self.metrics is not None and self.inp.received_at:
+            self.metrics.observe_e2e(time.monotonic() - self.inp.received_at)
+        return Step(text, ids, list(chunk.logprobs or ()), finish=end)
+
+    def _observe_tokens(self, n: int) -> None:
+        if self.metrics is None or n == 0:
+            return
+        now = time.monotonic()
+        if self._last_token_at is None:
+            if self.inp.received_at:
+                self.metrics.observe_ttft(now - self.inp.received_at)
+        else:
+            gap = (now - self._last_token_at) / n
+            for _ in range(n):
+                self.metrics.observe_itl(gap)
+        self._last_token_at = now
+
+    def output_token_logprobs(self) -> list[list[Any]]:
+        """SGLang's `[logprob, token_id, null]` triples."""
+        return [[lp, tid, None] for lp, tid in zip(self.logprobs, self.output_ids, strict=False)]

@@ -1,0 +1,185 @@
+"""Request bodies (msgspec): SGLang `/generate` and the OpenAI completions/chat shapes.
+
+Unknown fields are accepted and ignored (the router adds many). Type errors surface as
+`msgspec.ValidationError`, which the app answers 400 with msgspec's message (it names the field).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+from decode_worker.core.sampling import SamplingParams
+from decode_worker.errors import ClientError
+
+T = TypeVar("T")
+
+
+class SamplingIn(msgspec.Struct):
+    """SGLang `sampling_params`; None means "the default"."""
+
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    sampling_seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    n: int = 1
+
+
+class Bootstrap(msgspec.Struct):
+    """The router's P/D fields, shared by every generation body."""
+
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
+
+
+class GenerateReq(Bootstrap):
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: SamplingIn | None = None
+    stream: bool = False
+    rid: str | None = None
+    return_logprob: bool = False
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class OpenAIBase(Bootstrap):
+    """Fields common to /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    rid: str | None = None
+
+
+class CompletionReq(OpenAIBase):
+    prompt: str | list[Any] | None = None
+    logprobs: int | None = None
+    echo: bool = False
+
+
+class ContentPart(msgspec.Struct):
+    type: str = "text"
+    text: str | None = None
+
+
+class Message(msgspec.Struct):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class ChatReq(OpenAIBase):
+    messages: list[Message] = msgspec.field(default_factory=list)
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+
+def decode_body(body: bytes, kind: type[T]) -> T:
+    """Parse a JSON body. Raises ClientError (400) naming what is wrong."""
+    if not body.strip():
+        raise ClientError("request body is empty; expected a JSON object")
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise ClientError(f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ClientError(f"malformed JSON: {exc}") from None
+
+
+def _stop_tuple(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def build_sampling(
+    *,
+    max_new_tokens: int | None,
+    default_max_new_tokens: int,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    seed: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    ignore_eos: bool = False,
+    no_stop_trim: bool = False,
+    skip_special_tokens: bool = True,
+    n: int = 1,
+) -> SamplingParams:
+    """SamplingParams from request fields, validated. Raises ClientError (400)."""
+    if n != 1:
+        raise ClientError(f"n={n}: only n=1 is supported")
+    params = SamplingParams(
+        max_new_tokens=default_max_new_tokens if max_new_tokens is None else max_new_tokens,
+        temperature=1.0 if temperature is None else temperature,
+        top_k=-1 if top_k is None else top_k,
+        top_p=1.0 if top_p is None else top_p,
+        min_p=0.0 if min_p is None else min_p,
+        seed=seed,
+        stop=_stop_tuple(stop),
+        stop_token_ids=tuple(stop_token_ids or ()),
+        ignore_eos=ignore_eos,
+        no_stop_trim=no_stop_trim,
+        skip_special_tokens=skip_special_tokens,
+    )
+    params.validate()
+    return params
+
+
+def sampling_from_generate(sp: SamplingIn | None, default_max_new_tokens: int) -> SamplingParams:
+    sp = sp or SamplingIn()
+    return build_sampling(
+        max_new_tokens=sp.max_new_tokens, default_max_new_tokens=default_max_new_tokens,
+        temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
+        seed=sp.seed if sp.seed is not None else sp.sampling_seed, stop=sp.stop,
+        stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos, no_stop_trim=sp.no_stop_trim,
+        skip_special_tokens=sp.skip_special_tokens, n=sp.n,
+    )
+
+
+def sampling_from_openai(req: OpenAIBase, default_max_new_tokens: int) -> SamplingParams:
+    """`max_completion_tokens` wins over `max_tokens` (the router renames the latter)."""
+    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    return build_sampling(
+        max_new_tokens=limit, default_max_new_tokens=default_max_new_tokens,
+        temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+        seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
+        ignore_eos=req.ignore_eos, no_stop_trim=req.no_stop_trim,
+        skip_special_tokens=req.skip_special_tokens, n=req.n,
+    )
+
+
+def check_bootstrap(req: Bootstrap) -> None:
+    """Raise ClientError for a room or port outside their ranges."""
+    room, port = req.bootstrap_room, req.bootstrap_port
+    if room is not None and not 0 <= room < 2**64:
+        raise ClientError(f"bootstrap_room={room}: must be in [0, 2**64)")
+    if port is not None and not 0 < port < 65536:
+        raise ClientError(f"bootstrap_port={port}: must be in (0, 65536)")

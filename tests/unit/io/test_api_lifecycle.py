@@ -1,0 +1,117 @@
+"""Client disconnects abort, /health stays fast under a slow stream, HTTP/2 probes are harmless."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+
+from decode_worker.io.api import ApiApp, ApiConfig
+from decode_worker.io.http.parse import H2_PREFACE
+from decode_worker.io.metrics import Metrics
+from tests.fakes.fake_backend import FakeBackend, ServerThread
+
+
+def _post_raw(port: int, path: str, body: dict[str, object]) -> socket.socket:
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=3)
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
+
+
+def _wait_for(cond: object, timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def test_disconnect_mid_stream_aborts_the_request_on_every_endpoint() -> None:
+    backend = FakeBackend(delay_s=0.1)
+    bodies = {
+        "/generate": {"text": "a", "stream": True, "sampling_params": {"max_new_tokens": 100}},
+        "/v1/completions": {"prompt": "a", "stream": True, "max_tokens": 100},
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": "a"}],
+                                 "stream": True, "max_tokens": 100},
+    }
+    with ServerThread(ApiApp(backend, ApiConfig())) as srv:
+        for n, (path, body) in enumerate(bodies.items(), start=1):
+            sock = _post_raw(srv.port, path, body)
+            got = b""
+            while got.count(b"data: ") < 2:
+                got += sock.recv(4096)
+            sock.close()
+            _wait_for(lambda n=n: len(backend.aborts) == n and len(backend.closed) == n)
+            assert backend.aborts[-1] == (backend.inputs[-1].rid, "client_abort")
+
+
+def test_disconnect_while_waiting_for_a_non_streaming_answer_aborts() -> None:
+    backend = FakeBackend(delay_s=0.1)
+    with ServerThread(ApiApp(backend, ApiConfig())) as srv:
+        sock = _post_raw(srv.port, "/generate", {"text": "a", "sampling_params": {
+            "max_new_tokens": 100}})
+        _wait_for(lambda: len(backend.inputs) == 1)
+        time.sleep(0.2)
+        sock.close()
+        _wait_for(lambda: backend.aborts == [(backend.inputs[0].rid, "client_abort")])
+        _wait_for(lambda: backend.closed == [backend.inputs[0].rid])
+
+
+def test_health_answers_in_milliseconds_while_a_slow_stream_runs() -> None:
+    backend = FakeBackend(delay_s=0.05)
+    with ServerThread(ApiApp(backend, ApiConfig())) as srv, \
+            httpx.Client(base_url=srv.url, timeout=5) as probe, \
+            httpx.Client(base_url=srv.url, timeout=10) as gen:
+        probe.get("/health")  # connect once
+        with gen.stream("POST", "/generate", json={
+                "text": "a", "stream": True, "sampling_params": {"max_new_tokens": 40}}) as r:
+            chunks = r.iter_bytes()
+            next(chunks)
+            times = []
+            for _ in range(20):
+                t0 = time.perf_counter()
+                assert probe.get("/health").status_code == 200
+                times.append(time.perf_counter() - t0)
+            times.sort()
+            assert times[len(times) // 2] < 0.02, times  # median well under 20 ms
+            for _ in chunks:
+                pass
+
+
+def test_http2_preface_from_router_probe_does_not_disturb_http() -> None:
+    backend = FakeBackend()
+    with ServerThread(ApiApp(backend, ApiConfig())) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=3) as sock:
+            sock.sendall(H2_PREFACE)
+            assert sock.recv(100)  # SETTINGS + GOAWAY, then close
+        assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
+
+
+def test_metrics_endpoint_counts_http_requests_and_latency() -> None:
+    metrics = Metrics()
+    backend = FakeBackend()
+    with ServerThread(ApiApp(backend, ApiConfig(), metrics)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=5) as c:
+        c.post("/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 3}})
+        c.post("/generate", content=b"{")
+        c.get("/nope")
+        r = c.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    assert 'decode_worker_http_requests_total{code="200",endpoint="generate"} 1.0' in text
+    assert 'decode_worker_http_requests_total{code="400",endpoint="generate"} 1.0' in text
+    assert 'decode_worker_http_requests_total{code="404",endpoint="other"} 1.0' in text
+    assert "decode_worker_time_to_first_token_seconds_count 1.0" in text
+    assert "decode_worker_inter_token_latency_seconds_count 2.0" in text
+    assert "decode_worker_request_e2e_seconds_count 1.0" in text
+
+
+def test_metrics_disabled_is_404() -> None:
+    app = ApiApp(FakeBackend(), ApiConfig(metrics_enabled=False), Metrics())
+    with ServerThread(app) as srv:
+        assert httpx.get(srv.url + "/metrics", timeout=5).status_code == 404

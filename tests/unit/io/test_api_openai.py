@@ -1,0 +1,129 @@
+"""POST /v1/completions and /v1/chat/completions, streaming and not, over HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from decode_worker.io.api import ApiApp, ApiConfig
+from tests.fakes.fake_backend import FakeBackend, ServerThread
+from tests.unit.io.test_api_generate import sse_events
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    return FakeBackend(cached_tokens=3)
+
+
+@pytest.fixture
+def client(backend: FakeBackend) -> Iterator[httpx.Client]:
+    app = ApiApp(backend, ApiConfig(served_model_name="tiny", default_max_new_tokens=5))
+    with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=5) as c:
+        yield c
+
+
+def test_completions_non_streaming(client: httpx.Client, backend: FakeBackend) -> None:
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": "abc", "max_tokens": 4,
+                                             "echo": False, "no_stop_trim": False})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["model"] == "tiny"
+    choice = body["choices"][0]
+    assert choice["text"] == "Hell" and choice["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+                             "prompt_tokens_details": {"cached_tokens": 3}}
+    assert backend.inputs[0].input_ids == list(b"abc")
+
+
+def test_completions_prompt_as_token_ids_and_logprobs(client: httpx.Client,
+                                                      backend: FakeBackend) -> None:
+    r = client.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 2, "logprobs": 1})
+    lp = r.json()["choices"][0]["logprobs"]
+    assert lp["tokens"] == ["H", "e"] and lp["token_logprobs"] == [-0.5, -0.5]
+    assert backend.inputs[0].input_ids == [5, 6]
+
+
+def test_completions_streaming_with_usage(client: httpx.Client) -> None:
+    r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 3, "stream": True,
+                                             "stream_options": {"include_usage": True}})
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    texts = [e["choices"][0]["text"] for e in events[:-2]]  # type: ignore[index]
+    assert "".join(texts) == "Hel"
+    assert events[-3]["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
+    usage = events[-2]["usage"]  # type: ignore[index]
+    assert usage["completion_tokens"] == 3 and events[-2]["choices"] == []  # type: ignore[index]
+
+
+def test_chat_non_streaming_uses_template_and_max_completion_tokens(
+    client: httpx.Client, backend: FakeBackend
+) -> None:
+    parts = [{"type": "text", "text": "hi"}]
+    r = client.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "system", "content": "be brief"},
+                                      {"role": "user", "content": parts}],
+        "max_completion_tokens": 2, "max_tokens": 9, "separate_reasoning": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "He"}
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 3
+    prompt = bytes(backend.inputs[0].input_ids).decode()
+    assert prompt == "<system>be brief\n<user>hi\n<assistant>"
+    assert backend.inputs[0].sampling.max_new_tokens == 2
+
+
+def test_chat_streaming_role_then_deltas_then_finish(client: httpx.Client) -> None:
+    r = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
+        "logprobs": True})
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)  # type: ignore[index]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}  # type: ignore[index]
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)  # type: ignore[index]
+    assert content == "Hel"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
+    assert chunks[1]["choices"][0]["logprobs"]["content"][0]["token"] == "H"  # type: ignore[index]
+
+
+def test_chat_stop_strings_list(client: httpx.Client, backend: FakeBackend) -> None:
+    r = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "stop": ["zz", "lo"]})
+    choice = r.json()["choices"][0]
+    assert choice["message"]["content"] == "Hel" and choice["finish_reason"] == "stop"
+    assert choice["matched_stop"] == "lo" and backend.finished
+
+
+@pytest.mark.parametrize(("path", "body", "needle"), [
+    ("/v1/completions", {"prompt": ["a", "b"]}, "no batches"),
+    ("/v1/completions", {}, "prompt is required"),
+    ("/v1/completions", {"prompt": "a", "n": 3}, "n=3"),
+    ("/v1/completions", {"prompt": "a", "echo": True}, "echo"),
+    ("/v1/completions", {"prompt": "a", "temperature": -1}, "temperature"),
+    ("/v1/chat/completions", {"messages": []}, "non-empty"),
+    ("/v1/chat/completions", {"messages": [{"content": "x"}]}, "role"),
+    ("/v1/chat/completions", {"messages": "hi"}, "$.messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url"}]}]}, "image_url"),
+])
+def test_bad_openai_requests_get_400(client: httpx.Client, path: str, body: object,
+                                     needle: str) -> None:
+    r = client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert needle in r.json()["error"]["message"]
+
+
+def test_api_key_guards_generation_but_not_health(backend: FakeBackend) -> None:
+    app = ApiApp(backend, ApiConfig(api_key="s3cret"))
+    with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=5) as c:
+        assert c.post("/v1/completions", json={"prompt": "a"}).status_code == 401
+        assert c.get("/v1/models").status_code == 401
+        ok = c.post("/v1/completions", json={"prompt": "a"},
+                    headers={"authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert c.get("/health").status_code == 200

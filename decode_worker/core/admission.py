@@ -1,0 +1,354 @@
+"""The prealloc queue: admission of decode requests by the full and the SWA page budget (pure).
+
+Core decides, the shell acts: `pop_admitted` returns `Admit` (pages reserved, the shell posts the
+transfer) or `Abort` (the shell answers the client and tells the peer). Page units throughout;
+`window` = earlier tokens a query sees (127 for gpt-oss, HF `sliding_window` 128).
+
+Budget of one pass, per pool (protected pages are never counted):
+```
+budget = available + evictable - sum(growth reserve of every request holding pages)
+admit r  iff  new_pages(r) + reserve(r) <= budget      (else r waits: FIFO head-of-line)
+```
+`reserve(r)` keeps room for a request to grow while decoding: full pages for the next
+`decode_reserve_tokens` tokens (capped at its `max_new_tokens`), SWA pages up to its steady-state
+peak. Retracted requests are readmitted before new ones, so a retraction cannot starve.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from decode_worker.core.pages import PageAllocator
+from decode_worker.core.radix_tree import MatchMode, UnifiedRadixTree
+from decode_worker.core.req_kv import ReqKV
+from decode_worker.core.request import HOLDS_KV, DecodeRequest, KVReleaser, RequestState
+from decode_worker.core.stats import SchedulerStats
+from decode_worker.core.window import (
+    max_full_pages,
+    max_reuse_len,
+    swa_peak_pages,
+    swa_window_start,
+)
+from decode_worker.errors import ConfigError, ServiceUnavailable
+from decode_worker.utils.mathx import cdiv
+
+S = RequestState
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Pages reserved for `req` (now RESERVED): the shell asks prefill for the full KV of
+    `[prefix_len, fill_len)` into `full_page_ids`, the SWA KV of `[swa_start, fill_len)` into
+    `swa_page_ids`, with `swa_start` sent explicitly. `req.is_resumed`: replay `output_ids[-1]`."""
+
+    req: DecodeRequest
+    prefix_len: int
+    swa_start: int
+    full_page_ids: list[int]
+    swa_page_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """`req` is ABORTED (its pages returned); `reason` is the metric label, `message` the cause."""
+
+    req: DecodeRequest
+    reason: str
+    message: str
+
+
+Decision = Admit | Abort
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """Operator limits: queue bound (then 503), deadlines for pages and for KV, the active-request
+    bound (running + in transfer), and the decode growth each admitted request keeps room for."""
+
+    max_queued: int = 1024
+    queue_timeout_s: float = 60.0
+    kv_timeout_s: float = 30.0
+    max_active: int | None = None
+    decode_reserve_tokens: int = 256
+
+
+class PreallocQueue:
+    """Requests waiting for pages, and the ledger of the requests admitted from here.
+
+    Owns the order of waiting requests and their QUEUED -> RESERVED / ABORTED transitions; keeps
+    a reference to each admitted request until it stops holding pages (finished, aborted,
+    retracted), to count its growth reserve. Not thread-safe (the compute thread owns it).
+    """
+
+    def __init__(
+        self,
+        tree: UnifiedRadixTree | None,
+        full: PageAllocator,
+        swa: PageAllocator | None,
+        *,
+        page_size: int,
+        window: int,
+        radix_cache: bool,
+        limits: QueueLimits | None = None,
+        stats: SchedulerStats | None = None,
+    ) -> None:
+        """`tree` is None iff `radix_cache` is off; `swa` is None for a model without SWA layers.
+        Raises `ConfigError` on an inconsistent combination."""
+        if radix_cache != (tree is not None):
+            raise ConfigError("prealloc queue: a tree is needed iff the decode radix cache is on")
+        self.tree, self.full, self.swa = tree, full, swa
+        self.page_size, self.window, self.radix_cache = page_size, window, radix_cache
+        self.limits = limits or QueueLimits()
+        self.stats = stats or SchedulerStats()
+        self.releaser = KVReleaser(tree, full, swa, page_size)
+        self._reserve_pages = cdiv(self.limits.decode_reserve_tokens, page_size)
+        self._swa_peak = swa_peak_pages(window, page_size, radix_cache) if swa else 0
+        self._waiting: deque[DecodeRequest] = deque()  # new arrivals, by arrival
+        self._retracted: deque[DecodeRequest] = deque()  # readmitted first
+        self._queued: dict[str, DecodeRequest] = {}  # membership (deques skip stale entries)
+        self._active: dict[str, DecodeRequest] = {}
+
+    # -- queries -------------------------------------------------------------------------------
+    @property
+    def num_queued(self) -> int:
+        return len(self._queued)
+
+    def active_requests(self) -> list[DecodeRequest]:
+        """Requests admitted from here that still hold pages (RESERVED .. RUNNING)."""
+        self._prune_active()
+        return list(self._active.values())
+
+    def num_in_transfer(self) -> int:
+        return sum(r.state in (S.RESERVED, S.RECEIVING, S.READY) for r in self.active_requests())
+
+    def get(self, rid: str) -> DecodeRequest | None:
+        return self._queued.get(rid) or self._active.get(rid)
+
+    # -- arrivals ------------------------------------------------------------------------------
+    def add(self, req: DecodeRequest, now: float) -> Abort | None:
+        """Queue a new (QUEUED) request. A request that can never fit is aborted at once
+        (`too_large`, returned); a full queue raises `ServiceUnavailable` (nothing changes)."""
+        if len(self._queued) >= self.limits.max_queued:
+            raise ServiceUnavailable(f"prealloc queue full ({self.limits.max_queued} requests)")
+        why = self._never_fits(req)
+        if why:
+            return self._abort(req, now, "too_large", why)
+        req.entered_at[S.QUEUED] = now
+        self._queued[req.rid] = req
+        self._waiting.append(req)
+        return None
+
+    def requeue(self, reqs: Iterable[DecodeRequest], now: float) -> None:
+        """Put RETRACTED requests back (RETRACTED -> QUEUED) ahead of new arrivals, in order;
+        never refused by the queue bound."""
+        for req in reqs:
+            req.transition(S.QUEUED, now)
+            self._active.pop(req.rid, None)
+            self._queued[req.rid] = req
+            self._retracted.append(req)
+
+    def abort(self, rid: str, now: float, reason: str, message: str = "") -> Abort | None:
+        """Abort a request queued here or admitted from here (in any non-terminal state),
+        returning its pages; None if unknown or already done. The shell tells the peer, and must
+        not free pages a transfer may still write: call this once the peer has drained."""
+        req = self._queued.pop(rid, None) or self._active.pop(rid, None)
+        if req is None or req.is_done:
+            return None
+        return self._abort(req, now, reason, message or reason)
+
+    def expire(self, now: float) -> list[Abort]:
+        """Abort requests past their deadline: waiting for pages longer than `queue_timeout_s`
+        (`queue_timeout`), or holding pages in RESERVED/RECEIVING longer than `kv_timeout_s`
+        since admission (`kv_timeout`, pages returned)."""
+        lim, out = self.limits, []
+        for q in (self._retracted, self._waiting):
+            for req in [r for r in q if self._queued.get(r.rid) is r]:
+                if now - req.entered_at[S.QUEUED] > lim.queue_timeout_s:
+                    del self._queued[req.rid]
+                    msg = f"no pages for {lim.queue_timeout_s:g}s, req={req.rid}"
+                    out.append(self._abort(req, now, "queue_timeout", msg))
+        for req in self.active_requests():
+            late = now - req.entered_at.get(S.RESERVED, now) > lim.kv_timeout_s
+            if late and req.state in (S.RESERVED, S.RECEIVING):
+                del self._active[req.rid]
+                msg = f"KV did not arrive in {lim.kv_timeout_s:g}s, req={req.rid}"
+                out.append(self._abort(req, now, "kv_timeout", msg))
+        self._compact()
+        return out
+
+    # -- admission -----------------------------------------------------------------------------
+    def pop_admitted(self, now: float) -> list[Decision]:
+        """One admission pass: admit waiting requests in order while both budgets allow; stop at
+        the first that does not fit (it waits). An SWA reclaim failure aborts only that request
+        and the pass goes on. Returned Admits are RESERVED; Aborts are ABORTED."""
+        self.stats.admission_passes_total += 1
+        self._prune_active()
+        full_res = sum(self._full_reserve(r) for r in self._active.values())
+        swa_res = sum(self._swa_reserve(r) for r in self._active.values())
+        out: list[Decision] = []
+        while (req := self._head()) is not None:
+            if self.limits.max_active is not None and len(self._active) >= self.limits.max_active:
+                break
+            d = self._try_admit(req, now, full_res, swa_res)
+            if d is None:
+                break
+            self._pop_head()
+            out.append(d)
+            if isinstance(d, Admit):
+                self._active[req.rid] = req
+                full_res += self._full_reserve(req)
+                swa_res += self._swa_reserve(req)
+        return out
+
+    def _try_admit(
+        self, req: DecodeRequest, now: float, full_res: int, swa_res: int
+    ) -> Decision | None:
+        """Admit, abort (SWA reclaim failed) or None (does not fit now; nothing held).
+
+        ```
+        pos:  0 ....... prefix ........ swa_start ............ fill_len
+              [ matched, locked | new full pages ......................... ]
+                                          [ new SWA pages (tail, rounded up) ]
+        ```"""
+        ps, tree, fill = self.page_size, self.tree, req.fill_len
+        swa_start = self._swa_start(fill)
+        prefix, prefix_full, lock = 0, [], None
+        cap = self._reuse_cap(req)
+        if tree is not None and cap > 0:
+            m = tree.match_prefix(req.fill_ids, MatchMode.TRANSFER, cap)
+            if m.prefix_len > 0:
+                prefix, prefix_full = m.prefix_len, m.full_page_ids
+                lock = tree.lock(m.node, swa=False)  # the SWA tail arrives fresh
+        need_full = cdiv(fill, ps) - prefix // ps
+        need_swa = cdiv(fill - swa_start, ps) if self.swa is not None else 0
+        if not self._fits(req, need_full, need_swa, swa_start, full_res, swa_res):
+            if lock is not None and tree is not None:
+                tree.unlock(lock)
+            return None
+        shortfall = self._reclaim(need_full, need_swa)
+        if shortfall:
+            if lock is not None and tree is not None:
+                tree.unlock(lock)
+            return self._abort(req, now, "swa_reclaim_insufficient", f"{shortfall}, req={req.rid}")
+        new_full = self.full.alloc(need_full)
+        new_swa = self.swa.alloc(need_swa) if self.swa is not None else []
+        swa_ids = [0] * (swa_start // ps) + new_swa if self.swa is not None else []
+        kv = ReqKV(req.fill_ids, prefix_full + new_full, swa_ids, swa_start, prefix, lock)
+        req.transition(S.RESERVED, now, kv=kv)
+        st = self.stats
+        st.admissions_total += 1
+        st.resumed_admissions_total += req.is_resumed
+        st.prefix_query_tokens_total += fill
+        st.prefix_hit_tokens_total += prefix
+        return Admit(req, prefix, swa_start, new_full, new_swa)
+
+    def _fits(
+        self,
+        req: DecodeRequest,
+        need_full: int,
+        need_swa: int,
+        swa_start: int,
+        full_res: int,
+        swa_res: int,
+    ) -> bool:
+        """Both budgets hold `req`'s new pages plus its growth reserve (after its prefix lock,
+        so the locked prefix no longer counts as evictable)."""
+        tree, ps = self.tree, self.page_size
+        max_full = self._max_full(req)
+        grow_full = max(0, min(self._reserve_pages, max_full - cdiv(req.fill_len, ps)))
+        evictable = tree.full_stats().evictable if tree is not None else 0
+        if need_full + grow_full > self.full.num_free + evictable - full_res:
+            return False
+        if self.swa is None:
+            return True
+        grow_swa = max(0, min(self._swa_peak, max_full - swa_start // ps) - need_swa)
+        evictable = tree.swa_stats().evictable if tree is not None else 0
+        return need_swa + grow_swa <= self.swa.num_free + evictable - swa_res
+
+    def _reclaim(self, need_full: int, need_swa: int) -> str:
+        """Evict from the tree for the exact page shortfall of each pool; '' when both pools
+        now hold the need, else the SWA failure text (a full shortfall cannot remain: the full
+        budget counted only evictable pages)."""
+        tree, st = self.tree, self.stats
+        if tree is not None and self.full.num_free < need_full:
+            st.evicted_full_pages_total += len(tree.evict_full(need_full - self.full.num_free))
+        if self.swa is None:
+            return ""
+        if tree is not None and self.swa.num_free < need_swa:
+            st.evicted_swa_pages_total += len(tree.evict_swa(need_swa - self.swa.num_free))
+        if self.swa.num_free < need_swa:
+            return f"SWA eviction insufficient: needed={need_swa}, available={self.swa.num_free}"
+        return ""
+
+    # -- reserves ------------------------------------------------------------------------------
+    def _max_full(self, req: DecodeRequest) -> int:
+        return max_full_pages(len(req.prompt_ids), req.max_new_tokens, self.page_size)
+
+    def _full_reserve(self, req: DecodeRequest) -> int:
+        """Full pages kept free for `req` to grow (0 once it can grow no more)."""
+        held = len(req.kv.full_page_ids) if req.kv is not None else cdiv(req.fill_len,
+                                                                         self.page_size)
+        return max(0, min(self._reserve_pages, self._max_full(req) - held))
+
+    def _swa_reserve(self, req: DecodeRequest) -> int:
+        """SWA pages kept free for `req`: up to its steady-state peak of live SWA pages."""
+        if self.swa is None or req.kv is None:
+            return 0
+        kv, ps = req.kv, self.page_size
+        first = kv.swa_start // ps
+        live = sum(1 for p in kv.swa_page_ids[first:] if p)
+        return max(0, min(self._swa_peak, self._max_full(req) - first) - live)
+
+    def _never_fits(self, req: DecodeRequest) -> str:
+        """Why `req` can never fit the pools even alone ('' if it can)."""
+        need = self._max_full(req)
+        if need > self.full.num_total:
+            return (f"request needs {need} full pages at its longest, the pool has "
+                    f"{self.full.num_total}, req={req.rid}")
+        if self.swa is not None and self._swa_peak > self.swa.num_total:
+            return (f"request needs {self._swa_peak} SWA pages, the pool has "
+                    f"{self.swa.num_total}, req={req.rid}")
+        return ""
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _swa_start(self, fill_len: int) -> int:
+        """Window start of a request of `fill_len` tokens; 0 without SWA layers (no SWA tail)."""
+        if self.swa is None:
+            return 0
+        return swa_window_start(fill_len, self.window, self.page_size, self.radix_cache)
+
+    def _reuse_cap(self, req: DecodeRequest) -> int:
+        return max_reuse_len(
+            req.fill_len, self.window, self.page_size, self.radix_cache, self.swa is not None
+        )
+
+    def _abort(self, req: DecodeRequest, now: float, reason: str, message: str) -> Abort:
+        req.transition(S.ABORTED, now, releaser=self.releaser, reason=reason, message=message)
+        self.stats.count_abort(reason)
+        return Abort(req, reason, message)
+
+    def _head(self) -> DecodeRequest | None:
+        for q in (self._retracted, self._waiting):
+            while q and self._queued.get(q[0].rid) is not q[0]:
+                q.popleft()
+            if q:
+                return q[0]
+        return None
+
+    def _pop_head(self) -> None:
+        q = self._retracted if self._retracted else self._waiting
+        del self._queued[q.popleft().rid]
+
+    def _prune_active(self) -> None:
+        gone = [rid for rid, r in self._active.items() if r.state not in HOLDS_KV]
+        for rid in gone:
+            del self._active[rid]
+
+    def _compact(self) -> None:
+        for q in (self._retracted, self._waiting):
+            if len(q) > 2 * len(self._queued) + 16:
+                kept = [r for r in q if self._queued.get(r.rid) is r]
+                q.clear()
+                q.extend(kept)

@@ -53,7 +53,7 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         # `*_created` series only add noise to dashboards; this switch is process-wide, and
         # every metric of the process lives here.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()
         self._build_counters()
         self._build_gauges()

@@ -27,7 +27,7 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode())
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
@@ -113,8 +113,14 @@ class FakeBackend:
 class ServerThread:
     """Run an HttpServer on a private loop in a daemon thread. Use as a context manager."""
 
-    def __init__(self, handler: Handler, config: ServerConfig | None = None) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(self, handler: Handler, config: ServerConfig | None = None,
+                 uvloop: bool = False) -> None:
+        if uvloop:
+            import uvloop as uv
+
+            self.loop: asyncio.AbstractEventLoop = uv.new_event_loop()
+        else:
+            self.loop = asyncio.new_event_loop()
         self.server = HttpServer(handler, config or ServerConfig(port=0))
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +67,8 @@ class GenerationRun:
         self.inp = inp
         self.metrics = metrics
         sp = inp.sampling
-        self.text = TextStream(backend.tokenizer, sp.stop, sp.no_stop_trim)
+        self.text = TextStream(backend.tokenizer, sp.stop, sp.no_stop_trim,
+                               sp.skip_special_tokens)
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self.prompt_tokens = len(inp.input_ids)
@@ -91,7 +92,7 @@ class GenerationRun:
             await self._close_iter()
             raise
 
-    async def steps(self) -> AsyncIterator[Step]:
+    async def steps(self) -> AsyncGenerator[Step, None]:
         """Steps until the finishing one (inclusive). Closing early aborts the request."""
         assert self._iter is not None and self._first is not None, "start() first"
         chunk: OutputChunk | None = self._first

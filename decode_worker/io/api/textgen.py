@@ -22,8 +22,9 @@ class IncrementalDetokenizer:
     decoding depends on the previous token (leading spaces) still come out right.
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self._tok = tokenizer
+        self._skip = skip_special_tokens
         self._ids: list[int] = []
         self._prefix = 0  # start of the decode window
         self._read = 0  # ids before this are emitted
@@ -31,17 +32,20 @@ class IncrementalDetokenizer:
     def push(self, token_ids: Sequence[int]) -> str:
         """Add tokens; return the newly completed text (possibly "")."""
         self._ids.extend(token_ids)
-        prefix_text = self._tok.decode(self._ids[self._prefix : self._read])
-        new_text = self._tok.decode(self._ids[self._prefix :])
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        new_text = self._decode(self._ids[self._prefix :])
         if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT):
             return ""
         self._prefix, self._read = self._read, len(self._ids)
         return new_text[len(prefix_text) :]
 
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=self._skip)
+
     def flush(self) -> str:
         """Everything not yet emitted, incomplete characters included (at the end of a request)."""
-        prefix_text = self._tok.decode(self._ids[self._prefix : self._read])
-        new_text = self._tok.decode(self._ids[self._prefix :])
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        new_text = self._decode(self._ids[self._prefix :])
         self._prefix = self._read = len(self._ids)
         return new_text[len(prefix_text) :]
 
@@ -53,8 +57,9 @@ class TextStream:
     ignored. The stop string is trimmed from the text unless `no_stop_trim`.
     """
 
-    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = (), no_stop_trim: bool = False):
-        self._detok = IncrementalDetokenizer(tokenizer)
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = (), no_stop_trim: bool = False,
+                 skip_special_tokens: bool = True) -> None:
+        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
         self._stop = tuple(s for s in stop if s)
         self._no_stop_trim = no_stop_trim
         self._held = ""

@@ -1,0 +1,166 @@
+"""Pages for the decode batch, step by step: grow, slide the SWA window, and retract (pure).
+
+Per step, a RUNNING request writes the KV of its input token at position `n = kv.seq_len`:
+```
+pos:  0 ..... protected ..... F ............ n
+      [ tree-owned | req-owned               | <- needs a full page (and an SWA page) when
+                              F = swa_window_start(n): SWA below F is never read again
+```
+`window` = earlier tokens a query sees (127 for gpt-oss, HF `sliding_window` 128).
+
+Retraction policy, when the pools stay short after evicting from the tree: retract first the
+requests with the fewest generated tokens (least decode progress at stake, furthest from
+finishing), and among those the longest (frees the most pages). A retracted request's computed KV
+is cached in the tree (`cache_finished_req(insert=True)`) and the shell requeues it with
+`PreallocQueue.requeue`; it is readmitted (matching what is still cached) before any new request.
+The last running request is retracted too if it alone cannot get a page, so pages held by
+requests still receiving KV can never deadlock the batch: admission keeps no request from ever
+fitting alone (it aborts those at `add`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from decode_worker.core.pages import PageAllocator
+from decode_worker.core.radix_tree import UnifiedRadixTree
+from decode_worker.core.req_kv import ReqKV
+from decode_worker.core.request import DecodeRequest, KVReleaser, RequestState
+from decode_worker.core.stats import SchedulerStats
+from decode_worker.core.window import swa_window_start
+from decode_worker.errors import InvalidTransition
+
+S = RequestState
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """`runnable`: RUNNING requests that hold a full (and SWA) page for position `kv.seq_len`,
+    in the order given. `retracted`: now RETRACTED (KV cached, pages returned); the shell
+    passes them to `PreallocQueue.requeue`."""
+
+    runnable: list[DecodeRequest] = field(default_factory=list)
+    retracted: list[DecodeRequest] = field(default_factory=list)
+
+
+class DecodeAllocator:
+    """Gives running requests their decode pages; owns READY -> RUNNING -> FINISHED/RETRACTED.
+
+    Not thread-safe (the compute thread owns it). `tree` is None without the decode radix cache;
+    `swa` is None for a model without SWA layers.
+    """
+
+    def __init__(
+        self,
+        tree: UnifiedRadixTree | None,
+        full: PageAllocator,
+        swa: PageAllocator | None,
+        *,
+        page_size: int,
+        window: int,
+        radix_cache: bool,
+        stats: SchedulerStats | None = None,
+    ) -> None:
+        self.tree, self.full, self.swa = tree, full, swa
+        self.page_size, self.window, self.radix_cache = page_size, window, radix_cache
+        self.stats = stats or SchedulerStats()
+        self.releaser = KVReleaser(tree, full, swa, page_size)
+
+    def start_running(self, req: DecodeRequest, now: float) -> None:
+        """READY -> RUNNING: insert the received prompt KV into the tree (the one place a
+        prompt enters the cache), moving the request's lock onto it."""
+        req.transition(S.RUNNING, now)
+        if self.tree is not None and req.kv is not None:
+            self.tree.cache_unfinished_req(req.kv)
+
+    def finish(self, req: DecodeRequest, now: float) -> None:
+        """RUNNING -> FINISHED: cache the computed KV, return the rest, drop the lock."""
+        req.transition(S.FINISHED, now, releaser=self.releaser)
+
+    def fail(self, req: DecodeRequest, now: float, reason: str, message: str = "") -> None:
+        """Abort (`reason` a label) or fail (`reason == "internal"`) a request holding KV."""
+        to = S.FAILED if reason == "internal" else S.ABORTED
+        req.transition(to, now, releaser=self.releaser, reason=reason, message=message)
+
+    def prepare_step(self, running: Sequence[DecodeRequest], now: float) -> StepPlan:
+        """Slide every request's SWA window, then give each the page its next position needs,
+        evicting from the tree and then retracting (see the module policy) when short.
+        Raises `InvalidTransition` for a request that is not RUNNING."""
+        for req in running:
+            if req.state is not S.RUNNING or req.kv is None:
+                raise InvalidTransition(f"req={req.rid}: prepare_step in {req.state.value}")
+            self._slide_window(req.kv)
+        plan = StepPlan(runnable=list(running))
+        while not self._reclaim(plan.runnable):
+            victim = min(plan.runnable, key=_retract_order)
+            plan.runnable.remove(victim)
+            victim.transition(S.RETRACTED, now, releaser=self.releaser)
+            plan.retracted.append(victim)
+            self.stats.retractions_total += 1
+        for req in plan.runnable:
+            self._grow(req.kv)  # type: ignore[arg-type]  # RUNNING requests hold kv
+        return plan
+
+    # -- internals -----------------------------------------------------------------------------
+    def _needs(self, reqs: Sequence[DecodeRequest]) -> tuple[int, int]:
+        """Full and SWA pages the next step of `reqs` needs."""
+        ps, n_full, n_swa = self.page_size, 0, 0
+        for req in reqs:
+            kv = req.kv
+            assert kv is not None  # RUNNING holds kv (checked in prepare_step)
+            idx = kv.seq_len // ps
+            n_full += idx >= len(kv.full_page_ids)
+            n_swa += self.swa is not None and idx >= len(kv.swa_page_ids)
+        return n_full, n_swa
+
+    def _reclaim(self, reqs: Sequence[DecodeRequest]) -> bool:
+        """Evict from the tree for the exact shortfall; True when both pools hold the need."""
+        n_full, n_swa = self._needs(reqs)
+        tree, st = self.tree, self.stats
+        if tree is not None and self.full.num_free < n_full:
+            st.evicted_full_pages_total += len(tree.evict_full(n_full - self.full.num_free))
+        if self.full.num_free < n_full:
+            return False
+        if self.swa is None:
+            return True
+        if tree is not None and self.swa.num_free < n_swa:
+            st.evicted_swa_pages_total += len(tree.evict_swa(n_swa - self.swa.num_free))
+        return self.swa.num_free >= n_swa
+
+    def _grow(self, kv: ReqKV) -> None:
+        idx = kv.seq_len // self.page_size
+        if idx >= len(kv.full_page_ids):
+            kv.full_page_ids += self.full.alloc(1)
+            self.stats.decode_pages_allocated_total += 1
+        if self.swa is not None and idx >= len(kv.swa_page_ids):
+            kv.swa_page_ids += [0] * (idx - len(kv.swa_page_ids)) + self.swa.alloc(1)
+            self.stats.decode_pages_allocated_total += 1
+
+    def _slide_window(self, kv: ReqKV) -> None:
+        """Drop SWA below the frontier F = swa_window_start(seq_len): free the request's own
+        pages there; once F passes the tree-owned prefix, release the SWA part of the prefix lock
+        (early release) and forget those tree pages (the tree may tombstone them)."""
+        if self.swa is None:
+            return
+        ps = self.page_size
+        frontier = swa_window_start(kv.seq_len, self.window, ps, self.radix_cache)
+        prot = kv.cache_protected_len
+        if frontier <= kv.swa_start or frontier < prot:
+            return  # nothing new out of the window, or the lock still covers it
+        ids = kv.swa_page_ids
+        lo, hi = max(kv.swa_start, prot) // ps, frontier // ps
+        own = [p for p in ids[lo:hi] if p]
+        if own:
+            self.swa.free(own)
+            self.stats.swa_pages_released_total += len(own)
+        ids[:hi] = [0] * hi
+        if self.tree is not None and kv.lock is not None:
+            self.tree.release_swa_lock(kv.lock)  # a no-op once released
+        kv.swa_start = frontier
+
+
+def _retract_order(req: DecodeRequest) -> tuple[int, int]:
+    """Smaller retracts first: fewest generated tokens, then the longest sequence."""
+    kv_len = req.kv.seq_len if req.kv is not None else 0
+    return (len(req.output_ids), -kv_len)

@@ -1,0 +1,233 @@
+"""KV transfer end to end: a real prefill peer process, real NIXL over UCX, real ZMQ.
+
+The decode side lives in the test process with its own pools (same tiny model). After each
+transfer its pools must hold exactly the KV that a prefill of the same prompt computes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from decode_worker.core.pages import PageAllocator
+from decode_worker.daemon.prefill_main import build_runner
+from decode_worker.daemon.prefill_peer import model_compat, region_layouts
+from decode_worker.device.aux_buffer import AuxBuffer
+from decode_worker.device.runner import ModelRunner
+from decode_worker.io.kv_receiver import KVReceiver, TransferEvent
+from decode_worker.settings import TransferSettings, load_settings
+from decode_worker.utils.mathx import align_down, cdiv
+from tests.integration.conftest import free_port, start_prefill_peer, stop
+
+pytestmark = pytest.mark.slow
+PS, WINDOW = 16, 127
+RX_SETTINGS = TransferSettings(heartbeat_interval_s=0.2, peer_dead_after_s=1.5, abort_quiesce_s=1.0)
+
+
+def window_start(seq_len: int) -> int:
+    """S with the decode radix cache on (docs/CONTRACTS.md)."""
+    return align_down(max(0, seq_len - 1 - max(WINDOW, PS)), PS)
+
+
+def prompt_of(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n,), generator=g).tolist()
+
+
+@dataclass
+class DecodeSide:
+    runner: ModelRunner
+    aux: AuxBuffer
+    rx: KVReceiver
+    full: PageAllocator
+    swa: PageAllocator
+
+    def page_bytes(self) -> int:
+        return self.runner.pools.page_bytes("full")
+
+    def wait(self, tid: int, kind: str, timeout_s: float = 20.0) -> list[TransferEvent]:
+        """Poll until transfer `tid` has an event of `kind`; returns its events so far."""
+        got: list[TransferEvent] = []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            got += [e for e in self.rx.poll() if e.transfer_id == tid]
+            if any(e.kind == kind for e in got):
+                return got
+            time.sleep(0.002)
+        raise AssertionError(f"transfer {tid}: no {kind!r} within {timeout_s} s; got {got}")
+
+    def reference(self, prompt: list[int]) -> tuple[list[int], list[int], int]:
+        """Prefill locally into fresh pages: (full ids, swa ids, greedy first token)."""
+        n = cdiv(len(prompt), PS)
+        full, swa = self.full.alloc(n), self.swa.alloc(n)
+        logits = self.runner.prefill(prompt, full, swa)
+        return full, swa, int(torch.argmax(logits))
+
+
+def tokens(pool: torch.Tensor, table: list[int], start: int, end: int) -> torch.Tensor:
+    """KV of token positions [start, end); `table[i]` is the page of positions [i*PS, (i+1)*PS)
+    (entries before start // PS are not read)."""
+    first = start // PS
+    pages = pool[:, table[first : cdiv(end, PS)]]  # [layers, n, 2, PS, heads, hd]
+    flat = pages.permute(0, 2, 1, 3, 4, 5).flatten(2, 3)  # [layers, 2, n * PS, heads, hd]
+    return flat[:, :, start - first * PS : end - first * PS]
+
+
+def tail(s: int, swa_ids: list[int]) -> list[int]:
+    """An SWA page table whose pages start at window start `s` (0 = not held before it)."""
+    return [0] * (s // PS) + swa_ids
+
+
+@pytest.fixture(scope="module")
+def decode(model_cache: Path) -> Iterator[DecodeSide]:
+    s = load_settings(overrides={"model.cache_dir": str(model_cache), "cache.num_full_pages": 512,
+                                 "cache.num_swa_pages": 512}).settings  # fmt: skip
+    runner, name = build_runner(s)
+    aux = AuxBuffer(16)
+    rx = KVReceiver(RX_SETTINGS, model_compat(runner, name), region_layouts(runner.pools, aux))
+    yield DecodeSide(runner, aux, rx, PageAllocator(512, "full"), PageAllocator(512, "swa"))
+    rx.close()
+
+
+def test_cold_request_lands_exactly_the_prefill_kv(decode: DecodeSide, prefill_peer: int) -> None:
+    prompt = prompt_of(300, seed=1)
+    n, s = cdiv(300, PS), window_start(300)
+    full, swa = decode.full.alloc(n), decode.swa.alloc(n - s // PS)
+    tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="cold", room=11, prompt_len=300,
+                           reused_len=0, swa_window_start=s, full_page_ids=full,
+                           swa_page_ids=swa, aux_slot=1, prompt_ids=prompt)  # fmt: skip
+    (done,) = decode.wait(tid, "done")
+    ref_full, ref_swa, token = decode.reference(prompt)
+    pools = decode.runner.pools
+    assert torch.equal(tokens(pools.full, full, 0, 300), tokens(pools.full, ref_full, 0, 300))
+    assert torch.equal(tokens(pools.swa, tail(s, swa), s, 300), tokens(pools.swa, ref_swa, s, 300))
+    row = decode.aux.check(1, room=11, transfer_id=tid)
+    assert row is not None and row.token_id == token
+    assert done.num_bytes == (2 * n + 2 * len(swa)) * decode.page_bytes() + 64
+    assert done.num_descriptors == 5  # one run per layer (2 full + 2 swa) + the aux row
+
+
+def test_second_turn_moves_only_the_suffix_and_swa_tail(
+    decode: DecodeSide, prefill_peer: int
+) -> None:
+    turn1 = prompt_of(300, seed=2)
+    n1 = cdiv(300, PS)
+    full1, swa1 = decode.full.alloc(n1), decode.swa.alloc(n1 - window_start(300) // PS)
+    tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="t1", room=21, prompt_len=300,
+                           reused_len=0, swa_window_start=window_start(300),
+                           full_page_ids=full1, swa_page_ids=swa1, aux_slot=2,
+                           prompt_ids=turn1)  # fmt: skip
+    decode.wait(tid, "done")
+    turn2 = turn1 + prompt_of(200, seed=3)
+    s2 = window_start(500)
+    reused = min(align_down(300, PS), s2)  # 288: the tree holds turn 1's full pages
+    kept = full1[: reused // PS]
+    before = decode.runner.pools.full[:, kept].clone()
+    new_full = decode.full.alloc(cdiv(500, PS) - reused // PS)
+    swa2 = decode.swa.alloc(cdiv(500, PS) - s2 // PS)
+    tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="t2", room=22, prompt_len=500,
+                           reused_len=reused, swa_window_start=s2, full_page_ids=new_full,
+                           swa_page_ids=swa2, aux_slot=3, prompt_ids=turn2)  # fmt: skip
+    (done,) = decode.wait(tid, "done")
+    pools = decode.runner.pools
+    assert torch.equal(pools.full[:, kept], before)  # the reused prefix was not written
+    assert done.num_bytes == 2 * (len(new_full) + len(swa2)) * decode.page_bytes() + 64
+    ref_full, ref_swa, token = decode.reference(turn2)
+    table = kept + new_full
+    assert torch.equal(tokens(pools.full, table, reused, 500),
+                       tokens(pools.full, ref_full, reused, 500))  # fmt: skip
+    # The reused prefix came from turn 1's prefill (a shorter batch): equal up to rounding.
+    torch.testing.assert_close(tokens(pools.full, table, 0, 500),
+                               tokens(pools.full, ref_full, 0, 500))  # fmt: skip
+    assert torch.equal(tokens(pools.swa, tail(s2, swa2), s2, 500),
+                       tokens(pools.swa, ref_swa, s2, 500))  # fmt: skip
+    row = decode.aux.check(3, room=22, transfer_id=tid)
+    assert row is not None and row.token_id == token
+
+
+def test_full_hit_sends_first_token_and_swa_tail_only(
+    decode: DecodeSide, prefill_peer: int
+) -> None:
+    prompt = prompt_of(256, seed=4)
+    s = window_start(256)
+    swa = decode.swa.alloc(cdiv(256, PS) - s // PS)
+    tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="hit", room=31, prompt_len=256,
+                           reused_len=256, swa_window_start=s, full_page_ids=[],
+                           swa_page_ids=swa, aux_slot=4, prompt_ids=prompt)  # fmt: skip
+    (done,) = decode.wait(tid, "done")
+    assert done.num_bytes == 2 * len(swa) * decode.page_bytes() + 64
+    _, ref_swa, token = decode.reference(prompt)
+    pools = decode.runner.pools
+    assert torch.equal(tokens(pools.swa, tail(s, swa), s, 256), tokens(pools.swa, ref_swa, s, 256))
+    row = decode.aux.check(4, room=31, transfer_id=tid)
+    assert row is not None and row.token_id == token
+
+
+def test_prefill_peer_killed_mid_transfer_fails_only_that_request(
+    decode: DecodeSide, prefill_peer: int, model_cache: Path
+) -> None:
+    port = free_port()
+    doomed = start_prefill_peer(port, model_cache)
+    free_before = (decode.full.num_free, decode.swa.num_free)
+    prompt = prompt_of(3000, seed=5)
+    n, s = cdiv(3000, PS), window_start(3000)
+    full, swa = decode.full.alloc(n), decode.swa.alloc(n - s // PS)
+    t0 = time.monotonic()
+    tid = decode.rx.submit("127.0.0.1", port, rid="doomed", room=41, prompt_len=3000,
+                           reused_len=0, swa_window_start=s, full_page_ids=full,
+                           swa_page_ids=swa, aux_slot=5, prompt_ids=prompt,
+                           timeout_s=20.0)  # fmt: skip
+    while time.monotonic() - t0 < 0.3:  # handshake done, prefill running
+        assert not decode.rx.poll()
+        time.sleep(0.01)
+    doomed.kill()
+    events = decode.wait(tid, "failed", timeout_s=10.0)
+    failed = next(e for e in events if e.kind == "failed")
+    assert failed.reason == "peer_dead" and "heartbeat" in failed.detail
+    assert time.monotonic() - t0 < 5.0  # noticed in seconds, far inside the 20 s deadline
+    events += decode.wait(tid, "released", timeout_s=5.0)
+    assert [e.kind for e in events] == ["failed", "released"]
+    decode.full.free(full)
+    decode.swa.free(swa)
+    assert (decode.full.num_free, decode.swa.num_free) == free_before
+    stop(doomed)
+    # The receiver is still usable with the live peer.
+    test_full_hit_sends_first_token_and_swa_tail_only(decode, prefill_peer)
+
+
+def test_incompatible_peer_is_refused_naming_both_sides(
+    decode: DecodeSide, prefill_peer: int
+) -> None:
+    compat = decode.rx.compat
+    other = type(compat)(**{**{f: getattr(compat, f) for f in compat.__struct_fields__},
+                            "page_size": 32, "model": "other-model"})  # fmt: skip
+    rx = KVReceiver(RX_SETTINGS, other, decode.rx.regions, agent_name="decode-incompatible")
+    try:
+        tid = rx.submit("127.0.0.1", prefill_peer, rid="bad", room=51, prompt_len=64,
+                        reused_len=0, swa_window_start=0, full_page_ids=[1, 2],
+                        swa_page_ids=[3, 4], aux_slot=0, prompt_ids=[1] * 64)  # fmt: skip
+        events = DecodeSide(decode.runner, decode.aux, rx, decode.full, decode.swa).wait(
+            tid, "released", timeout_s=10.0
+        )
+    finally:
+        rx.close()
+    failed = events[0]
+    assert failed.kind == "failed" and failed.reason == "transfer_failed"
+    assert "page_size: decode=32 prefill=16" in failed.detail
+    assert "model: decode='other-model' prefill=" in failed.detail
+
+
+def test_bad_page_ids_fail_before_anything_moves(decode: DecodeSide, prefill_peer: int) -> None:
+    top = decode.runner.pools.num_pages["full"]
+    tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="ids", room=61, prompt_len=40,
+                           reused_len=0, swa_window_start=0, full_page_ids=[1, 2, top + 1],
+                           swa_page_ids=[1, 2, 3], aux_slot=0, prompt_ids=[7] * 40)  # fmt: skip
+    events = decode.rx.poll()
+    assert [(e.kind, e.reason) for e in events if e.transfer_id == tid] == [
+        ("failed", "bad_request"), ("released", None)
+    ]

@@ -19,26 +19,32 @@ from decode_worker.device.kv_pool import KVPools
 PREFILL_QUERY_CHUNK = 512  # bounds the [chunk, keys] score matrix of a long prefill
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-           sinks: torch.Tensor, scale: float) -> torch.Tensor:
+def attend(q: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor, sinks: torch.Tensor,
+           scale: float) -> torch.Tensor:
     """Softmax attention with one sink logit per head (appended, then dropped).
 
-    q: [B, Q, heads, hd]; k, v: [B, L, kv_heads, hd]; mask: [B, Q, L] bool (True = visible);
-    sinks: [heads]. Returns [B, Q, heads * hd]. Scores are computed in float32.
+    q: [B, Q, heads, hd]; kv: [B, L, 2, kv_heads, hd] (K then V); bias: [B, Q, L] float32,
+    0 where visible and -inf where masked; sinks: [heads]. Returns [B, Q, heads * hd].
+    Scores are computed in float32.
     """
     b, nq, nh, hd = q.shape
-    nkv = k.shape[2]
+    nkv = kv.shape[3]
     g = nh // nkv
+    kvf = kv.float()
     qg = q.float().view(b, nq, nkv, g, hd).permute(0, 2, 3, 1, 4)  # [B, kvh, g, Q, hd]
-    kt = k.float().permute(0, 2, 3, 1)[:, :, None]  # [B, kvh, 1, hd, L]
-    s = torch.matmul(qg, kt) * scale  # s: [B, kvh, g, Q, L]
-    s = s.masked_fill(~mask[:, None, None], float("-inf"))
+    kt = kvf[:, :, 0].permute(0, 2, 3, 1)[:, :, None]  # [B, kvh, 1, hd, L]
+    s = torch.matmul(qg, kt) * scale + bias[:, None, None]  # s: [B, kvh, g, Q, L]
     sink = sinks.float().view(1, nkv, g, 1, 1).expand(b, nkv, g, nq, 1)  # [B, kvh, g, Q, 1]
-    logits = torch.cat((s, sink), dim=-1)  # [B, kvh, g, Q, L + 1]
-    p = torch.softmax(logits - logits.amax(-1, keepdim=True), dim=-1)[..., :-1]
-    vg = v.float().permute(0, 2, 1, 3)[:, :, None]  # [B, kvh, 1, L, hd]
+    p = torch.softmax(torch.cat((s, sink), dim=-1), dim=-1)[..., :-1]  # [B, kvh, g, Q, L]
+    vg = kvf[:, :, 1].permute(0, 2, 1, 3)[:, :, None]  # [B, kvh, 1, L, hd]
     out = torch.matmul(p, vg)  # out: [B, kvh, g, Q, hd]
     return out.permute(0, 3, 1, 2, 4).reshape(b, nq, nh * hd).to(q.dtype)
+
+
+def mask_bias(visible: torch.Tensor) -> torch.Tensor:
+    """bool (True = visible) -> float32 additive bias (0 / -inf), same shape."""
+    zero = torch.zeros((), dtype=torch.float32, device=visible.device)
+    return zero.masked_fill(~visible, float("-inf"))
 
 
 class DecodeAttention:
@@ -62,12 +68,12 @@ class DecodeAttention:
         kpos = torch.arange(width * ps, device=positions.device)  # [L]
         self.full_pages = full_table[:, kpos // ps]  # [bs, L]
         self.full_offs = (kpos % ps).expand(bs, -1)  # [bs, L]
-        self.full_mask = (kpos[None, :] <= positions[:, None])[:, None]  # [bs, 1, L]
+        self.full_bias = mask_bias(kpos[None, :] <= positions[:, None])[:, None]  # [bs,1,L]
         spos = positions[:, None] - window + torch.arange(window + 1, device=positions.device)
         sclamped = spos.clamp(min=0)  # spos/sclamped: [bs, W + 1]
         self.swa_pages = swa_table[rows, sclamped // ps]  # [bs, W + 1]
         self.swa_offs = sclamped % ps  # [bs, W + 1]
-        self.swa_mask = (spos >= 0)[:, None]  # [bs, 1, W + 1]
+        self.swa_bias = mask_bias(spos >= 0)[:, None]  # [bs, 1, W + 1]
         self.scale = pools.spec.head_dim ** -0.5
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -76,16 +82,14 @@ class DecodeAttention:
         pool, _ = self.pools.layer_slot(layer)
         kv = self.pools.layer_tensor(layer)  # [N + 1, 2, ps, kvh, hd]
         if pool == "full":
-            w_page, pages, offs, mask = (self.full_w_page, self.full_pages, self.full_offs,
-                                         self.full_mask)
+            w_page, pages, offs, bias = (self.full_w_page, self.full_pages, self.full_offs,
+                                         self.full_bias)
         else:
-            w_page, pages, offs, mask = (self.swa_w_page, self.swa_pages, self.swa_offs,
-                                         self.swa_mask)
-        kv[w_page, 0, self.w_off] = k.to(kv.dtype)
-        kv[w_page, 1, self.w_off] = v.to(kv.dtype)
-        keys = kv[pages, 0, offs]  # [bs, L, kvh, hd]
-        vals = kv[pages, 1, offs]  # [bs, L, kvh, hd]
-        out = attend(q[:, None], keys, vals, mask, sinks, self.scale)  # [bs, 1, heads * hd]
+            w_page, pages, offs, bias = (self.swa_w_page, self.swa_pages, self.swa_offs,
+                                         self.swa_bias)
+        kv[w_page, :, self.w_off] = torch.stack((k, v), dim=1).to(kv.dtype)  # [bs, 2, kvh, hd]
+        window_kv = kv[pages, :, offs]  # [bs, L, 2, kvh, hd]
+        out = attend(q[:, None], window_kv, bias, sinks, self.scale)  # [bs, 1, heads * hd]
         return out[:, 0].to(q.dtype)
 
 
@@ -121,17 +125,17 @@ class PrefillAttention:
         (w_page, w_off), (r_page, r_off), prev = (
             (self.full_w, self.full_r, self.full_prev) if pool == "full"
             else (self.swa_w, self.swa_r, self.swa_prev))
-        keys = torch.cat((kv[r_page, 0, r_off].to(k.dtype), k))  # [P + T, kvh, hd]
-        vals = torch.cat((kv[r_page, 1, r_off].to(v.dtype), v))  # [P + T, kvh, hd]
-        kv[w_page, 0, w_off] = k.to(kv.dtype)
-        kv[w_page, 1, w_off] = v.to(kv.dtype)
+        new = torch.stack((k, v), dim=1)  # [T, 2, kvh, hd]
+        keys_vals = torch.cat((kv[r_page, :, r_off].to(k.dtype), new))  # [P + T, 2, kvh, hd]
+        kv[w_page, :, w_off] = new.to(kv.dtype)
         kpos = torch.cat((prev, self.qpos))  # [P + T]
         outs = []
         for c0 in range(0, q.shape[0], PREFILL_QUERY_CHUNK):
             qpos = self.qpos[c0:c0 + PREFILL_QUERY_CHUNK]  # [C]
-            mask = kpos[None, :] <= qpos[:, None]  # [C, P + T]
+            visible = kpos[None, :] <= qpos[:, None]  # [C, P + T]
             if pool == "swa":
-                mask &= kpos[None, :] >= qpos[:, None] - self.window
+                visible &= kpos[None, :] >= qpos[:, None] - self.window
             qc = q[c0:c0 + PREFILL_QUERY_CHUNK][None]  # [1, C, heads, hd]
-            outs.append(attend(qc, keys[None], vals[None], mask[None], sinks, self.scale)[0])
+            bias = mask_bias(visible)[None]  # [1, C, P + T]
+            outs.append(attend(qc, keys_vals[None], bias, sinks, self.scale)[0])
         return torch.cat(outs)  # [T, heads * hd]

@@ -1,0 +1,249 @@
+"""The compute thread: owns torch, the pools, the tree, the prealloc queue and NIXL.
+
+One step: commands -> transfer events -> admission -> deadlines -> ready requests join the
+batch -> one decode step -> events out (one hand-off per step). Any exception in a step is a
+broken invariant or a device failure: the engine posts `EngineDead` and stops, so the daemon
+exits and its supervisor restarts it. Per-request problems never raise out of a step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from decode_worker.core.admission import Abort, Admit, PreallocQueue, QueueLimits
+from decode_worker.core.decode_alloc import DecodeAllocator
+from decode_worker.core.pages import PageAllocator
+from decode_worker.core.radix_tree import UnifiedRadixTree
+from decode_worker.core.request import TERMINAL, DecodeRequest, KVReleaser, RequestState
+from decode_worker.core.stats import SchedulerStats
+from decode_worker.daemon.bridge import (
+    AbortRequest,
+    AddRequest,
+    Command,
+    Drain,
+    EngineDead,
+    FinishRequest,
+    Inbox,
+    Outbox,
+    Shutdown,
+)
+from decode_worker.daemon.decode_backend import BackendInfo
+from decode_worker.daemon.engine_decode import DecodeOps
+from decode_worker.daemon.engine_pages import PageOps
+from decode_worker.daemon.engine_transfer import TransferOps
+from decode_worker.daemon.live import LiveRequest
+from decode_worker.daemon.prefill_peer import model_compat, region_layouts
+from decode_worker.daemon.runtime import Runtime, build_runtime
+from decode_worker.device.aux_buffer import AuxBuffer
+from decode_worker.device.sampler import Sampler
+from decode_worker.io.kv_receiver import KVReceiver
+from decode_worker.io.metrics import Metrics
+from decode_worker.settings import Settings
+
+log = logging.getLogger(__name__)
+S = RequestState
+_IDLE_WAIT_S = 0.02  # how long an idle engine blocks on its inbox before polling transfers
+
+
+class DecodeEngine(DecodeOps, TransferOps, PageOps):
+    """Build with `DecodeEngine.build`, then `start(outbox)`; talk to it through `inbox`."""
+
+    def __init__(self, settings: Settings, rt: Runtime, metrics: Metrics) -> None:
+        self.settings, self.rt, self.metrics = settings, rt, metrics
+        c, sched = settings.cache, settings.scheduler
+        self.page_size = rt.layout.page_size
+        self.window = rt.facts.window
+        self.full = PageAllocator(rt.layout.num_full_pages, "full")
+        self.swa = (PageAllocator(rt.layout.num_swa_pages, "swa")
+                    if rt.facts.is_swa_hybrid else None)
+        self.tree = (UnifiedRadixTree(self.page_size, self.window, self.full, self.swa)
+                     if c.decode_radix_cache else None)
+        self.stats = SchedulerStats()
+        self.releaser = KVReleaser(self.tree, self.full, self.swa, self.page_size)
+        quiesce = settings.transfer.abort_quiesce_s
+        self.queue = PreallocQueue(
+            self.tree, self.full, self.swa, page_size=self.page_size, window=self.window,
+            radix_cache=c.decode_radix_cache, stats=self.stats, limits=QueueLimits(
+                max_queued=sched.max_queued_requests, queue_timeout_s=sched.queue_timeout_s,
+                # backstop only: the receiver times transfers out first and returns pages
+                # once the peer stopped writing
+                kv_timeout_s=sched.kv_timeout_s + quiesce + 5.0,
+                max_active=sched.max_running_requests))
+        self.decode_alloc = DecodeAllocator(
+            self.tree, self.full, self.swa, page_size=self.page_size, window=self.window,
+            radix_cache=c.decode_radix_cache, stats=self.stats)
+        num_aux = sched.max_running_requests + 64
+        self.aux = AuxBuffer(num_aux)
+        self.aux_slots = list(range(num_aux - 1, -1, -1))
+        self.receiver = KVReceiver(settings.transfer, model_compat(rt.runner, rt.model_name),
+                                   region_layouts(rt.pools, self.aux), sched.kv_timeout_s)
+        self.sampler = Sampler(rt.pools.device)
+        self.inbox = Inbox()
+        self.outbox: Outbox
+        self.lives: dict[str, LiveRequest] = {}
+        self.by_transfer: dict[int, LiveRequest] = {}
+        self.running: list[LiveRequest] = []
+        self.drain_deadline: float | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._reported_stats = SchedulerStats()
+
+    @classmethod
+    def build(cls, settings: Settings, metrics: Metrics) -> DecodeEngine:
+        return cls(settings, build_runtime(settings, use_cuda_graph=True), metrics)
+
+    @property
+    def tokenizer(self):  # type: ignore[no-untyped-def]
+        return self.rt.tokenizer
+
+    @property
+    def info(self) -> BackendInfo:
+        return BackendInfo(
+            model_path=str(self.rt.model_dir), served_model_name=self.rt.model_name,
+            page_size=self.page_size, window=self.window,
+            max_total_tokens=self.full.num_total * self.page_size,
+            max_running_requests=self.settings.scheduler.max_running_requests)
+
+    # -- thread ------------------------------------------------------------------------------
+    def start(self, outbox: Outbox) -> None:
+        self.outbox = outbox
+        self._thread = threading.Thread(target=self._run, name="decode-engine", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self.step(time.monotonic())
+        except Exception as exc:  # the loop boundary: anything here is fatal
+            log.exception("decode engine failed; %s", self.snapshot())
+            self.outbox.put(EngineDead(f"{type(exc).__name__}: {exc}"))
+            self.outbox.flush()
+        finally:
+            self._close()
+
+    def step(self, now: float) -> None:
+        busy = bool(self.running or self.by_transfer or self.queue.num_queued)
+        for cmd in self.inbox.get_all(0 if busy else _IDLE_WAIT_S):
+            self.handle(cmd, time.monotonic())
+        now = time.monotonic()
+        self.poll_transfers(now)
+        self.admit(now)
+        for ab in self.queue.expire(now):
+            self._on_queue_abort(ab)
+        self._check_drain(now)
+        for live in [lv for lv in self.lives.values() if lv.req.state is S.READY]:
+            self.start_ready(live, now)
+        if self.running:
+            self.decode_step(now)
+        self.running = [lv for lv in self.running if lv.req.state is S.RUNNING]
+        self.publish_gauges()
+        self.outbox.flush()
+
+    # -- commands ----------------------------------------------------------------------------
+    def handle(self, cmd: Command, now: float) -> None:
+        if isinstance(cmd, AddRequest):
+            self.add(cmd, now)
+        elif isinstance(cmd, AbortRequest | FinishRequest):
+            live = self.lives.get(cmd.rid)
+            if live is not None:
+                reason = cmd.reason if isinstance(cmd, AbortRequest) else "stop"
+                self.cancel(live, reason, now)
+        elif isinstance(cmd, Drain):
+            self.drain_deadline = now + cmd.grace_s
+        elif isinstance(cmd, Shutdown):
+            self._stopping = True
+
+    def add(self, cmd: AddRequest, now: float) -> None:
+        req = DecodeRequest(cmd.rid, cmd.bootstrap_room or 0, list(cmd.input_ids),
+                            cmd.sampling.max_new_tokens)
+        live = LiveRequest(req, cmd, frozenset(self.rt.tokenizer.eos_token_ids))
+        self.lives[cmd.rid] = live
+        try:
+            ab = self.queue.add(req, now)
+        except Exception as exc:  # ServiceUnavailable: queue full
+            self.lives.pop(cmd.rid, None)
+            self.outbox.put(live.error_event(str(exc), 503, "queue_full"))
+            return
+        if ab is not None:
+            self._on_queue_abort(ab)
+
+    def cancel(self, live: LiveRequest, reason: str, now: float) -> None:
+        """Client abort, stop string or drain: end the request wherever it is."""
+        req = live.req
+        if req.state in (S.RESERVED, S.RECEIVING) and live.transfer_id is not None:
+            req.reason = reason  # pages come back on "released"
+            self.abort_transfer(live)
+            if not live.answered:
+                self.outbox.put(live.error_event(f"aborted: {reason}", 499, reason))
+            return
+        to = S.FINISHED if reason == "stop" and req.state is S.RUNNING else S.ABORTED
+        self.end(live, to, now, reason=reason)
+
+    def admit(self, now: float) -> None:
+        for d in self.queue.pop_admitted(now):
+            if isinstance(d, Abort):
+                self._on_queue_abort(d)
+            elif isinstance(d, Admit):
+                self.metrics.inc_admission()
+                self.metrics.observe_prefix_match(d.req.fill_len, d.prefix_len)
+                self.fetch_kv(self.lives[d.req.rid], d.prefix_len, d.swa_start, now)
+
+    def end(self, live: LiveRequest, to: RequestState, now: float, *, reason: str = "") -> None:
+        """Terminal transition: pages and locks are released (valid KV stays cached)."""
+        req = live.req
+        if req.state is S.QUEUED:  # the queue owns QUEUED requests
+            self.queue.abort(req.rid, now, reason or "internal")
+        elif req.state not in TERMINAL:
+            req.transition(to, now, releaser=self.releaser, reason=reason)
+        self.lives.pop(req.rid, None)
+        if to is S.FINISHED:
+            self.metrics.inc_request("finished")
+        elif to is S.FAILED:
+            self.metrics.inc_request("failed")
+        else:
+            self.metrics.inc_abort(reason or "internal")
+        if not live.answered:
+            self.outbox.put(live.error_event(req.message or f"aborted: {reason}",
+                                             _abort_status(reason), reason or "internal"))
+
+    def fail(self, live: LiveRequest, reason: str, message: str, now: float) -> None:
+        live.req.message = message
+        self.end(live, S.FAILED, now, reason=reason)
+
+    def _on_queue_abort(self, ab: Abort) -> None:
+        live = self.lives.pop(ab.req.rid, None)
+        if live is None:
+            return
+        if live.transfer_id is not None:  # backstop expiry during a transfer
+            self.abort_transfer(live)
+        self.metrics.inc_abort(ab.reason)
+        self.outbox.put(live.error_event(ab.message, _abort_status(ab.reason), ab.reason))
+
+    def _check_drain(self, now: float) -> None:
+        if self.drain_deadline is None or now < self.drain_deadline:
+            return
+        for live in list(self.lives.values()):
+            self.cancel(live, "drain", now)
+
+    def _close(self) -> None:
+        now = time.monotonic()
+        for live in list(self.lives.values()):
+            if live.transfer_id is not None:
+                self.abort_transfer(live)
+            self.cancel(live, "drain", now)
+        self.outbox.flush()
+        # CUDA graphs go before the pools' NIXL registration is released.
+        self.rt.runner.destroy()
+        self.receiver.close()
+
+
+def _abort_status(reason: str) -> int:
+    return {"too_large": 413, "bad_request": 400, "queue_timeout": 503, "drain": 503,
+            "kv_timeout": 504, "swa_reclaim_insufficient": 503, "client_abort": 499,
+            "queue_full": 503}.get(reason, 500)

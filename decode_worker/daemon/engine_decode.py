@@ -1,0 +1,66 @@
+"""The decode step: schedule -> prepare inputs -> run (graph or eager) -> sample -> commit.
+
+A mixin of `DecodeEngine` (compute thread only); it reads the engine's running batch, runner,
+sampler and allocators, and emits token events.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from decode_worker.core.request import RequestState
+from decode_worker.daemon.live import LiveRequest
+from decode_worker.device.runner import DecodeBatch
+
+if TYPE_CHECKING:
+    from decode_worker.daemon.engine import DecodeEngine
+
+log = logging.getLogger(__name__)
+
+
+class DecodeOps:
+    """Running-batch operations of the engine."""
+
+    def start_ready(self: DecodeEngine, live: LiveRequest, now: float) -> None:
+        """READY -> RUNNING: insert the received prompt into the tree (dedup and repoint onto
+        cache-owned pages), send the first token, and finish at once if it already ends."""
+        self.decode_alloc.start_running(live.req, now)
+        self.running.append(live)
+        self._emit_progress(live, now)
+
+    def decode_step(self: DecodeEngine, now: float) -> None:
+        """One token for every running request (retracting some first if pages are short)."""
+        batch_lives = self.plan_decode_pages(now)
+        if not batch_lives:
+            return
+        batch = _build_batch(batch_lives)
+        logits = self.rt.runner.decode(batch)  # [bs, V] f32
+        out = self.sampler.sample(logits, [lv.sample_row() for lv in batch_lives])
+        for live, token, lp in zip(batch_lives, out.token_ids, out.logprobs, strict=True):
+            live.req.append_token(token)
+            live.logprobs.append(lp if lp is not None else 0.0)
+            self._emit_progress(live, now)
+        self.metrics.inc_generated_tokens(len(batch_lives))
+
+    def _emit_progress(self: DecodeEngine, live: LiveRequest, now: float) -> None:
+        """Send new tokens; on a stop token / EOS / max_new_tokens end the request (its KV is
+        cached in the tree)."""
+        finish = live.finish_reason()
+        self.outbox.put(live.new_tokens_event(finish))
+        if finish is not None:
+            self.end(live, RequestState.FINISHED, now)
+
+
+def _build_batch(lives: list[LiveRequest]) -> DecodeBatch:
+    """Each request feeds its last output token at position `kv.seq_len` (the KV of every
+    earlier token is in its pages)."""
+    tokens, positions, full, swa = [], [], [], []
+    for live in lives:
+        kv = live.req.kv
+        assert kv is not None  # RUNNING holds kv (state machine invariant)
+        tokens.append(live.req.output_ids[-1])
+        positions.append(kv.seq_len)
+        full.append(kv.full_page_ids)
+        swa.append(kv.swa_page_ids)
+    return DecodeBatch(tokens, positions, full, swa)

@@ -1,0 +1,127 @@
+"""Getting a request's KV: post the transfer for an admitted request, turn transfer events into
+arrivals or failures, or compute the prompt locally when no prefill peer was named.
+
+A mixin of `DecodeEngine` (compute thread only; the receiver's NIXL agent has this one owner).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from decode_worker.core.request import RequestState
+from decode_worker.daemon.live import LiveRequest
+from decode_worker.io.kv_receiver import TransferEvent
+from decode_worker.utils.mathx import cdiv
+
+if TYPE_CHECKING:
+    from decode_worker.daemon.engine import DecodeEngine
+
+log = logging.getLogger(__name__)
+
+_STATUS = {"bad_request": 400, "kv_timeout": 504, "peer_dead": 502, "transfer_failed": 502}
+
+
+class TransferOps:
+    """Transfer-side operations of the engine."""
+
+    def fetch_kv(self: DecodeEngine, live: LiveRequest, prefix_len: int, swa_start: int,
+                 now: float) -> None:
+        """The request holds its pages (RESERVED): ask its prefill peer for the missing KV, or
+        compute it here when the client named no peer (or it is a resumed request)."""
+        req, kv = live.req, live.req.kv
+        assert kv is not None  # RESERVED holds kv
+        live.cached_tokens = max(live.cached_tokens, prefix_len)
+        if not live.has_peer or req.is_resumed:
+            self._compute_locally(live, prefix_len, now)
+            return
+        ps = self.page_size
+        seq_len = req.fill_len
+        slot = self.aux_slots.pop()
+        self.aux.clear(slot)
+        live.aux_slot = slot
+        cmd = live.cmd
+        live.transfer_id = self.receiver.submit(
+            cmd.bootstrap_host or "", cmd.bootstrap_port or 0, rid=req.rid,
+            room=cmd.bootstrap_room or 0, prompt_len=seq_len, reused_len=prefix_len,
+            swa_window_start=swa_start,
+            full_page_ids=kv.full_page_ids[prefix_len // ps:cdiv(seq_len, ps)],
+            swa_page_ids=kv.swa_page_ids[swa_start // ps:cdiv(seq_len, ps)] if self.swa else [],
+            aux_slot=slot, prompt_ids=None if cmd.bootstrap_host else list(req.prompt_ids),
+        )
+        self.by_transfer[live.transfer_id] = live
+        req.transition(RequestState.RECEIVING, now)
+
+    def poll_transfers(self: DecodeEngine, now: float) -> None:
+        for event in self.receiver.poll():
+            live = self.by_transfer.get(event.transfer_id)
+            if live is None:
+                continue
+            if event.kind == "done":
+                self._on_done(live, event, now)
+            elif event.kind == "failed":
+                self._on_failed(live, event)
+            else:
+                self._on_released(live, now)
+
+    def abort_transfer(self: DecodeEngine, live: LiveRequest) -> None:
+        """Stop waiting for this request's KV; its pages come back on "released"."""
+        if live.transfer_id is not None:
+            self.receiver.abort(live.transfer_id)
+
+    def _on_done(self: DecodeEngine, live: LiveRequest, ev: TransferEvent, now: float) -> None:
+        slot = live.aux_slot
+        row = self.aux.check(slot, ev.room, ev.transfer_id) if slot is not None else None
+        self._forget_transfer(live)
+        if row is None:
+            self.fail(live, "transfer_failed", "first token missing or for another room", now)
+            return
+        received = live.req.fill_len - live.cached_tokens
+        self.metrics.observe_transfer(ev.num_bytes, ev.duration_s, ev.num_descriptors,
+                                      num_tokens=received)
+        live.logprobs.append(row.logprob)
+        live.req.arrive(row.token_id, now)
+
+    def _on_failed(self: DecodeEngine, live: LiveRequest, ev: TransferEvent) -> None:
+        """Answer the client now; the pages stay held until the peer has stopped writing."""
+        reason = ev.reason or "transfer_failed"
+        self.metrics.inc_transfer_failure(reason)
+        log.warning("rid=%s transfer %d failed (%s): %s", live.rid, ev.transfer_id, reason,
+                    ev.detail)
+        if not live.answered:
+            self.outbox.put(live.error_event(f"KV transfer failed ({reason}): {ev.detail}",
+                                             _STATUS.get(reason, 502), reason))
+        live.req.reason = reason
+
+    def _on_released(self: DecodeEngine, live: LiveRequest, now: float) -> None:
+        self._forget_transfer(live)
+        reason = live.req.reason or "transfer_failed"
+        if live.req.state in (RequestState.RESERVED, RequestState.RECEIVING):
+            self.end(live, RequestState.FAILED if reason != "client_abort"
+                     else RequestState.ABORTED, now, reason=reason)
+
+    def _forget_transfer(self: DecodeEngine, live: LiveRequest) -> None:
+        if live.transfer_id is not None:
+            self.by_transfer.pop(live.transfer_id, None)
+            live.transfer_id = None
+        if live.aux_slot is not None:
+            self.aux_slots.append(live.aux_slot)
+            live.aux_slot = None
+
+    def _compute_locally(self: DecodeEngine, live: LiveRequest, prefix_len: int,
+                         now: float) -> None:
+        """Prefill here: positions from 0, writing full KV only past the tree-owned prefix (its
+        pages are shared; page 0 is the dummy page) and SWA KV into the held tail."""
+        req, kv = live.req, live.req.kv
+        assert kv is not None
+        ps = self.page_size
+        full = [0] * (prefix_len // ps) + kv.full_page_ids[prefix_len // ps:]
+        swa = kv.swa_page_ids if self.swa else [0] * len(full)
+        logits = self.rt.runner.prefill(req.fill_ids, full, swa, start_pos=0)
+        if req.is_resumed:
+            req.arrive(req.output_ids[-1], now)
+            return
+        out = self.sampler.sample(logits[None], [live.sample_row()])
+        lp = out.logprobs[0]
+        live.logprobs.append(lp if lp is not None else 0.0)
+        req.arrive(out.token_ids[0], now)

@@ -1,0 +1,71 @@
+"""What the compute thread keeps per request beside its core `DecodeRequest`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from decode_worker.core.request import DecodeRequest
+from decode_worker.daemon.bridge import AddRequest, TokenEvent
+from decode_worker.device.sampler import SampleRow
+
+
+@dataclass(slots=True, eq=False)
+class LiveRequest:
+    """One request the engine knows: its state machine, what the client asked, its transfer.
+
+    `transfer_id` / `aux_slot` are set while a transfer is in flight; `answered` once the client
+    has had its last event (a failed transfer answers before its pages come back).
+    """
+
+    req: DecodeRequest
+    cmd: AddRequest
+    eos_ids: frozenset[int]
+    transfer_id: int | None = None
+    aux_slot: int | None = None
+    cached_tokens: int = 0
+    answered: bool = False
+    emitted: int = 0  # output tokens already sent to the client
+    logprobs: list[float] = field(default_factory=list)
+
+    @property
+    def rid(self) -> str:
+        return self.req.rid
+
+    @property
+    def has_peer(self) -> bool:
+        return self.cmd.bootstrap_host is not None and self.cmd.bootstrap_room is not None
+
+    def sample_row(self) -> SampleRow:
+        return SampleRow(self.cmd.sampling, step=len(self.req.output_ids),
+                         return_logprob=self.cmd.return_logprob)
+
+    def finish_reason(self) -> tuple[str, int | None] | None:
+        """("stop", token) / ("length", None) when the last output token ends the request."""
+        out = self.req.output_ids
+        sp = self.cmd.sampling
+        if out:
+            last = out[-1]
+            if last in sp.stop_token_ids:
+                return "stop", last
+            if not sp.ignore_eos and last in self.eos_ids:
+                return "stop", last
+        if len(out) >= self.req.max_new_tokens:
+            return "length", None
+        return None
+
+    def new_tokens_event(self, finish: tuple[str, int | None] | None) -> TokenEvent:
+        """Everything produced since the last event, ending the request if `finish`."""
+        out = self.req.output_ids
+        start, self.emitted = self.emitted, len(out)
+        ids = out[start:] if self.req.max_new_tokens else []
+        lps = self.logprobs[start:len(out)] if self.cmd.return_logprob else None
+        reason, matched = finish if finish is not None else (None, None)
+        if finish is not None:
+            self.answered = True
+        return TokenEvent(self.rid, ids, lps, reason, matched, len(self.req.prompt_ids),
+                          self.cached_tokens)
+
+    def error_event(self, message: str, status: int, code: str) -> TokenEvent:
+        self.answered = True
+        return TokenEvent(self.rid, [], None, None, None, len(self.req.prompt_ids),
+                          self.cached_tokens, message, status, code)

@@ -1,0 +1,95 @@
+"""Child server processes and a tiny stdlib HTTP client, for the demo and end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from types import TracebackType
+from typing import Any
+
+from decode_worker.errors import DecodeWorkerError
+
+
+class ServerProcess:
+    """`decode-worker <args>` as a child process; a context manager that stops it (SIGTERM,
+    then SIGKILL) on exit. Its output goes to a temp file, shown if it fails to start."""
+
+    def __init__(self, name: str, args: list[str], port: int, host: str = "127.0.0.1",
+                 env: dict[str, str] | None = None) -> None:
+        self.name, self.args, self.port = name, args, port
+        self.url = f"http://{host}:{port}"
+        self.env = {**os.environ, **(env or {})}
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the process
+            prefix=f"dw-{name}-", suffix=".log", delete=False)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> ServerProcess:
+        self.proc = subprocess.Popen([sys.executable, "-m", "decode_worker", *self.args],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Poll GET /health until 200; raises with the server's log if it exits or times out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise DecodeWorkerError(f"{self.name} exited with {self.proc.returncode}:\n"
+                                        f"{self.output()[-4000:]}")
+            try:
+                http_json(f"{self.url}/health", timeout_s=2.0)
+                return
+            except (OSError, DecodeWorkerError):
+                time.sleep(0.2)
+        raise DecodeWorkerError(f"{self.name} not ready in {timeout_s}s:\n{self.output()[-4000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+
+    def output(self) -> str:
+        self.log.flush()
+        with open(self.log.name, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+
+def http_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 120.0) -> Any:
+    """GET (no body) or POST JSON; returns the decoded JSON. Raises DecodeWorkerError on a
+    non-2xx answer, with the status and body."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="GET" if data is None else "POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as exc:
+        raise DecodeWorkerError(f"{url}: HTTP {exc.code}: {exc.read()[:2000]!r}") from None
+    return json.loads(raw) if raw else None
+
+
+def scrape_metric(base_url: str, name: str, labels: str = "") -> float:
+    """Sum of the samples of `name` (with `labels` as a substring of the label set, if given)
+    on base_url/metrics."""
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (line[len(name)] in " {") and labels in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total

@@ -18,7 +18,15 @@ from typing import Any
 
 import yaml
 
-from scripts.deploy_check import K8S, KUSTOMIZATIONS, hostfiles, observability, policy, schemas
+from scripts.deploy_check import (
+    K8S,
+    KUSTOMIZATIONS,
+    hostfiles,
+    observability,
+    policy,
+    prometheusrule,
+    schemas,
+)
 from scripts.deploy_check.kustomize import MERGE_KEYS, KustomizeError, render
 
 NO_RDMA = {"dev-single-gpu"}  # kustomizations for nodes without an RDMA device plugin
@@ -68,6 +76,7 @@ def run_all(k8s_root: Path = K8S, use_kubectl: bool = False,
     problems += orphan_problems(k8s_root)
     problems += observability.dashboard_problems(extra=metrics)
     problems += observability.rules_problems(extra=metrics)
+    problems += prometheusrule.stale_problems()
     return problems
 
 

@@ -56,8 +56,7 @@ def dockerfile_problems(path: Path = DOCKERFILE) -> list[str]:
     if "nvidia/cuda:${CUDA_VERSION}" not in base or "runtime" not in base:
         out.append(f"Dockerfile: final stage is not a CUDA runtime base by CUDA_VERSION: {base}")
     runs = " ".join(a for k, a in ins if k == "RUN")
-    if "requirements.lock" not in runs:
-        out.append("Dockerfile: dependencies are not installed from the lock")
+    out += _unpinned_installs(ins)
     if not re.search(r"\b(rdma-core|libibverbs1)\b", runs):
         out.append("Dockerfile: no RDMA user space (rdma-core / libibverbs1) for UCX")
     users = [a for k, a in final if k == "USER"]
@@ -71,6 +70,22 @@ def dockerfile_problems(path: Path = DOCKERFILE) -> list[str]:
     health = next((a for k, a in final if k == "HEALTHCHECK"), "")
     if "/health" not in health:
         out.append("Dockerfile: no HEALTHCHECK on /health")
+    return out
+
+
+def _unpinned_installs(ins: list[tuple[str, str]]) -> list[str]:
+    """Every `pip install` outside the router stage takes the lock (-r/-c) or --no-deps."""
+    out, stage = [], ""
+    for kind, args in ins:
+        if kind == "FROM":
+            stage = args
+        if kind != "RUN" or " AS router" in stage:
+            continue
+        for step in re.split(r"&&|;", args):
+            if "pip install" in step and not re.search(
+                r"(-r|-c)\s+\S*requirements\.lock|--no-deps", step
+            ):
+                out.append(f"Dockerfile: `{step.strip()}` does not take deploy/requirements.lock")
     return out
 
 
@@ -142,8 +157,18 @@ def unit_problems(path: Path = UNIT, env_path: Path = ENV_FILE) -> list[str]:
     if stop is None or stop <= drain:
         out.append(f"{path.name}: TimeoutStopSec {service.get('TimeoutStopSec')} must exceed "
                    f"the drain grace {drain:g} s")
-    if "PrivateDevices" in service and service["PrivateDevices"] in ("yes", "true"):
-        out.append(f"{path.name}: PrivateDevices hides the GPU and RDMA devices")
+    out += _device_sandbox_problems(path.name, service)
+    return out
+
+
+def _device_sandbox_problems(name: str, service: dict[str, str]) -> list[str]:
+    """Settings that close the device policy and so hide /dev/nvidia* and /dev/infiniband/*."""
+    out = []
+    for key in ("PrivateDevices", "ProtectClock"):
+        if service.get(key, "no").lower() in ("yes", "true", "1", "on"):
+            out.append(f"{name}: {key}=yes hides the GPU and RDMA devices")
+    if service.get("DevicePolicy", "auto") != "auto" or "DeviceAllow" in service:
+        out.append(f"{name}: DevicePolicy/DeviceAllow restrict the GPU and RDMA devices")
     return out
 
 

@@ -18,7 +18,10 @@ from scripts.deploy_check import K8S
 
 # The oldest release we support and the newest the validator knows.
 K8S_VERSIONS = ("1.30.0", "latest")
-VENDORED = {("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor.json"}
+VENDORED = {
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule.json",
+}
 
 
 def missing_validator() -> bool:

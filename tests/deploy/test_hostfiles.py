@@ -54,6 +54,8 @@ def test_dockerfile_continuations_are_joined() -> None:
     ("Restart=on-failure", "Restart=no", "Restart"),
     ("EnvironmentFile=/etc/decode-worker/decode-worker.env\n", "", None),
     ("[Install]", "Install", "not a section header"),
+    ("NoNewPrivileges=yes", "NoNewPrivileges=yes\nProtectClock=yes", "ProtectClock"),
+    ("NoNewPrivileges=yes", "NoNewPrivileges=yes\nDevicePolicy=closed", "DevicePolicy"),
 ])
 def test_unit_rules_catch_breakage(tmp_path: Path, old: str, new: str,
                                    expected: str | None) -> None:

@@ -11,6 +11,7 @@ from prometheus_client import generate_latest
 
 from decode_worker.io.metrics import Metrics
 from scripts.deploy_check import observability as obs
+from scripts.deploy_check import prometheusrule
 from scripts.deploy_check.promql import analyse
 
 
@@ -121,3 +122,16 @@ def test_promql_sanity(expr: str, problem: str | None) -> None:
         assert problems == []
     else:
         assert any(problem in p for p in problems), problems
+
+
+def test_prometheusrule_matches_the_rules_file() -> None:
+    assert prometheusrule.stale_problems() == []
+    assert prometheusrule.build()["spec"]["groups"] == yaml.safe_load(
+        obs.RULES.read_text())["groups"]
+
+
+def test_stale_prometheusrule_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stale = tmp_path / "prometheusrule.yaml"
+    stale.write_text(prometheusrule.render().replace("for: 2m", "for: 3m"))
+    monkeypatch.setattr(prometheusrule, "TARGET", stale)
+    assert prometheusrule.stale_problems()

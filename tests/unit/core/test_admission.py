@@ -1,0 +1,181 @@
+"""Admission by the full and SWA page budgets: reuse cap, evictable capacity, reclaim, limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from decode_worker.core.admission import Abort, Admit
+from decode_worker.core.radix_tree import UnifiedRadixTree
+from decode_worker.core.request import DecodeRequest, RequestState
+from decode_worker.errors import ServiceUnavailable
+from tests.unit.core.test_admission_helpers import Rig, admit_one, make_rig, req, run_to_finish
+
+S = RequestState
+
+
+def test_fresh_request_reserves_full_pages_and_the_swa_tail() -> None:
+    rig = make_rig()
+    d = admit_one(rig, req("a", 895))
+    assert (d.prefix_len, d.swa_start) == (0, 704)
+    assert len(d.full_page_ids) == 14 and len(d.swa_page_ids) == 3
+    assert d.req.state is S.RESERVED
+    rig.check([d.req])
+
+
+def test_reused_prefix_is_capped_at_the_window_start() -> None:
+    rig = make_rig()
+    first = req("a", 895)
+    admit_one(rig, first)
+    run_to_finish(rig, first, steps=2)
+    d = admit_one(rig, req("b", 895))
+    assert d.prefix_len == 704 and d.swa_start == 704
+    assert len(d.full_page_ids) == 3 and len(d.swa_page_ids) == 3
+    assert rig.stats.prefix_hit_tokens_total == 704
+    assert rig.tree is not None and rig.tree.full_stats().protected == 11  # locked prefix
+    rig.check([d.req])
+
+
+def test_admission_counts_evictable_capacity() -> None:
+    rig = make_rig(full_pages=20, swa_pages=8, decode_reserve_tokens=64)
+    a = req("a", 895, base=10_000)
+    admit_one(rig, a)
+    run_to_finish(rig, a)  # 896 tokens with KV: 14 pages cached, evictable
+    assert rig.full.num_free == 6
+    d = admit_one(rig, req("b", 895))  # 14 new pages + 1 reserve > 6 free: fits with evictable
+    assert len(d.full_page_ids) == 14
+    assert rig.stats.evicted_full_pages_total >= 14 - 6
+    rig.check([d.req])
+
+
+def test_request_that_does_not_fit_waits_and_blocks_the_line() -> None:
+    rig = make_rig(full_pages=20, swa_pages=8)
+    a = req("a", 895)
+    admit_one(rig, a)
+    assert rig.queue.add(req("b", 895, base=1), 0.0) is None
+    assert rig.queue.add(req("c", 10, base=2), 0.0) is None
+    assert rig.queue.pop_admitted(0.0) == []  # b waits; c waits behind it (FIFO)
+    assert rig.tree is not None and rig.tree.full_stats().protected == 0  # no lock leaked
+    run_to_finish(rig, a)
+    got = rig.queue.pop_admitted(1.0)
+    assert [d.req.rid for d in got] == ["b", "c"]
+    rig.check([d.req for d in got])
+
+
+def test_never_fitting_request_aborts_at_add() -> None:
+    rig = make_rig(full_pages=10)
+    r = req("a", 600, max_new=100)
+    ab = rig.queue.add(r, 0.0)
+    assert isinstance(ab, Abort) and ab.reason == "too_large" and "full pages" in ab.message
+    assert r.state is S.ABORTED and rig.queue.num_queued == 0
+    assert rig.stats.aborts_total == {"too_large": 1}
+
+
+def test_full_queue_raises_service_unavailable() -> None:
+    rig = make_rig(max_queued=2)
+    rig.queue.add(req("a", 1), 0.0)
+    rig.queue.add(req("b", 1), 0.0)
+    with pytest.raises(ServiceUnavailable):
+        rig.queue.add(req("c", 1), 0.0)
+    assert rig.queue.num_queued == 2
+
+
+class _SpyTree(UnifiedRadixTree):
+    """Records eviction asks; `swa_fail` makes the next `swa_fail` SWA evictions free nothing
+    (a tree whose evictable count cannot be realised)."""
+
+    swa_asks: list[int]
+    swa_fail: int = 0
+
+    def evict_swa(self, num_pages: int) -> list[int]:
+        self.swa_asks = [*getattr(self, "swa_asks", []), num_pages]
+        if self.swa_fail > 0:
+            self.swa_fail -= 1
+            return []
+        return super().evict_swa(num_pages)
+
+
+def _fill_swa_with_cached(rig_swa_free: int) -> tuple[Rig, list[DecodeRequest]]:
+    rig = make_rig(full_pages=80, swa_pages=7, tree_cls=_SpyTree)
+    done = []
+    for i in range(2):  # each leaves 3 live SWA pages cached ([704, 896))
+        r = req(f"old{i}", 895, base=1000 * (i + 1))
+        admit_one(rig, r)
+        run_to_finish(rig, r)
+        done.append(r)
+    assert rig.swa is not None and rig.swa.num_free == rig_swa_free
+    return rig, done
+
+
+def test_reclaim_rounds_to_pages() -> None:
+    rig, _ = _fill_swa_with_cached(1)
+    d = admit_one(rig, req("a", 895))  # tail 191 tokens -> 3 pages; 1 free -> evict exactly 2
+    tree = rig.tree
+    assert isinstance(tree, _SpyTree) and tree.swa_asks == [2]
+    assert len(d.swa_page_ids) == 3
+    rig.check([d.req])
+
+
+def test_reclaim_failure_rejects_only_that_request_and_next_is_admitted() -> None:
+    rig, _ = _fill_swa_with_cached(1)
+    tree = rig.tree
+    assert isinstance(tree, _SpyTree)
+    tree.swa_fail = 1
+    rig.queue.add(req("x", 895, base=1000), 0.0)  # matches old0's prefix, then reclaim fails
+    rig.queue.add(req("y", 895), 0.0)
+    got = rig.queue.pop_admitted(0.0)
+    assert isinstance(got[0], Abort) and got[0].reason == "swa_reclaim_insufficient"
+    assert got[0].message == "SWA eviction insufficient: needed=3, available=1, req=x"
+    assert isinstance(got[1], Admit) and got[1].req.rid == "y"
+    assert tree.full_stats().protected == 0  # x's prefix lock released
+    rig.check([got[1].req])
+
+
+def test_deadline_expiry_returns_pages() -> None:
+    rig = make_rig(queue_timeout_s=5.0, kv_timeout_s=2.0, full_pages=20)
+    d = admit_one(rig, req("a", 895), now=0.0)
+    assert rig.queue.add(req("b", 895, base=7), 0.0) is None  # waits: no room
+    assert rig.queue.pop_admitted(0.0) == []
+    assert rig.queue.expire(1.0) == []
+    (ab,) = rig.queue.expire(2.5)
+    assert ab.req is d.req and ab.reason == "kv_timeout" and d.req.kv is None
+    assert rig.full.num_free == rig.full.num_total
+    (ab2,) = rig.queue.expire(5.5)
+    assert ab2.reason == "queue_timeout" and rig.queue.num_queued == 0
+    assert rig.stats.aborts_total == {"kv_timeout": 1, "queue_timeout": 1}
+    rig.check([])
+
+
+def test_client_abort_in_transfer_returns_pages() -> None:
+    rig = make_rig()
+    d = admit_one(rig, req("a", 500))
+    ab = rig.queue.abort("a", 1.0, "client_abort")
+    assert ab is not None and d.req.state is S.ABORTED
+    assert rig.queue.abort("a", 2.0, "client_abort") is None
+    rig.check([])
+
+
+def test_without_radix_cache_start_is_seq_minus_window() -> None:
+    rig = make_rig(radix=False)
+    a = req("a", 895)
+    admit_one(rig, a)
+    run_to_finish(rig, a)
+    d = admit_one(rig, req("b", 895))
+    assert d.prefix_len == 0 and d.swa_start == 768 and len(d.swa_page_ids) == 2
+    rig.check([d.req])
+
+
+def test_model_without_swa_reuses_the_aligned_prompt() -> None:
+    rig = make_rig(swa_pages=None)
+    a = req("a", 895)
+    admit_one(rig, a)
+    run_to_finish(rig, a)
+    d = admit_one(rig, req("b", 895))
+    assert d.prefix_len == 832 and d.swa_page_ids == [] and len(d.full_page_ids) == 1
+    rig.check([d.req])
+
+
+def test_max_active_bounds_admissions() -> None:
+    rig = make_rig(max_active=1)
+    rig.queue.add(req("a", 10), 0.0)
+    rig.queue.add(req("b", 10, base=5), 0.0)
+    assert [d.req.rid for d in rig.queue.pop_admitted(0.0)] == ["a"]

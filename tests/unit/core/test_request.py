@@ -1,0 +1,85 @@
+"""The request state machine: allowed transitions, and what each terminal path releases."""
+
+from __future__ import annotations
+
+import pytest
+
+from decode_worker.core.request import DecodeRequest, RequestState
+from decode_worker.errors import InvalidTransition
+from tests.unit.core.test_admission_helpers import admit_one, make_rig, req, run_to_finish
+
+S = RequestState
+
+
+def test_queued_cannot_jump_to_running() -> None:
+    r = DecodeRequest("a", 1, [1, 2, 3], 4)
+    with pytest.raises(InvalidTransition):
+        r.transition(S.RUNNING, 0.0)
+    assert r.state is S.QUEUED
+
+
+def test_reserved_needs_kv_and_leaving_kv_needs_a_releaser() -> None:
+    rig = make_rig()
+    r = DecodeRequest("a", 1, [1, 2, 3], 4)
+    with pytest.raises(InvalidTransition):
+        r.transition(S.RESERVED, 0.0)
+    r2 = req("b", 100)
+    admit_one(rig, r2)
+    with pytest.raises(InvalidTransition):
+        r2.transition(S.ABORTED, 1.0, reason="client_abort")
+    assert r2.state is S.RESERVED and r2.kv is not None
+
+
+def test_terminal_states_accept_nothing() -> None:
+    r = DecodeRequest("a", 1, [1], 4)
+    r.transition(S.ABORTED, 0.0, reason="client_abort")
+    for to in S:
+        with pytest.raises(InvalidTransition):
+            r.transition(to, 1.0)
+    assert r.reason == "client_abort" and r.entered_at[S.ABORTED] == 0.0
+
+
+def test_abort_before_arrival_frees_without_caching() -> None:
+    rig = make_rig()
+    r = req("a", 300)
+    admit_one(rig, r)
+    r.transition(S.RECEIVING, 0.5)
+    r.transition(S.ABORTED, 1.0, releaser=rig.queue.releaser, reason="peer_dead")
+    assert rig.tree is not None
+    assert rig.tree.full_stats().evictable == 0  # nothing cached from a half-written transfer
+    assert rig.full.num_free == rig.full.num_total
+    rig.check([])
+
+
+def test_failed_transfer_frees_everything() -> None:
+    rig = make_rig(radix=False)
+    r = req("a", 300)
+    admit_one(rig, r)
+    r.transition(S.FAILED, 1.0, releaser=rig.queue.releaser, reason="transfer_failed")
+    assert r.kv is None and r.reason == "transfer_failed"
+    rig.check([])
+
+
+def test_finish_caches_the_aligned_prefix_and_returns_the_rest() -> None:
+    rig = make_rig()
+    r = req("a", 895)
+    admit_one(rig, r)
+    run_to_finish(rig, r, steps=3)
+    assert r.state is S.FINISHED and r.kv is None
+    assert rig.tree is not None
+    st = rig.tree.full_stats()
+    assert st.held_by_requests == 0 and st.protected == 0 and st.evictable == 897 // 64
+    rig.check([])
+
+
+def test_append_token_tracks_fill_ids() -> None:
+    rig = make_rig()
+    r = req("a", 10)
+    admit_one(rig, r)
+    r.arrive(77, 1.0)
+    assert r.output_ids == [77] and r.fill_ids == r.prompt_ids
+    rig.dec.start_running(r, 1.0)
+    rig.dec.prepare_step([r], 1.0)
+    r.append_token(78)
+    assert r.kv is not None and r.kv.token_ids == [*r.prompt_ids, 77]
+    assert r.fill_ids == r.kv.token_ids and r.fill_len == 11

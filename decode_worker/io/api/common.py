@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,3 +94,24 @@ async def collect(run: GenerationRun) -> GenerationRun:
         await steps.aclose()
     return run
 
+
+
+class RunStream:
+    """The SSE body of a run. Closing it ends the run even if no byte was produced yet (an
+    async generator closed before its first step never runs its `finally`)."""
+
+    def __init__(self, chunks: AsyncGenerator[bytes, None], run: GenerationRun) -> None:
+        self._chunks = chunks
+        self._run = run
+
+    def __aiter__(self) -> RunStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._chunks.aclose()
+        finally:
+            await self._run.close()

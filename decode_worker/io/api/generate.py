@@ -8,11 +8,18 @@ SSE `data: {"error": {...}}` event followed by `data: [DONE]`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 from decode_worker.errors import ClientError
-from decode_worker.io.api.common import SSE_DONE, check_prompt, collect, error_obj, sse
+from decode_worker.io.api.common import (
+    SSE_DONE,
+    RunStream,
+    check_prompt,
+    collect,
+    error_obj,
+    sse,
+)
 from decode_worker.io.api.run import GenerationRun
 from decode_worker.io.api.schemas import (
     GenerateReq,
@@ -39,7 +46,7 @@ async def handle_generate(app: ApiApp, req: Request) -> Response | StreamRespons
                          return_logprob=body.return_logprob, endpoint="generate")
     run = await app.start_run(inp)
     if body.stream:
-        return StreamResponse(200, _stream(run))
+        return StreamResponse(200, RunStream(_stream(run), run))
     await collect(run)
     fin = run.finish
     if fin is not None and fin.reason == "error":
@@ -65,7 +72,7 @@ def _body(run: GenerationRun, text: str, output_ids: list[int]) -> dict[str, Any
     return {"text": text, "output_ids": list(output_ids), "meta_info": _meta(run)}
 
 
-async def _stream(run: GenerationRun) -> AsyncIterator[bytes]:
+async def _stream(run: GenerationRun) -> AsyncGenerator[bytes, None]:
     async with contextlib.aclosing(run.steps()) as steps:
         async for step in steps:
             fin = step.finish

@@ -9,11 +9,19 @@ then `[DONE]`. Only `n=1`; `echo` is not supported.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 from decode_worker.errors import ClientError
-from decode_worker.io.api.common import SSE_DONE, check_prompt, collect, error_obj, now_s, sse
+from decode_worker.io.api.common import (
+    SSE_DONE,
+    RunStream,
+    check_prompt,
+    collect,
+    error_obj,
+    now_s,
+    sse,
+)
 from decode_worker.io.api.run import Finish, GenerationRun
 from decode_worker.io.api.schemas import (
     ChatReq,
@@ -60,7 +68,7 @@ async def _serve(
     shape = _Shape(app.model_name(body.model), run, chat)
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
-        return StreamResponse(200, _stream(shape, usage))
+        return StreamResponse(200, RunStream(_stream(shape, usage), run))
     await collect(run)
     fin = run.finish
     if fin is not None and fin.reason == "error":
@@ -151,7 +159,7 @@ class _Shape:
         return sse(body)
 
 
-async def _stream(shape: _Shape, include_usage: bool) -> AsyncIterator[bytes]:
+async def _stream(shape: _Shape, include_usage: bool) -> AsyncGenerator[bytes, None]:
     if shape.chat:
         first = shape.choice("", None, None, delta=True)
         first["delta"] = {"role": "assistant", "content": ""}

@@ -77,6 +77,7 @@ class GenerationRun:
         self._iter: AsyncIterator[OutputChunk] | None = None
         self._first: OutputChunk | None = None
         self._last_token_at: float | None = None
+        self._closed = False
 
     async def start(self) -> None:
         """Submit and wait for the first chunk. Raises what the backend raises (no abort then)."""
@@ -84,11 +85,13 @@ class GenerationRun:
         try:
             self._first = await anext(self._iter)
         except StopAsyncIteration:
+            self._closed = True
             await self._close_iter()
             raise BackendEnded("backend produced no output") from None
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):  # the client went away while waiting
                 self.backend.abort(self.inp.rid, "client_abort")
+            self._closed = True
             await self._close_iter()
             raise
 
@@ -108,9 +111,15 @@ class GenerationRun:
             self.finish = Finish("error", message="backend ended without finishing")
             yield Step("", [], finish=self.finish)
         finally:
-            if self.finish is None:
-                log.info("rid=%s: client went away, aborting", self.inp.rid)
-                self.backend.abort(self.inp.rid, "client_abort")
+            await self.close()
+
+    async def close(self) -> None:
+        """End the run: abort it ("client_abort") unless it finished; idempotent."""
+        if self.finish is None and not self._closed:
+            log.info("rid=%s: client went away, aborting", self.inp.rid)
+            self.backend.abort(self.inp.rid, "client_abort")
+        if not self._closed:
+            self._closed = True
             await self._close_iter()
 
     async def _close_iter(self) -> None:

@@ -95,13 +95,15 @@ class TextStream:
 
 
 def _earliest(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
-    """The first stop string occurrence in `text` (longest wins a tie), or None."""
-    best: tuple[int, str] | None = None
+    """(start, stop) of the stop string that is complete first in `text` (smallest end; on a
+    tie the longest), or None. "Complete first" is what a character-by-character stream sees,
+    so the result does not depend on how the text was split into chunks."""
+    best: tuple[int, int, str] | None = None  # (end, -len, stop)
     for stop in stops:
         idx = text.find(stop)
-        if idx >= 0 and (best is None or (idx, -len(stop)) < (best[0], -len(best[1]))):
-            best = (idx, stop)
-    return best
+        if idx >= 0 and (best is None or (idx + len(stop), -len(stop)) < best[:2]):
+            best = (idx + len(stop), -len(stop), stop)
+    return None if best is None else (best[0] - len(best[2]), best[2])
 
 
 def _partial_suffix(text: str, stops: tuple[str, ...]) -> int:

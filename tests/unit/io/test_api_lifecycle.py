@@ -115,3 +115,25 @@ def test_metrics_disabled_is_404() -> None:
     app = ApiApp(FakeBackend(), ApiConfig(metrics_enabled=False), Metrics())
     with ServerThread(app) as srv:
         assert httpx.get(srv.url + "/metrics", timeout=5).status_code == 404
+
+
+def test_closing_an_unstarted_stream_still_aborts_the_run() -> None:
+    import asyncio
+
+    from decode_worker.core.sampling import SamplingParams
+    from decode_worker.io.api.backend import GenerateInput
+    from decode_worker.io.api.common import RunStream
+    from decode_worker.io.api.generate import _stream
+    from decode_worker.io.api.run import GenerationRun
+
+    backend = FakeBackend()
+
+    async def main() -> None:
+        run = GenerationRun(backend, GenerateInput("r", [1], SamplingParams(max_new_tokens=9)))
+        await run.start()
+        stream = RunStream(_stream(run), run)
+        await stream.aclose()  # the client left before the first byte was written
+        await stream.aclose()  # idempotent
+
+    asyncio.run(main())
+    assert backend.aborts == [("r", "client_abort")] and backend.closed == ["r"]

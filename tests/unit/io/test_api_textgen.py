@@ -39,10 +39,10 @@ def test_stop_strings_cut_like_whole_text_search(
 ) -> None:
     stream = TextStream(TOK, stops, no_stop_trim=keep)
     out = "".join(stream.push(c) for c in _chunks(list(text.encode()), cuts)) + stream.finish()
-    hits = [(text.find(s), -len(s), s) for s in stops if s in text]
-    if hits:
-        idx, _, stop = min(hits)
-        assert out == text[: idx + (len(stop) if keep else 0)]
+    hits = [(text.find(s) + len(s), -len(s), s) for s in stops if s in text]
+    if hits:  # the stop string complete first wins, as seen character by character
+        end, _, stop = min(hits)
+        assert out == text[: end if keep else end - len(stop)]
         assert stream.stopped and stream.matched == stop
     else:
         assert out == text and not stream.stopped

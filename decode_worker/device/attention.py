@@ -16,7 +16,7 @@ import torch
 
 from decode_worker.device.kv_pool import KVPools
 
-PREFILL_QUERY_CHUNK = 512  # bounds the [chunk, keys] score matrix of a long prefill
+SCORE_BUDGET = 2**26  # f32 scores per prefill chunk (256 MiB): bounds [heads, chunk, keys]
 
 
 def attend(q: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor, sinks: torch.Tensor,
@@ -129,13 +129,14 @@ class PrefillAttention:
         keys_vals = torch.cat((kv[r_page, :, r_off].to(k.dtype), new))  # [P + T, 2, kvh, hd]
         kv[w_page, :, w_off] = new.to(kv.dtype)
         kpos = torch.cat((prev, self.qpos))  # [P + T]
+        chunk = min(512, max(16, SCORE_BUDGET // (q.shape[1] * kpos.shape[0])))
         outs = []
-        for c0 in range(0, q.shape[0], PREFILL_QUERY_CHUNK):
-            qpos = self.qpos[c0:c0 + PREFILL_QUERY_CHUNK]  # [C]
+        for c0 in range(0, q.shape[0], chunk):
+            qpos = self.qpos[c0:c0 + chunk]  # [C]
             visible = kpos[None, :] <= qpos[:, None]  # [C, P + T]
             if pool == "swa":
                 visible &= kpos[None, :] >= qpos[:, None] - self.window
-            qc = q[c0:c0 + PREFILL_QUERY_CHUNK][None]  # [1, C, heads, hd]
+            qc = q[c0:c0 + chunk][None]  # [1, C, heads, hd]
             bias = mask_bias(visible)[None]  # [1, C, P + T]
             outs.append(attend(qc, keys_vals[None], bias, sinks, self.scale)[0])
         return torch.cat(outs)  # [T, heads * hd]

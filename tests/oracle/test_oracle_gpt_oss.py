@@ -149,3 +149,16 @@ def test_transformers_loads_the_written_model_with_identical_weights(
     assert set(saved) == set(loaded)
     for name, tensor in saved.items():
         assert torch.equal(tensor, loaded[name]), name
+
+
+def test_long_prompt_prefilled_in_query_chunks_matches_reference(
+        model: GptOssModel, reference, monkeypatch: pytest.MonkeyPatch) -> None:
+    import decode_worker.device.attention as attention
+
+    prompts = [prompt_of(700, seed=7)]
+    gen, logits = paged_greedy(make_runner(model, 16), prompts, steps=3)  # 512-query chunks
+    check_against_reference(reference, prompts, gen, logits)
+    monkeypatch.setattr(attention, "SCORE_BUDGET", 1)  # 16-query chunks
+    small_gen, small_logits = paged_greedy(make_runner(model, 16), prompts, steps=3)
+    assert small_gen == gen
+    assert (small_logits - logits).abs().max().item() < 1e-5

@@ -231,6 +231,13 @@ def _read_env(env: dict[str, str]) -> dict[str, Any]:
         Settings, env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False
     )
     source.env_vars = {k.lower(): v for k, v in env.items()}
+    sections = set(Settings.model_fields)
+    for name in env:
+        if name.upper().startswith(ENV_PREFIX):
+            section, sep, key = name[len(ENV_PREFIX):].partition("__")
+            if section.lower() not in sections or not sep or not key:
+                raise ConfigError(f"{name}: unknown setting (expected {ENV_PREFIX}<SECTION>__<KEY>"
+                                  f" with SECTION one of {', '.join(sorted(sections))})")
     values = dict(source())
     explicit = f"{ENV_PREFIX}CACHE__UNIFIED_RADIX_TREE".lower()
     if explicit not in source.env_vars:

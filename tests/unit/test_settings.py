@@ -45,6 +45,8 @@ def test_unified_tree_plain_switches() -> None:
         ({"DECODE_WORKER_CACHE__PAGE_SIZE": "abc"}, "DECODE_WORKER_CACHE__PAGE_SIZE='abc'"),
         ({"DECODE_WORKER_CACHE__PAGE_SIZE": "0"}, "greater than 0"),
         ({"DECODE_WORKER_CACHE__NOPE": "1"}, "unknown setting"),
+        ({"DECODE_WORKER_BOGUS__X": "1"}, "DECODE_WORKER_BOGUS__X: unknown setting"),
+        ({"DECODE_WORKER_PORT": "1"}, "DECODE_WORKER_PORT: unknown setting"),
         ({"DECODE_WORKER_MODEL__DTYPE": "int3"}, "'float32'"),
     ],
 )

@@ -1,0 +1,159 @@
+"""End-to-end driver: prefill peer + decode worker (+ the SGLang router), a multi-turn chat.
+
+Run as a script (the router test runs it inside a loopback-only network namespace):
+    python -m tests.e2e.driver --model DIR --out result.json [--router]
+It writes, per turn, the prompt ids sent, the output ids and meta_info received, the decode
+worker's transfer bytes after the turn, and a final /metrics scrape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from decode_worker.daemon.procs import ServerProcess, http_json, scrape_metric
+
+PAGE_SIZE = 16
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def conversation(turns: int, seed: int = 0) -> list[list[int]]:
+    """User turns as token ids (byte-level ids of the tiny model's vocabulary)."""
+    rng = random.Random(seed)
+    system = [rng.randrange(3, 250) for _ in range(150)]  # longer than window + page
+    return [system] + [[rng.randrange(3, 250) for _ in range(rng.randrange(20, 60))]
+                       for _ in range(turns - 1)]
+
+
+class Workers:
+    """Prefill peer and decode worker as child processes (and the router if asked)."""
+
+    def __init__(self, model: Path, router: bool, extra: list[str]) -> None:
+        self.prefill_port, self.boot_port = free_port(), free_port()
+        self.decode_port = free_port()
+        common = ["--model", str(model), "--set", f"cache.page_size={PAGE_SIZE}", *extra]
+        self.prefill = ServerProcess("prefill", [
+            "prefill", "--port", str(self.prefill_port), "--bootstrap-port", str(self.boot_port),
+            *common], self.prefill_port)
+        self.decode = ServerProcess("decode", ["serve", "--port", str(self.decode_port),
+                                               *common], self.decode_port)
+        self.router: ServerProcess | None = None
+        if router:
+            self.router_port = free_port()
+            self.router = RouterProcess(self.prefill.url, self.boot_port, self.decode.url,
+                                        self.router_port)
+
+    def __enter__(self) -> Workers:
+        self.prefill.__enter__()
+        self.decode.__enter__()
+        self.prefill.wait_ready(120)
+        self.decode.wait_ready(120)
+        if self.router is not None:
+            self.router.__enter__()
+            self.router.wait_workers(60)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in (self.router, self.decode, self.prefill):
+            if proc is not None:
+                proc.stop()
+
+    def generate(self, pool: ThreadPoolExecutor, input_ids: list[int],
+                 max_new: int) -> dict[str, Any]:
+        body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": {
+            "max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+        if self.router is not None:
+            return dict(http_json(f"{self.router.url}/generate", body))
+        body.update(bootstrap_host="127.0.0.1", bootstrap_port=self.boot_port,
+                    bootstrap_room=random.getrandbits(63))
+        pre = pool.submit(http_json, f"{self.prefill.url}/generate", body)
+        out = http_json(f"{self.decode.url}/generate", body)
+        pre.result()
+        return dict(out)
+
+
+class RouterProcess(ServerProcess):
+    """`python -m sglang_router.launch_router --pd-disaggregation ...` on loopback."""
+
+    def __init__(self, prefill_url: str, boot_port: int, decode_url: str, port: int) -> None:
+        super().__init__("router", [], port)
+        self.cmd = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+                    "--prefill", prefill_url, str(boot_port), "--decode", decode_url,
+                    "--host", "127.0.0.1", "--port", str(port), "--prometheus-host",
+                    "127.0.0.1", "--prometheus-port", str(free_port()),
+                    "--worker-startup-check-interval", "1", "--health-check-interval-secs", "3",
+                    "--request-timeout-secs", "60", "--policy", "round_robin",
+                    "--disable-circuit-breaker"]
+
+    def __enter__(self) -> RouterProcess:
+        import subprocess
+
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=self.env)
+        return self
+
+    def wait_workers(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                workers = http_json(f"{self.url}/workers", timeout_s=2)
+                listed = workers.get("workers", workers) if isinstance(workers, dict) else workers
+                if isinstance(listed, list) and len(listed) >= 2:
+                    return
+            except Exception:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"router has no workers after {timeout_s}s:\n{self.output()[-3000:]}")
+
+
+def play(workers: Workers, turns: int, max_new: int) -> list[dict[str, Any]]:
+    history: list[int] = []
+    results = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for user in conversation(turns):
+            prompt = history + user
+            out = workers.generate(pool, prompt, max_new)
+            moved = scrape_metric(workers.decode.url, "decode_worker_transfer_bytes_total")
+            results.append({"input_ids": prompt, "output_ids": out["output_ids"],
+                            "meta_info": out["meta_info"], "bytes_after": moved})
+            history = prompt + out["output_ids"]
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--router", action="store_true")
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--max-new", type=int, default=8)
+    ap.add_argument("--set", action="append", default=[])
+    args = ap.parse_args(argv)
+    extra = [x for s in args.set for x in ("--set", s)]
+    with Workers(args.model, args.router, extra) as w:
+        results = play(w, args.turns, args.max_new)
+        metrics = get_text(f"{w.decode.url}/metrics")
+        args.out.write_text(json.dumps({"turns": results, "metrics": metrics}))
+    return 0
+
+
+def get_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

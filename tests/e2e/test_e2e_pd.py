@@ -1,0 +1,84 @@
+"""Prefill peer -> NIXL -> decode worker, as real processes, against the reference tokens.
+
+The direct test plays the router itself (same body to both servers, same bootstrap room); the
+router test puts the SGLang router in front, inside a loopback-only network namespace.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e import driver
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def check_turns(turns: list[dict[str, Any]], reference: Callable[[list[int], int], list[int]],
+                max_new: int) -> None:
+    for i, turn in enumerate(turns):
+        want = reference(turn["input_ids"], max_new)
+        assert turn["output_ids"] == want, f"turn {i}: tokens differ from the reference"
+        assert turn["meta_info"]["prompt_tokens"] == len(turn["input_ids"])
+    cached = [t["meta_info"]["cached_tokens"] for t in turns]
+    assert cached[0] == 0
+    assert all(c > 0 for c in cached[1:]), f"later turns reuse the cached prefix: {cached}"
+    moved = [b - a for a, b in zip([0.0] + [t["bytes_after"] for t in turns],
+                                   [t["bytes_after"] for t in turns], strict=True)]
+    # a later turn is longer than the first, yet moves fewer bytes (only suffix + SWA tail)
+    assert all(m > 0 for m in moved)
+    assert all(m < moved[0] for m in moved[1:]), f"bytes per turn: {moved}"
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + " ") or line.startswith(name + "{"))
+
+
+def test_multi_turn_direct_matches_reference(
+        e2e_model_dir: Path, reference_greedy: Any, tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    assert driver.main(["--model", str(e2e_model_dir), "--out", str(out), "--turns", "3"]) == 0
+    result = json.loads(out.read_text())
+    check_turns(result["turns"], reference_greedy, 8)
+    metrics = result["metrics"]
+    assert _metric(metrics, "decode_worker_prefix_cache_hit_tokens_total") > 0
+    assert _metric(metrics, "decode_worker_transfer_received_tokens_total") > 0
+    assert _metric(metrics, "decode_worker_requests_total") == 3
+
+
+def _router_skip_reason() -> str | None:
+    if importlib.util.find_spec("sglang_router") is None:
+        return "sglang-router is not installed (pip install -e '.[router]')"
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return "unshare/ip not available for a loopback-only network namespace"
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=10)
+    if probe.returncode != 0:
+        return f"cannot create a network namespace: {probe.stderr.decode()[:200]}"
+    return None
+
+
+@pytest.mark.router
+def test_multi_turn_through_sglang_router(
+        e2e_model_dir: Path, reference_greedy: Any, tmp_path: Path) -> None:
+    reason = _router_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "result.json"
+    script = (f"ip link set lo up && exec {sys.executable} -m tests.e2e.driver --router "
+              f"--model {e2e_model_dir} --out {out} --turns 3")
+    proc = subprocess.run(["unshare", "-n", "bash", "-c", script], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    check_turns(result["turns"], reference_greedy, 8)
+    assert _metric(result["metrics"], "decode_worker_prefix_cache_hit_tokens_total") > 0

@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from decode_worker.io.http.message import Handler, HttpError, Request, error_body
 from decode_worker.io.http.parse import (
@@ -50,6 +52,12 @@ class ServerConfig:
     keep_alive_s: float = 75.0
     read_timeout_s: float = 30.0
     backlog: int = 1024
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ServerConfig:
+        """From `decode_worker.settings.Settings` (duck-typed: io does not import settings)."""
+        sc = settings.server
+        return cls(host=sc.host, port=sc.port, max_body_bytes=sc.max_body_bytes)
 
 
 class HttpServer:
@@ -180,8 +188,12 @@ class HttpServer:
             log.exception("handler failed for %s %s", req.method, req.path)
             await out.simple(500, error_body(500, "internal server error"), keep_alive=False)
             return False
-        head_only = req.method == "HEAD"
-        return await out.response(resp, keep, req.version == "HTTP/1.1", head_only)
+        t0 = time.perf_counter()
+        keep = await out.response(resp, keep, req.version == "HTTP/1.1", req.method == "HEAD")
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s %s -> %d (%.1f ms)", req.client, req.method, req.path,
+                      resp.status, (time.perf_counter() - t0) * 1e3)
+        return keep
 
 
 async def _watch_eof(inp: Input) -> None:

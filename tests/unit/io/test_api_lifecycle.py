@@ -137,3 +137,38 @@ def test_closing_an_unstarted_stream_still_aborts_the_run() -> None:
 
     asyncio.run(main())
     assert backend.aborts == [("r", "client_abort")] and backend.closed == ["r"]
+
+
+def test_configs_from_settings(tmp_path: object) -> None:
+    from decode_worker.io.api import check_model_path
+    from decode_worker.io.http import ServerConfig
+    from decode_worker.settings import load_settings
+
+    s = load_settings(overrides={"server.api_key": "k", "server.max_body_bytes": 123,
+                                 "scheduler.max_prompt_tokens": 9}, environ={}).settings
+    api = ApiConfig.from_settings(s)
+    assert (api.api_key, api.max_prompt_tokens, api.default_max_new_tokens) == ("k", 9, 128)
+    srv = ServerConfig.from_settings(s)
+    assert (srv.host, srv.max_body_bytes) == ("127.0.0.1", 123)
+    assert check_model_path({"model_path": "/nonexistent"}) is not None
+    from pathlib import Path
+
+    d = Path(str(tmp_path))
+    (d / "tokenizer.json").write_text("{}")
+    assert check_model_path({"model_path": str(d)}) is None
+
+
+def test_backend_abort_finish_is_a_200_with_abort_reason() -> None:
+    from decode_worker.io.api.backend import OutputChunk
+
+    class Aborting(FakeBackend):
+        async def _run(self, inp):  # type: ignore[no-untyped-def, override]
+            yield OutputChunk(token_ids=[72], prompt_tokens=1)
+            yield OutputChunk(finish_reason="abort", prompt_tokens=1)
+
+    with ServerThread(ApiApp(Aborting(), ApiConfig())) as srv, \
+            httpx.Client(base_url=srv.url, timeout=5) as c:
+        g = c.post("/generate", json={"text": "a"}).json()
+        assert g["text"] == "H" and g["meta_info"]["finish_reason"]["type"] == "abort"
+        o = c.post("/v1/completions", json={"prompt": "a"}).json()
+        assert o["choices"][0]["finish_reason"] == "abort"

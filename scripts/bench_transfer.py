@@ -1,0 +1,188 @@
+"""Benchmark KV transfer: a real prefill peer process pushing over NIXL (UCX, loopback).
+
+Reports, for 1, 64 and 1,024 pages per request: bytes/s of KV moved (submit -> "done", so the
+ZMQ request, the WRITE and the notification are all inside), descriptors per transfer (pages
+contiguous on both sides, and scattered), next to a same-process tensor copy of the same bytes
+measured in the same run. Then a multi-turn chat trace: bytes moved with the decode radix cache,
+without it, and the minimum (only the tokens decode lacks, plus one SWA window with margin).
+
+The peer is the real `PrefillPeer` over a stand-in runner whose prefill is free (it leaves the
+pools as they are), so the numbers are the transfer path only. Geometry: page 16 tokens, 8 KV
+heads x 64, bf16 (32 KiB per page per layer), 2 full + 2 sliding layers, window 127.
+
+    python scripts/bench_transfer.py [--reps 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import socket
+import statistics
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from decode_worker.core.pages import PageAllocator
+from decode_worker.daemon.prefill_peer import PrefillPeer, model_compat, region_layouts
+from decode_worker.device.aux_buffer import AuxBuffer
+from decode_worker.device.kv_pool import KVPools, KVSpec
+from decode_worker.io.kv_receiver import KVReceiver, TransferEvent
+from decode_worker.settings import TransferSettings
+from decode_worker.utils.mathx import align_down, cdiv
+
+PS, WINDOW, PAGES = 16, 127, 2200
+SPEC = KVSpec(("sliding_attention", "full_attention") * 2, num_kv_heads=8, head_dim=64)
+
+
+class StandInRunner:
+    """Pools plus a free prefill: what `PrefillPeer` needs of a ModelRunner."""
+
+    def __init__(self) -> None:
+        self.pools = KVPools(SPEC, PAGES, PAGES, PS, "cpu", torch.bfloat16)
+        self.pools.full.normal_()
+        self.pools.swa.normal_()
+        self.device = torch.device("cpu")
+        self.model = SimpleNamespace(cfg=SimpleNamespace(
+            layer_types=SPEC.layer_types, num_key_value_heads=8, head_dim=64, window=WINDOW))
+
+    def prefill(self, token_ids: list[int], full: list[int], swa: list[int]) -> torch.Tensor:
+        return torch.zeros(16)  # logits: [V] f32
+
+
+def _peer_main(port: int, ready: Any, stop: Any) -> None:
+    runner: Any = StandInRunner()
+    peer = PrefillPeer(runner, TransferSettings(bootstrap_port=port), "bench")
+    ready.set()
+    stop.wait(600)
+    peer.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Decode:
+    def __init__(self, port: int) -> None:
+        runner: Any = StandInRunner()
+        self.pools, self.port = runner.pools, port
+        self.aux = AuxBuffer(4)
+        self.rx = KVReceiver(TransferSettings(), model_compat(runner, "bench"),
+                             region_layouts(runner.pools, self.aux))
+        self.full, self.swa = PageAllocator(PAGES, "full"), PageAllocator(PAGES, "swa")
+        self.room = 0
+
+    def transfer(self, prompt_len: int, reused: int, s: int, full: list[int], swa: list[int]
+                 ) -> TransferEvent:
+        self.room += 1
+        tid = self.rx.submit("127.0.0.1", self.port, rid=f"b{self.room}", room=self.room,
+                             prompt_len=prompt_len, reused_len=reused, swa_window_start=s,
+                             full_page_ids=full, swa_page_ids=swa, aux_slot=0,
+                             prompt_ids=[0] * prompt_len)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for ev in self.rx.poll():
+                if ev.transfer_id == tid and ev.kind != "released":
+                    if ev.kind != "done":
+                        raise RuntimeError(f"transfer failed: {ev}")
+                    return ev
+        raise RuntimeError("transfer timed out")
+
+
+def bench_sizes(dec: Decode, reps: int) -> list[dict[str, Any]]:
+    rows = []
+    for n in (1, 64, 1024):
+        for layout in ("contiguous", "scattered"):
+            full = list(range(1, n + 1))  # contiguous on both sides (the peer's pools are fresh)
+            if layout == "scattered":
+                full = [1 + 2 * i for i in torch.randperm(n).tolist()]
+            swa = [1]
+            L = n * PS
+            evs = [dec.transfer(L, 0, L - PS, full, swa) for _ in range(reps)]
+            secs = statistics.median(e.duration_s for e in evs)
+            nbytes = evs[0].num_bytes
+            copy_s = _same_process_copy(nbytes, reps)
+            rows.append({"pages": n, "layout": layout, "bytes": nbytes,
+                         "descriptors": evs[0].num_descriptors, "transfer_s": secs,
+                         "transfer_GBps": nbytes / secs / 1e9, "copy_s": copy_s,
+                         "copy_GBps": nbytes / copy_s / 1e9})
+    return rows
+
+
+def _same_process_copy(nbytes: int, reps: int) -> float:
+    """Median time of one plain `copy_` of `nbytes` between two host tensors."""
+    src = torch.randn(nbytes // 2, dtype=torch.bfloat16)  # src: [nbytes / 2] bf16
+    dst = torch.empty_like(src)  # dst: [nbytes / 2] bf16
+    dst.copy_(src)  # first touch of dst's pages is not part of the copy
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def chat_trace(dec: Decode, turns: int, user_tokens: int, answer_tokens: int) -> dict[str, int]:
+    """One conversation; every turn's prompt = history + a new user message. Moves the real
+    bytes for both policies and returns the totals next to the minimum."""
+    page_layer = dec.pools.page_bytes("full")
+    n_full, n_swa = SPEC.num_full_layers, SPEC.num_swa_layers
+    token_bytes = page_layer // PS
+    totals = {"with_cache": 0, "without_cache": 0, "minimum": 0}
+    cached = 0  # tokens whose full KV the decode tree holds (previous prompt + answer)
+    L = 0
+    for _ in range(turns):
+        L = L + user_tokens
+        s_on = align_down(max(0, L - 1 - max(WINDOW, PS)), PS)
+        s_off = align_down(max(0, L - WINDOW), PS)
+        reused = min(align_down(cached, PS), s_on)
+        for key, p, s in (("with_cache", reused, s_on), ("without_cache", 0, s_off)):
+            full = dec.full.alloc(cdiv(L, PS) - p // PS)
+            swa = dec.swa.alloc(cdiv(L, PS) - s // PS)
+            totals[key] += dec.transfer(L, p, s, full, swa).num_bytes
+            dec.full.free(full)
+            dec.swa.free(swa)
+        totals["minimum"] += (n_full * (L - cached) + n_swa * min(L, WINDOW + PS)) * token_bytes
+        L += answer_tokens
+        cached = L
+    return totals
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    port, ready, stop = _free_port(), ctx.Event(), ctx.Event()
+    peer = ctx.Process(target=_peer_main, args=(port, ready, stop), daemon=True)
+    peer.start()
+    if not ready.wait(120):
+        raise SystemExit("prefill peer did not start")
+    try:
+        dec = Decode(port)
+        sizes = bench_sizes(dec, args.reps)
+        trace = chat_trace(dec, turns=8, user_tokens=200, answer_tokens=150)
+    finally:
+        stop.set()
+        peer.join(20)
+    print(f"{'pages':>6} {'layout':>10} {'bytes':>11} {'descs':>6} {'ms':>8} {'NIXL GB/s':>10} "
+          f"{'copy GB/s':>10}")
+    for r in sizes:
+        print(f"{r['pages']:>6} {r['layout']:>10} {r['bytes']:>11} {r['descriptors']:>6} "
+              f"{1e3 * r['transfer_s']:>8.2f} {r['transfer_GBps']:>10.3f} {r['copy_GBps']:>10.3f}")
+    print("chat trace (8 turns, +200 user / +150 answer tokens per turn), bytes moved:")
+    for k, v in trace.items():
+        print(f"  {k:>14}: {v:>12}  ({v / trace['minimum']:.2f}x minimum)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"sizes": sizes, "chat_trace": trace}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

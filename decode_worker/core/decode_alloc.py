@@ -162,5 +162,4 @@ class DecodeAllocator:
 
 def _retract_order(req: DecodeRequest) -> tuple[int, int]:
     """Smaller retracts first: fewest generated tokens, then the longest sequence."""
-    kv_len = req.kv.seq_len if req.kv is not None else 0
-    return (len(req.output_ids), -kv_len)
+    return (len(req.output_ids), -req.fill_len)

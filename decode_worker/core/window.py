@@ -16,6 +16,8 @@ pos:  0 ........... P .............. S .................. B ......... seq_len
 
 from __future__ import annotations
 
+import functools
+
 from decode_worker.utils.mathx import align_down, cdiv
 
 
@@ -75,18 +77,26 @@ def max_reuse_len(
     return swa_window_start(seq_len, window, page_size, radix_cache)
 
 
+@functools.lru_cache(maxsize=64)
 def swa_peak_pages(window: int, page_size: int, radix_cache: bool) -> int:
-    """Most live SWA pages one decoding request references at once (exact, steady state).
+    """Most SWA pages one decoding request references at once, over its whole life (exact).
 
-    While the next query is at `n` the request holds SWA pages for `[swa_window_start(n), n]`.
-    That count is periodic in `n` with period `page_size` once `n` is past a few windows, so
-    one period is scanned. `window` = earlier tokens a query sees (127 for gpt-oss).
+    While the next query is at `n` the request reads SWA for `[swa_window_start(n), n]`. With the
+    radix cache, its prompt's window `[S, align_down(L))` passes to the tree at READY -> RUNNING
+    and stays locked (referenced) until the frontier passes `align_down(L)`, so early on the
+    span is `[S, n]`. Both are periodic in `L` and `n` with period `page_size` once past a few
+    windows, so one period of prompt lengths is simulated. `window` = earlier tokens a query
+    sees (127 for gpt-oss).
     """
-    base = 4 * (window + page_size)
-    return max(
-        n // page_size - swa_window_start(n, window, page_size, radix_cache) // page_size + 1
-        for n in range(base, base + page_size)
-    )
+    ps, base, best = page_size, 4 * (window + page_size), 0
+    for seq_len in range(base, base + ps):
+        start = swa_window_start(seq_len, window, ps, radix_cache)
+        locked_to = align_down(seq_len, ps) if radix_cache else 0
+        for n in range(seq_len, seq_len + 3 * (window + ps)):
+            frontier = swa_window_start(n, window, ps, radix_cache)
+            lo = frontier if frontier >= locked_to else min(start, frontier)
+            best = max(best, n // ps - lo // ps + 1)
+    return best
 
 
 def max_full_pages(prompt_len: int, max_new_tokens: int, page_size: int) -> int:

@@ -164,6 +164,8 @@ async def _stream(shape: _Shape, include_usage: bool) -> AsyncGenerator[bytes, N
         first = shape.choice("", None, None, delta=True)
         first["delta"] = {"role": "assistant", "content": ""}
         yield shape.chunk(first)
+    ids: list[int] = []  # tokens (and logprobs) not yet sent: their text is still held back
+    lps: list[float] = []
     async with contextlib.aclosing(shape.run.steps()) as steps:
         async for step in steps:
             fin = step.finish
@@ -171,8 +173,11 @@ async def _stream(shape: _Shape, include_usage: bool) -> AsyncGenerator[bytes, N
                 yield sse(error_obj(fin.message or "internal error", fin.status, fin.code))
                 yield SSE_DONE
                 return
+            ids += step.token_ids
+            lps += step.logprobs
             if step.text or fin is not None:
-                lp = shape.logprobs(step.token_ids, step.logprobs)
+                lp = shape.logprobs(ids, lps)
+                ids, lps = [], []
                 yield shape.chunk(shape.choice(step.text, fin, lp, delta=True))
     if include_usage:
         yield shape.chunk(None, usage=True)

@@ -127,3 +127,15 @@ def test_api_key_guards_generation_but_not_health(backend: FakeBackend) -> None:
                     headers={"authorization": "Bearer s3cret"})
         assert ok.status_code == 200
         assert c.get("/health").status_code == 200
+
+
+def test_streamed_logprobs_cover_tokens_whose_text_was_held(client: httpx.Client,
+                                                           backend: FakeBackend) -> None:
+    backend.reply = "é€x".encode()  # 6 tokens, but only 3 text deltas
+    r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 6, "stream": True,
+                                             "logprobs": 1})
+    chunks = [e for e in sse_events(r.text) if e != "[DONE]"]
+    texts = [c["choices"][0]["text"] for c in chunks]  # type: ignore[index]
+    assert texts == ["é", "€", "x"]
+    counts = [len(c["choices"][0]["logprobs"]["token_logprobs"]) for c in chunks]  # type: ignore[index]
+    assert counts == [2, 3, 1]

@@ -62,3 +62,16 @@ def test_held_text_is_released_at_finish() -> None:
     stream = TextStream(TOK, ["END"])
     assert stream.push(b"xEN") == "x"
     assert stream.finish() == "EN"
+
+
+def test_real_byte_level_tokenizer_streams_whole_characters() -> None:
+    from decode_worker.device.default_model import byte_tokenizer
+    from decode_worker.device.tokenizer import Tokenizer
+
+    tok = Tokenizer(byte_tokenizer(), (256,))
+    text = "héllo € 😀 done"
+    stream = TextStream(tok, ["done"])
+    deltas = [stream.push([i]) for i in tok.encode(text)]
+    deltas.append(stream.finish())
+    assert "".join(deltas) == "héllo € 😀 " and stream.matched == "done"
+    assert all("\ufffd" not in d for d in deltas)

@@ -123,10 +123,12 @@ class ApiApp:
         return run
 
     def model_name(self, requested: str | None = None) -> str:
+        """config.served_model_name, else server_info's served_model_name, else model_path."""
         if self.config.served_model_name:
             return self.config.served_model_name
-        path = self.backend.server_info().get("model_path")
-        return str(path) if path else (requested or "default")
+        info = self.backend.server_info()
+        name = info.get("served_model_name") or info.get("model_path")
+        return str(name) if name else (requested or "default")
 
     # -- small endpoints -------------------------------------------------------------------
 

@@ -192,7 +192,7 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
             elif isinstance(d, Admit):
                 self.metrics.inc_admission()
                 self.metrics.observe_prefix_match(d.req.fill_len, d.prefix_len)
-                self.fetch_kv(self.lives[d.req.rid], d.prefix_len, d.swa_start, now)
+                self.fetch_kv(self.lives[d.req.rid], d, now)
 
     def end(self, live: LiveRequest, to: RequestState, now: float, *, reason: str = "") -> None:
         """Terminal transition: pages and locks are released (valid KV stays cached)."""

@@ -47,6 +47,8 @@ class DecodeOps:
         """Send new tokens; on a stop token / EOS / max_new_tokens end the request (its KV is
         cached in the tree)."""
         finish = live.finish_reason()
+        if finish is None and live.emitted == len(live.req.output_ids):
+            return  # a resumed request: nothing new to say yet
         self.outbox.put(live.new_tokens_event(finish))
         if finish is not None:
             self.end(live, RequestState.FINISHED, now)

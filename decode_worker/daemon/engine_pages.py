@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from decode_worker.core.request import held_page_ids
+from decode_worker.core.request import RequestState, held_page_ids
 from decode_worker.daemon.live import LiveRequest
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ class PageOps:
         """Give every running request the pages its next token needs (sliding SWA pages out of
         the window); requests retracted for pages go back to the prealloc queue, their
         computed KV cached. Returns the requests that run this step."""
+        self.running = [lv for lv in self.running if lv.req.state is RequestState.RUNNING]
         by_rid = {lv.rid: lv for lv in self.running}
         plan = self.decode_alloc.prepare_step([lv.req for lv in self.running], now)
         if plan.retracted:

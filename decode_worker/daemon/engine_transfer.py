@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from decode_worker.core.admission import Admit
 from decode_worker.core.request import RequestState
 from decode_worker.daemon.live import LiveRequest
 from decode_worker.io.kv_receiver import TransferEvent
-from decode_worker.utils.mathx import cdiv
 
 if TYPE_CHECKING:
     from decode_worker.daemon.engine import DecodeEngine
@@ -25,30 +25,23 @@ _STATUS = {"bad_request": 400, "kv_timeout": 504, "peer_dead": 502, "transfer_fa
 class TransferOps:
     """Transfer-side operations of the engine."""
 
-    def fetch_kv(self: DecodeEngine, live: LiveRequest, prefix_len: int, swa_start: int,
-                 now: float) -> None:
+    def fetch_kv(self: DecodeEngine, live: LiveRequest, admit: Admit, now: float) -> None:
         """The request holds its pages (RESERVED): ask its prefill peer for the missing KV, or
         compute it here when the client named no peer (or it is a resumed request)."""
-        req, kv = live.req, live.req.kv
-        assert kv is not None  # RESERVED holds kv
-        live.cached_tokens = max(live.cached_tokens, prefix_len)
+        req = live.req
+        live.cached_tokens = max(live.cached_tokens, admit.prefix_len)
         if not live.has_peer or req.is_resumed:
-            self._compute_locally(live, prefix_len, now)
+            self._compute_locally(live, admit.prefix_len, now)
             return
-        ps = self.page_size
-        seq_len = req.fill_len
         slot = self.aux_slots.pop()
         self.aux.clear(slot)
         live.aux_slot = slot
         cmd = live.cmd
         live.transfer_id = self.receiver.submit(
             cmd.bootstrap_host or "", cmd.bootstrap_port or 0, rid=req.rid,
-            room=cmd.bootstrap_room or 0, prompt_len=seq_len, reused_len=prefix_len,
-            swa_window_start=swa_start,
-            full_page_ids=kv.full_page_ids[prefix_len // ps:cdiv(seq_len, ps)],
-            swa_page_ids=kv.swa_page_ids[swa_start // ps:cdiv(seq_len, ps)] if self.swa else [],
-            aux_slot=slot, prompt_ids=None if cmd.bootstrap_host else list(req.prompt_ids),
-        )
+            room=cmd.bootstrap_room or 0, prompt_len=req.fill_len, reused_len=admit.prefix_len,
+            swa_window_start=admit.swa_start, full_page_ids=admit.full_page_ids,
+            swa_page_ids=admit.swa_page_ids, aux_slot=slot)
         self.by_transfer[live.transfer_id] = live
         req.transition(RequestState.RECEIVING, now)
 
@@ -73,6 +66,9 @@ class TransferOps:
         slot = live.aux_slot
         row = self.aux.check(slot, ev.room, ev.transfer_id) if slot is not None else None
         self._forget_transfer(live)
+        if live.answered:  # cancelled while the last bytes landed: nobody is waiting
+            self.end(live, RequestState.ABORTED, now, reason=live.req.reason or "client_abort")
+            return
         if row is None:
             self.fail(live, "transfer_failed", "first token missing or for another room", now)
             return

@@ -42,9 +42,9 @@ def region_layouts(pools: KVPools, aux: AuxBuffer) -> dict[str, p.RegionLayout]:
     """The "full", "swa" and "aux" RegionLayouts of a worker's pools (both sides use this)."""
     out: dict[str, p.RegionLayout] = {}
     for name in ("full", "swa"):
-        t = pools.tensor(name)  # type: ignore[arg-type]
+        t = pools.tensor(name)
         out[name] = p.RegionLayout(
-            name, t.data_ptr(), t.shape[0], t.shape[1], pools.page_bytes(name),  # type: ignore[arg-type]
+            name, t.data_ptr(), t.shape[0], t.shape[1], pools.page_bytes(name),
             t.device.index or 0, "VRAM" if t.is_cuda else "DRAM",
         )  # fmt: skip
     region = aux.memory_region()
@@ -55,7 +55,7 @@ def region_layouts(pools: KVPools, aux: AuxBuffer) -> dict[str, p.RegionLayout]:
 def model_compat(runner: ModelRunner, model_name: str) -> p.ModelCompat:
     """What a peer must match: taken from the loaded model and the pools."""
     pools, cfg = runner.pools, runner.model.cfg
-    kinds = [pools.layer_slot(i)[0] for i in range(len(cfg.layer_types))]
+    kinds: list[str] = [pools.layer_slot(i)[0] for i in range(len(cfg.layer_types))]
     return p.ModelCompat(
         model_name, str(pools.dtype).removeprefix("torch."), kinds, cfg.num_key_value_heads,
         cfg.head_dim, pools.page_size, cfg.window,
@@ -136,7 +136,7 @@ class PrefillPeer:
     def _hello(self, peer: bytes, msg: p.Hello, now: float) -> p.Message:
         try:
             p.check_compat(msg.compat, self.compat, msg.version)
-            regions = {r.name: r for r in msg.regions}
+            regions: dict[str, p.RegionLayout] = {r.name: r for r in msg.regions}
             if set(regions) != {"full", "swa", "aux"}:
                 raise TransferError(f"regions {sorted(regions)}: need full, swa and aux")
             name = self.agent.add_peer(msg.agent_metadata)
@@ -228,21 +228,18 @@ class PrefillPeer:
         return PrefillResult(req.room, token, float(logprobs[token]), plan.num_bytes, None)
 
     def _sweep(self, now: float) -> None:
-        """Expire unmatched halves; forget decode peers silent for `peer_dead_after_s`."""
+        """Expire unmatched halves, and the waiting requests of decode peers silent for
+        `peer_dead_after_s` (their handshake is kept: a stalled peer may come back)."""
         with self._lock:
             expired = self._matcher.expire(now)
-            dead = [k for k, d in self._decoders.items()
-                    if now - d.last_seen > self.settings.peer_dead_after_s]  # fmt: skip
-            for key in dead:
-                log.warning("decode peer %s silent: dropping it", self._decoders[key].agent_name)
-                expired += self._matcher.drop_peer(key)
-                self.agent.remove_peer(self._decoders.pop(key).agent_name)
+            for key, dec in self._decoders.items():
+                if now - dec.last_seen > self.settings.peer_dead_after_s:
+                    expired += self._matcher.drop_peer(key)
         for half in expired:
             if half.req is not None and half.peer is not None:
-                reason = "prompt never arrived for this room"
-                self.server.send(
-                    half.peer, p.TransferFailed(half.req.transfer_id, half.req.room, reason)
-                )
+                reason = "expired before its prompt arrived (or its decode peer went silent)"
+                failed = p.TransferFailed(half.req.transfer_id, half.req.room, reason)
+                self.server.send(half.peer, failed)
             if half.on_done is not None:
                 half.on_done(PrefillResult(half.room, None, 0.0, 0, "no transfer request for room"))
 

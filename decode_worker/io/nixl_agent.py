@@ -81,7 +81,7 @@ class NixlAgent:
 
     def __init__(self, name: str, backend: str = "UCX") -> None:
         try:
-            from nixl._api import nixl_agent, nixl_agent_config
+            from nixl._api import nixl_agent, nixl_agent_config  # type: ignore[import-untyped]
         except ImportError as exc:  # pragma: no cover - nixl is a hard dependency
             raise ConfigError(f"transfer.backend={backend!r}: no nixl: {exc}") from None
         self.name = name

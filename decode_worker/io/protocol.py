@@ -75,7 +75,7 @@ class RegionLayout(msgspec.Struct, frozen=True):
         return self.addr + (layer * self.rows_per_layer + row) * self.row_bytes
 
 
-class Hello(_Msg):
+class Hello(_Msg, frozen=True):
     version: int
     compat: ModelCompat
     agent_name: str
@@ -83,26 +83,26 @@ class Hello(_Msg):
     regions: list[RegionLayout]
 
 
-class Welcome(_Msg):
+class Welcome(_Msg, frozen=True):
     version: int
     compat: ModelCompat
     agent_name: str
     heartbeat_interval_s: float
 
 
-class Refused(_Msg):
+class Refused(_Msg, frozen=True):
     reason: str
 
 
-class Ping(_Msg):
+class Ping(_Msg, frozen=True):
     seq: int
 
 
-class Pong(_Msg):
+class Pong(_Msg, frozen=True):
     seq: int
 
 
-class TransferRequest(_Msg):
+class TransferRequest(_Msg, frozen=True):
     """Decode asks for the KV it lacks. Token ranges (L = prompt_len, P = reused_len, S =
     swa_window_start, all page-aligned except L):
 
@@ -129,26 +129,26 @@ class TransferRequest(_Msg):
     prompt_ids: list[int] | None = None  # set when no router sends the prompt to prefill's HTTP
 
 
-class Abort(_Msg):
+class Abort(_Msg, frozen=True):
     transfer_id: int
     room: int
 
 
-class AbortAck(_Msg):
+class AbortAck(_Msg, frozen=True):
     """The prefill peer will not write into the pages of this transfer any more."""
 
     transfer_id: int
     room: int
 
 
-class TransferDone(_Msg):
+class TransferDone(_Msg, frozen=True):
     transfer_id: int
     room: int
     num_bytes: int
     num_descriptors: int
 
 
-class TransferFailed(_Msg):
+class TransferFailed(_Msg, frozen=True):
     transfer_id: int
     room: int
     reason: str

@@ -17,6 +17,7 @@ import torch
 from decode_worker.device.kv_pool import KVPools
 
 SCORE_BUDGET = 2**26  # f32 scores per prefill chunk (256 MiB): bounds [heads, chunk, keys]
+DECODE_KV_BUDGET = 2**25  # gathered K/V elements per decode chunk: bounds [bs, keys, 2, kvh, hd]
 
 
 def attend(q: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor, sinks: torch.Tensor,
@@ -39,6 +40,36 @@ def attend(q: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor, sinks: torch.T
     vg = kvf[:, :, 1].permute(0, 2, 1, 3)[:, :, None]  # [B, kvh, 1, L, hd]
     out = torch.matmul(p, vg)  # out: [B, kvh, g, Q, hd]
     return out.permute(0, 3, 1, 2, 4).reshape(b, nq, nh * hd).to(q.dtype)
+
+
+def attend_split(q: torch.Tensor, kv: torch.Tensor, pages: torch.Tensor, offs: torch.Tensor,
+                 bias: torch.Tensor, sinks: torch.Tensor, scale: float, chunk: int
+                 ) -> torch.Tensor:
+    """Decode attention over key chunks merged by running max / sum (split-K, flash-decoding).
+
+    Same result as gathering all keys and calling `attend`, with memory bounded by `chunk`
+    keys. q: [bs, heads, hd]; kv: one layer's pages [N + 1, 2, ps, kvh, hd]; pages/offs:
+    [bs, L] slots; bias: [bs, 1, L]. The sink starts the running max (its exp term is 1).
+    The chunk count depends only on L, so this is graph-capturable.
+    """
+    bs, nh, hd = q.shape
+    nkv = kv.shape[3]
+    g = nh // nkv
+    qg = q.float().view(bs, nkv, g, hd)  # [bs, kvh, g, hd]
+    run_max = sinks.float().view(1, nkv, g).expand(bs, nkv, g)  # [bs, kvh, g]
+    denom = torch.ones(bs, nkv, g, device=q.device)  # [bs, kvh, g]
+    acc = torch.zeros(bs, nkv, g, hd, device=q.device)  # [bs, kvh, g, hd]
+    for c0 in range(0, pages.shape[1], chunk):
+        part = kv[pages[:, c0:c0 + chunk], :, offs[:, c0:c0 + chunk]].float()  # [bs,C,2,kvh,hd]
+        s = torch.einsum("bkgd,bckd->bkgc", qg, part[:, :, 0]) * scale
+        s = s + bias[:, :, None, c0:c0 + chunk]  # s: [bs, kvh, g, C]
+        new_max = torch.maximum(run_max, s.amax(-1))  # [bs, kvh, g]; finite (sink)
+        corr = torch.exp(run_max - new_max)  # [bs, kvh, g]
+        p = torch.exp(s - new_max[..., None])  # [bs, kvh, g, C]
+        denom = denom * corr + p.sum(-1)
+        acc = acc * corr[..., None] + torch.einsum("bkgc,bckd->bkgd", p, part[:, :, 1])
+        run_max = new_max
+    return (acc / denom[..., None]).reshape(bs, nh * hd).to(q.dtype)
 
 
 def mask_bias(visible: torch.Tensor) -> torch.Tensor:
@@ -88,6 +119,10 @@ class DecodeAttention:
             w_page, pages, offs, bias = (self.swa_w_page, self.swa_pages, self.swa_offs,
                                          self.swa_bias)
         kv[w_page, :, self.w_off] = torch.stack((k, v), dim=1).to(kv.dtype)  # [bs, 2, kvh, hd]
+        bs, num_keys = pages.shape
+        chunk = max(1, DECODE_KV_BUDGET // (bs * kv[0].numel() // self.pools.page_size))
+        if num_keys > chunk:
+            return attend_split(q, kv, pages, offs, bias, sinks, self.scale, chunk)
         window_kv = kv[pages, :, offs]  # [bs, L, 2, kvh, hd]
         out = attend(q[:, None], window_kv, bias, sinks, self.scale)  # [bs, 1, heads * hd]
         return out[:, 0].to(q.dtype)

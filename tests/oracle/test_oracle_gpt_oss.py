@@ -162,3 +162,15 @@ def test_long_prompt_prefilled_in_query_chunks_matches_reference(
     small_gen, small_logits = paged_greedy(make_runner(model, 16), prompts, steps=3)
     assert small_gen == gen
     assert (small_logits - logits).abs().max().item() < 1e-5
+
+
+def test_split_key_decode_matches_reference(model: GptOssModel, reference,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long contexts gather keys in chunks (split-K); force 40-key chunks here."""
+    import decode_worker.device.attention as attention
+
+    lengths = [3, 127, 129, 200]
+    prompts = [prompt_of(n, seed=20 + n) for n in lengths]
+    monkeypatch.setattr(attention, "DECODE_KV_BUDGET", 40 * len(lengths) * 2 * 2 * 16)
+    gen, logits = paged_greedy(make_runner(model, 16), prompts, steps=6)
+    check_against_reference(reference, prompts, gen, logits)

@@ -50,12 +50,14 @@ class TreeBase:
             child = node.children.get(keys[i])
             if child is None:
                 break
-            m = common_pages(child.key, keys, i, limit)
-            if m < len(child.key):
-                path.append(self._split(child, m))
-                break
-            path.append(child)
-            node, i = child, i + m
+            ck = child.key
+            end = i + len(ck)
+            if end <= limit and (end == i + 1 or ck == keys[i:end]):  # whole node (fast path)
+                path.append(child)
+                node, i = child, end
+                continue
+            path.append(self._split(child, common_pages(ck, keys, i, limit)))
+            break
         return path
 
     def _resume_depth(self, path: list[Node]) -> int:

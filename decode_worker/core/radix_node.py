@@ -1,28 +1,35 @@
 """Node of the unified radix tree and the page-key helper (pure data, no tree logic).
 
-A key is a list of *page keys*: one per page of `page_size` tokens (the token tuple, or the bare
-token when `page_size == 1`). A child is found by its first page key; a node's key, full value
-and SWA value always have the same number of pages.
+A key is a list of *page keys*: one per page of `page_size` tokens (the page's token ids packed
+as bytes, or the bare token when `page_size == 1`). A child is found by its first page key; a
+node's key, full value and SWA value always have the same number of pages.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Union
 
-PageKey = Union[tuple[int, ...], int]  # noqa: UP007 - a runtime alias, kept readable
+PageKey = Union[bytes, int]  # noqa: UP007 - a runtime alias, kept readable
+_TOKEN_BYTES = 4  # page keys pack token ids as int32
 
 
 def page_keys(token_ids: Sequence[int], page_size: int) -> list[PageKey]:
     """Page keys of the page-aligned prefix of `token_ids` (a trailing partial page is dropped).
 
-    Compute them once per request and pass them to `match_prefix`/`insert` via `keys=`.
+    A key is the page's token ids packed as int32 bytes (the bare token when `page_size == 1`):
+    exact (no hashing shortcuts), compared with memcmp, and its hash is cached by the bytes
+    object, so a walk costs O(pages), not O(tokens) in Python. Token ids must fit in int32
+    (`struct.error` otherwise; the API boundary validates them). Compute the keys once per
+    request (`ReqKV.keys`) and pass them to `match_prefix`/`insert` via `keys=`.
     """
     if page_size == 1:
         return list(token_ids)
     n = len(token_ids) - len(token_ids) % page_size
-    ids = token_ids if isinstance(token_ids, list | tuple) else list(token_ids)
-    return [tuple(ids[j : j + page_size]) for j in range(0, n, page_size)]
+    buf = struct.pack(f"{len(token_ids)}i", *token_ids)  # faster than array("i", ...)
+    step = page_size * _TOKEN_BYTES
+    return [buf[j : j + step] for j in range(0, n * _TOKEN_BYTES, step)]
 
 
 class Node:

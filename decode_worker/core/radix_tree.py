@@ -16,7 +16,7 @@ from decode_worker.core.pages import PageAllocator, PoolStats
 from decode_worker.core.radix_check import check_tree
 from decode_worker.core.radix_insert import InsertOps
 from decode_worker.core.radix_locks import LockOps
-from decode_worker.core.radix_node import Node, PageKey, page_keys, path_values, path_values_of
+from decode_worker.core.radix_node import Node, PageKey, path_values, path_values_of
 from decode_worker.core.req_kv import ReqKV
 
 
@@ -132,7 +132,7 @@ class UnifiedRadixTree(InsertOps, LockOps):
         new lock before dropping the old), and set `kv.cache_protected_len` to the aligned
         length. The request keeps its pages past the aligned end. SWA entries below
         `kv.swa_start` become 0 (the tree may tombstone them at any time)."""
-        keys = page_keys(kv.token_ids, self.page_size)
+        keys = kv.keys(self.page_size)
         _, node = self._insert(
             keys, kv.full_page_ids, kv.swa_page_ids, kv.swa_start, kv.cache_protected_len
         )
@@ -155,7 +155,7 @@ class UnifiedRadixTree(InsertOps, LockOps):
         ps = self.page_size
         keep = kv.cache_protected_len // ps
         if insert:
-            keys = page_keys(kv.token_ids, ps)
+            keys = kv.keys(ps)
             self._insert(
                 keys, kv.full_page_ids, kv.swa_page_ids, kv.swa_start, kv.cache_protected_len
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from decode_worker.core.radix_locks import LockRef
+from decode_worker.core.radix_node import PageKey, page_keys
 
 
 @dataclass(slots=True)
@@ -23,6 +24,8 @@ class ReqKV:
     - `swa_start` is page-aligned.
     - `cache_protected_len` is page-aligned: tokens `[0, this)` are owned by the tree and kept
       alive by `lock`; the request frees only pages at or past it.
+    - `page_keys` caches the page keys of `token_ids` (computed once, extended as tokens are
+      appended; reset it if `token_ids` is ever rewritten other than by appending).
     """
 
     token_ids: list[int]
@@ -31,11 +34,22 @@ class ReqKV:
     swa_start: int = 0
     cache_protected_len: int = 0
     lock: LockRef | None = field(default=None)
+    page_keys: list[PageKey] = field(default_factory=list, repr=False)
 
     @property
     def seq_len(self) -> int:
         """Tokens whose KV the request holds."""
         return len(self.token_ids)
+
+    def keys(self, page_size: int) -> list[PageKey]:
+        """Page keys of the page-aligned prefix of `token_ids`, computing only new pages."""
+        n = len(self.token_ids) // page_size
+        have = len(self.page_keys)
+        if have < n:
+            self.page_keys += page_keys(self.token_ids[have * page_size : n * page_size], page_size)
+        elif have > n:
+            del self.page_keys[n:]
+        return self.page_keys
 
     def owned_full_page_ids(self, page_size: int) -> list[int]:
         """Full pages the request owns (not the tree): those at or past the protected prefix."""

@@ -1,0 +1,253 @@
+"""Benchmark the unified radix tree on a multi-turn chat trace (pure Python, one core).
+
+Trace: `--systems` shared system prompts; `--convs` conversations, each `--turns` turns of a user
+message and an assistant answer; turn t's prompt is the system prompt plus the whole history.
+Each request does what the decode worker does: a TRANSFER match capped at the window start S, a
+lock, allocation of the delta and the SWA tail (evicting when short), `cache_unfinished_req`,
+decoding its answer (freeing out-of-window SWA pages), `cache_finished_req`.
+
+Reports per page size: match / insert / finish throughput (ops/s, tokens/s), the scaling of
+match and insert cost with the number of cached tokens, peak memory (tracemalloc, a separate
+pass), and reuse: prompt tokens the TRANSFER match reuses vs the full-attention bound (the
+full-resident prefix, uncapped) and vs a window-safe match (SGLang's rule: RESUME capped at S),
+with and without eviction pressure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import time
+import tracemalloc
+from array import array
+from dataclasses import dataclass, field
+
+from decode_worker.core.pages import PageAllocator
+from decode_worker.core.radix_node import page_keys
+from decode_worker.core.radix_tree import MatchMode, UnifiedRadixTree
+from decode_worker.core.req_kv import ReqKV
+from decode_worker.utils.mathx import align_down, cdiv
+
+
+@dataclass
+class Stats:
+    match_s: float = 0.0
+    insert_s: float = 0.0
+    finish_s: float = 0.0
+    n_req: int = 0
+    prompt_tokens: int = 0
+    reused: int = 0
+    bound: int = 0
+    window_safe: int = 0
+    evicted_full: int = 0
+    evicted_swa: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def make_trace(args: argparse.Namespace, n_convs: int, seed: int) -> list[list[list[int]]]:
+    """Per conversation, the token lists of each turn: [user_1, answer_1, user_2, ...]."""
+    rng = random.Random(seed)
+    vocab = 50_000
+    systems = [[rng.randrange(vocab) for _ in range(args.system_len)] for _ in range(args.systems)]
+    convs = []
+    for _ in range(n_convs):
+        parts = [rng.choice(systems)]
+        for _ in range(args.turns):
+            parts.append([rng.randrange(vocab) for _ in range(rng.randint(30, 300))])
+            parts.append([rng.randrange(vocab) for _ in range(rng.randint(50, 400))])
+        convs.append(parts)
+    return convs
+
+
+def window_start(seq_len: int, window: int, ps: int) -> int:
+    return align_down(max(0, seq_len - 1 - max(window, ps)), ps)
+
+
+def alloc(tree: UnifiedRadixTree, n: int, *, swa: bool, st: Stats) -> list[int]:
+    pool = tree.swa if swa else tree.full
+    assert pool is not None
+    short = n - pool.num_free
+    if short > 0:
+        got = tree.evict_swa(short) if swa else tree.evict_full(short)
+        if swa:
+            st.evicted_swa += len(got)
+        else:
+            st.evicted_full += len(got)
+    return pool.alloc(n)
+
+
+def run_request(tree: UnifiedRadixTree, prompt: list[int], answer: list[int], st: Stats) -> None:
+    ps, win = tree.page_size, tree.window
+    s = window_start(len(prompt), win, ps)
+    t0 = time.process_time()
+    keys = page_keys(prompt, ps)  # once per request, reused by the inserts
+    res = tree.match_prefix(prompt, MatchMode.TRANSFER, max_len=s, keys=keys)
+    st.match_s += time.process_time() - t0
+    lock = tree.lock(res.node)
+    n_pages = cdiv(len(prompt), ps)
+    full = res.full_page_ids + alloc(tree, n_pages - res.prefix_len // ps, swa=False, st=st)
+    swa = [0] * (s // ps) + alloc(tree, n_pages - s // ps, swa=True, st=st)
+    kv = ReqKV(prompt, full, swa, s, res.prefix_len, lock, page_keys=keys)
+    t0 = time.process_time()
+    tree.cache_unfinished_req(kv)
+    st.insert_s += time.process_time() - t0
+    decode(tree, kv, answer, st)
+    t0 = time.process_time()
+    tree.cache_finished_req(kv)
+    st.finish_s += time.process_time() - t0
+    st.n_req += 1
+    st.prompt_tokens += len(prompt)
+    st.reused += res.prefix_len
+
+
+def decode(tree: UnifiedRadixTree, kv: ReqKV, answer: list[int], st: Stats) -> None:
+    """Append the answer in one step: new pages, then free the request's out-of-window SWA."""
+    ps = tree.page_size
+    need = cdiv(len(kv.token_ids) + len(answer), ps) - len(kv.full_page_ids)
+    kv.full_page_ids += alloc(tree, need, swa=False, st=st)
+    kv.swa_page_ids += alloc(tree, need, swa=True, st=st)
+    kv.token_ids += answer
+    frontier = window_start(len(kv.token_ids), tree.window, ps)
+    lo = max(kv.swa_start, kv.cache_protected_len) // ps
+    old = [p for p in kv.swa_page_ids[lo : frontier // ps] if p]
+    assert tree.swa is not None
+    tree.swa.free(old)
+    kv.swa_page_ids[lo : frontier // ps] = [0] * max(0, frontier // ps - lo)
+    kv.swa_start = max(kv.swa_start, frontier)
+
+
+def measure_reuse(tree: UnifiedRadixTree, prompt: list[int], st: Stats) -> None:
+    """Untimed: the full-attention bound and the window-safe (SGLang-rule) match."""
+    s = window_start(len(prompt), tree.window, tree.page_size)
+    st.bound += tree.match_prefix(prompt, MatchMode.TRANSFER).prefix_len
+    st.window_safe += min(s, tree.match_prefix(prompt, MatchMode.RESUME).prefix_len)
+
+
+def run_trace(
+    args: argparse.Namespace, ps: int, n_convs: int, pool_frac: float | None
+) -> tuple[Stats, Stats, int]:
+    """Run the trace turn by turn (conversations shuffled within a turn).
+
+    Returns (stats over all requests, stats over the last quarter, cached tokens at the end);
+    `pool_frac` sizes the full pool as a share of the pages the whole trace needs (None: no
+    eviction). The SWA pool gets a quarter of the full pool."""
+    convs = make_trace(args, n_convs, args.seed)
+    gc.collect()
+    gc.freeze()  # the trace is not the tree's garbage to scan
+    need = sum(cdiv(sum(map(len, c)), ps) + 1 for c in convs) + 64
+    n_full = need if pool_frac is None else max(64, int(need * pool_frac))
+    full, swa = PageAllocator(n_full, "full"), PageAllocator(max(64, n_full // 4), "swa")
+    tree = UnifiedRadixTree(ps, args.window, full, swa)
+    whole, tail = Stats(), Stats()
+    order = list(range(n_convs))
+    rng = random.Random(args.seed + 1)
+    done, n_total = 0, n_convs * args.turns
+    for turn in range(args.turns):
+        rng.shuffle(order)
+        for c in order:
+            parts = convs[c]
+            # fresh int objects, as decoded from the wire (no identity shortcuts in compares)
+            prompt = array("q", [t for part in parts[: 2 * turn + 2] for t in part]).tolist()
+            one = Stats()
+            if args.reuse:
+                measure_reuse(tree, prompt, one)
+            run_request(tree, prompt, parts[2 * turn + 2], one)
+            merge(whole, one)
+            if done >= n_total * 3 // 4:
+                merge(tail, one)
+            done += 1
+    tree.check_integrity()
+    gc.unfreeze()
+    fs = tree.full_stats()
+    return whole, tail, (fs.evictable + fs.protected) * ps
+
+
+def merge(into: Stats, one: Stats) -> None:
+    for k in (
+        "match_s",
+        "insert_s",
+        "finish_s",
+        "n_req",
+        "prompt_tokens",
+        "reused",
+        "bound",
+        "window_safe",
+        "evicted_full",
+        "evicted_swa",
+    ):
+        setattr(into, k, getattr(into, k) + getattr(one, k))
+
+
+def report(label: str, st: Stats, cached: int) -> None:
+    n, toks = st.n_req, st.prompt_tokens
+    print(
+        f"{label:<22} cached {cached / 1e3:>6.0f}k tok | match {n / st.match_s:>7.0f}/s "
+        f"{toks / st.match_s / 1e6:>6.1f}M tok/s | insert {n / st.insert_s:>6.0f}/s "
+        f"{toks / st.insert_s / 1e6:>6.1f}M tok/s | finish {n / st.finish_s:>6.0f}/s"
+    )
+
+
+def report_reuse(label: str, st: Stats) -> None:
+    pt = max(1, st.prompt_tokens)
+    print(
+        f"{label:<22} reuse: transfer {st.reused / pt:6.1%} | full bound {st.bound / pt:6.1%} | "
+        f"window-safe {st.window_safe / pt:6.1%} | evicted full {st.evicted_full} "
+        f"swa {st.evicted_swa} pages"
+    )
+
+
+def conv_tokens(args: argparse.Namespace) -> float:
+    """Mean unique tokens one conversation adds to the cache (its turns, not the system)."""
+    return args.turns * (165 + 225)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--page-sizes", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument(
+        "--scales",
+        type=int,
+        nargs="+",
+        default=[10_000, 100_000, 1_000_000],
+        help="cached-token targets for the scaling runs",
+    )
+    ap.add_argument("--window", type=int, default=127, help="tokens (HF sliding_window - 1)")
+    ap.add_argument("--systems", type=int, default=4)
+    ap.add_argument("--system-len", type=int, default=1500)
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument(
+        "--pressure",
+        type=float,
+        default=0.25,
+        help="full pool as a share of what the trace needs, for the eviction run",
+    )
+    ap.add_argument("--reuse-scale", type=int, default=100_000)
+    ap.add_argument("--memory-scale", type=int, default=1_000_000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    for ps in args.page_sizes:
+        print(f"--- page size {ps}, window {args.window} ---")
+        args.reuse = False
+        for scale in args.scales:
+            _, tail, cached = run_trace(args, ps, max(1, round(scale / conv_tokens(args))), None)
+            report(f"scale {scale // 1000}k", tail, cached)
+        args.reuse = True
+        n_convs = max(1, round(args.reuse_scale / conv_tokens(args)))
+        for label, frac in (("no eviction", None), (f"pool {args.pressure:.0%}", args.pressure)):
+            whole, _, cached = run_trace(args, ps, n_convs, frac)
+            report(label, whole, cached)
+            report_reuse(label, whole)
+        args.reuse = False
+        tracemalloc.start()
+        _, _, cached = run_trace(args, ps, round(args.memory_scale / conv_tokens(args)), None)
+        cur, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        print(
+            f"{'memory':<22} cached {cached / 1e3:>6.0f}k tok | traced now {cur / 2**20:.0f} MiB"
+            f" | peak {peak / 2**20:.0f} MiB (trace and tree)"
+        )
+
+
+if __name__ == "__main__":
+    main()

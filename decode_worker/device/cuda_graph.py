@@ -31,6 +31,18 @@ class _Graph:
     out: torch.Tensor  # [B, V] f32
 
 
+def graph_bucket(batch_sizes: list[int], max_pages: int, bs: int, width: int) -> tuple[int, int]:
+    """(smallest size bucket >= bs, smallest power of two >= width capped at max_pages).
+
+    Valid only when bs <= max(batch_sizes) and width <= max_pages (see `can_run`).
+    """
+    size = next(b for b in sorted(batch_sizes) if b >= bs)
+    pages = 1
+    while pages < width:
+        pages *= 2
+    return size, min(pages, max_pages)
+
+
 class CudaGraphDecoder:
     """Captures and replays `step(tokens, positions, full_t, swa_t) -> logits`."""
 
@@ -47,11 +59,7 @@ class CudaGraphDecoder:
         return bs <= self.batch_sizes[-1] and width <= self.max_pages
 
     def bucket(self, bs: int, width: int) -> tuple[int, int]:
-        size = next(b for b in self.batch_sizes if b >= bs)
-        pages = 1
-        while pages < width:
-            pages *= 2
-        return size, min(pages, self.max_pages)
+        return graph_bucket(self.batch_sizes, self.max_pages, bs, width)
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, full_t: torch.Tensor,
             swa_t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,156 @@
+"""The real sglang-router (PD mode) in front of two API servers with FakeBackends.
+
+Checks the seams the router depends on: registration (incl. its HTTP/2 gRPC probe), the same
+body with bootstrap fields to both workers, the decode answer relayed for all three endpoints,
+SSE relayed, a 400 passed through with our message. Runs in a loopback-only user+network
+namespace (`unshare -rn`), so the router can reach nothing else.
+
+Run by hand: `unshare -rn python -m tests.unit.io.test_api_router` prints the results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+PREFILL, DECODE, ROUTER, PROM = 41101, 41102, 41100, 41109
+
+
+def _can_run() -> str | None:
+    if importlib.util.find_spec("sglang_router") is None:
+        return "sglang-router is not installed (pip install -e '.[router]')"
+    if shutil.which("unshare") is None:
+        return "no unshare(1)"
+    probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        return f"cannot create a network namespace: {probe.stderr.decode().strip()}"
+    return None
+
+
+@pytest.mark.router
+@pytest.mark.slow
+def test_router_pd_mode_drives_our_api_unchanged() -> None:
+    reason = _can_run()
+    if reason:
+        pytest.skip(reason)
+    out = subprocess.run(
+        ["unshare", "-rn", sys.executable, "-m", "tests.unit.io.test_api_router"],
+        cwd=ROOT, capture_output=True, timeout=120, check=False, text=True,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["healthy"] == 2
+    assert res["generate"]["text"] == "Hell"
+    assert res["generate"]["meta_info"]["cached_tokens"] == 2
+    assert res["stream"][-1] == "[DONE]" and res["stream"][-2]["text"] == "Hel"
+    assert res["chat"]["choices"][0]["message"]["content"] == "Hell"
+    assert res["completions"]["usage"]["prompt_tokens_details"]["cached_tokens"] == 2
+    assert res["bad"][0] == 400 and "top_p" in res["bad"][1]
+    for role in ("prefill", "decode"):  # both saw every request, with the bootstrap fields
+        seen = res["seen"][role]
+        assert len(seen) == 4 and all(s["port"] == 8998 and s["room"] for s in seen)
+    assert [s["room"] for s in res["seen"]["prefill"]] == [s["room"] for s in res["seen"]["decode"]]
+    assert res["seen"]["decode"][2]["max_new_tokens"] == 4  # chat max_tokens, renamed by router
+
+
+# -- driver (runs inside the namespace) ------------------------------------------------------
+
+def _stub(port: int, role: str, model_dir: str, log_path: str) -> None:
+    from decode_worker.io.api import ApiApp, ApiConfig
+    from decode_worker.io.http import HttpServer, ServerConfig, run
+    from tests.fakes.fake_backend import FakeBackend
+
+    class Logged(FakeBackend):
+        def generate(self, inp: Any) -> Any:
+            with open(log_path, "a") as f:
+                f.write(json.dumps({"room": inp.bootstrap_room, "port": inp.bootstrap_port,
+                                    "max_new_tokens": inp.sampling.max_new_tokens}) + "\n")
+            return super().generate(inp)
+
+    async def main() -> None:
+        be = Logged(delay_s=0.01, cached_tokens=2, model_path=model_dir)
+        server = HttpServer(ApiApp(be, ApiConfig()), ServerConfig(port=port))
+        await server.start()
+        await asyncio.Event().wait()
+
+    run(main())
+
+
+def _driver() -> dict[str, Any]:
+    import httpx
+
+    from decode_worker.device.default_model import byte_tokenizer
+
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=False, capture_output=True)
+    tmp = Path(tempfile.mkdtemp(prefix="router-"))
+    (tmp / "model").mkdir()
+    byte_tokenizer().save(str(tmp / "model" / "tokenizer.json"))
+    me = [sys.executable, "-m", "tests.unit.io.test_api_router", "--stub"]
+    procs = [subprocess.Popen([*me, str(port), role, str(tmp / "model"), str(tmp / f"{role}.log")],
+                              cwd=ROOT)
+             for port, role in ((PREFILL, "prefill"), (DECODE, "decode"))]
+    procs.append(subprocess.Popen([
+        sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+        "--prefill", f"http://127.0.0.1:{PREFILL}", "8998", "--decode", f"http://127.0.0.1:{DECODE}",
+        "--host", "127.0.0.1", "--port", str(ROUTER), "--prometheus-host", "127.0.0.1",
+        "--prometheus-port", str(PROM), "--worker-startup-check-interval", "1",
+        "--health-check-interval-secs", "3", "--request-timeout-secs", "20",
+        "--policy", "round_robin", "--disable-circuit-breaker",
+    ], stdout=subprocess.DEVNULL, stderr=open(tmp / "router.err", "w")))  # noqa: SIM115
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{ROUTER}", timeout=15) as c:
+            return _exercise(c, tmp)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)
+
+
+def _exercise(c: Any, tmp: Path) -> dict[str, Any]:
+    res: dict[str, Any] = {"healthy": 0}
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and res["healthy"] < 2:
+        time.sleep(0.5)
+        try:
+            res["healthy"] = c.get("/workers").text.count('"is_healthy":true')
+        except Exception:  # the router is still starting
+            continue
+    msgs = [{"role": "user", "content": "hi"}]
+    res["generate"] = c.post("/generate", json={
+        "text": "hi", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}).json()
+    text = c.post("/generate", json={"text": "hi", "stream": True,
+                                     "sampling_params": {"max_new_tokens": 3}}).text
+    res["stream"] = [b[6:] if b[6:] == "[DONE]" else json.loads(b[6:])
+                     for b in text.split("\n\n") if b.startswith("data: ")]
+    res["chat"] = c.post("/v1/chat/completions", json={
+        "model": "m", "messages": msgs, "max_tokens": 4, "temperature": 0}).json()
+    res["completions"] = c.post("/v1/completions", json={
+        "model": "m", "prompt": "hi", "max_tokens": 3}).json()
+    bad = c.post("/generate", json={"text": "hi", "sampling_params": {"top_p": 0}})
+    res["bad"] = [bad.status_code, bad.text]
+    time.sleep(0.3)
+    res["seen"] = {role: [json.loads(x) for x in (tmp / f"{role}.log").read_text().splitlines()]
+                   for role in ("prefill", "decode")}
+    return res
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    os.chdir(ROOT)
+    if sys.argv[1:2] == ["--stub"]:
+        _stub(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])
+    else:
+        print(json.dumps(_driver()))

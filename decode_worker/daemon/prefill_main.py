@@ -1,28 +1,32 @@
 """`decode-worker prefill`: run the reference prefill peer until SIGTERM/SIGINT.
 
 Loads the model (the embedded tiny gpt-oss when `model.path` is unset), builds its own pools
-(sized by the `cache` settings, no CUDA graphs, no radix cache) and serves the ZMQ bootstrap
-port. Prompts come in the decode side's transfer requests (`prompt_ids`) or, once the HTTP
-layer is wired, from `POST /generate` with `bootstrap_room`.
+(sized by the `cache` settings, no CUDA graphs, no radix cache), serves the ZMQ bootstrap port
+(`transfer.bootstrap_port`) and the HTTP API (`server.port`). Prompts come from `POST /generate`
+(or the OpenAI routes) with `bootstrap_room`, or in the decode side's transfer requests
+(`prompt_ids`, router-less use).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import signal
-import threading
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from decode_worker.daemon.prefill_backend import PrefillBackend
 from decode_worker.daemon.prefill_peer import PrefillPeer
 from decode_worker.device.default_model import ensure_default_model
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.layout import plan_cache_layout
 from decode_worker.device.model.weights import load_model
 from decode_worker.device.runner import ModelRunner
+from decode_worker.io.api.app import ApiApp
+from decode_worker.io.api.common import ApiConfig
+from decode_worker.io.http.server import HttpServer, ServerConfig
 from decode_worker.settings import LoadedSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -30,8 +34,8 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_runner(settings: Settings) -> tuple[ModelRunner, str]:
-    """Load the model and size pools for it; returns the runner and the model's name.
+def build_runner(settings: Settings) -> tuple[ModelRunner, str, Path]:
+    """Load the model and size pools for it; returns the runner, the model's name and dir.
 
     Raises ConfigError for a missing/broken model or pools that do not fit.
     """
@@ -48,29 +52,39 @@ def build_runner(settings: Settings) -> tuple[ModelRunner, str]:
     pools = KVPools(spec, layout.num_full_pages, layout.num_swa_pages, layout.page_size,
                     device, kv_dtype)  # fmt: skip
     runner = ModelRunner(model, pools, use_cuda_graph=False, graph_batch_sizes=[1])
-    return runner, ms.served_model_name or model_dir.name
+    return runner, ms.served_model_name or model_dir.name, model_dir
 
 
 def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
     settings = loaded.settings
-    runner, name = build_runner(settings)
-    peer = PrefillPeer(runner, settings.transfer, name,
-                       match_timeout_s=settings.scheduler.kv_timeout_s)  # fmt: skip
-    stop = threading.Event()
-
-    def _stop(signum: int, _frame: Any) -> None:
-        log.info("prefill peer: signal %d, stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    t = settings.transfer
-    log.info("prefill peer %s serving %s on %s:%d (page %d, %d full / %d swa pages)",
-             peer.agent.name, name, t.bootstrap_host, t.bootstrap_port, runner.pools.page_size,
-             runner.pools.num_pages["full"], runner.pools.num_pages["swa"])  # fmt: skip
-    print(f"prefill peer ready on {t.bootstrap_host}:{t.bootstrap_port}", flush=True)
-    while not stop.wait(0.5):
-        pass
-    peer.close()
-    runner.destroy()
+    runner, name, model_dir = build_runner(settings)
+    wait_s = settings.scheduler.kv_timeout_s
+    peer = PrefillPeer(runner, settings.transfer, name, match_timeout_s=wait_s)
+    try:
+        backend = PrefillBackend(peer, model_dir, wait_s)
+        app = ApiApp(backend, ApiConfig.from_settings(settings))
+        server = HttpServer(app, ServerConfig.from_settings(settings))
+        asyncio.run(_serve(server, settings, peer, runner))
+    finally:
+        peer.close()
+        runner.destroy()
     return 0
+
+
+async def _serve(server: HttpServer, settings: Settings, peer: PrefillPeer,
+                 runner: ModelRunner) -> None:
+    """Serve HTTP until SIGTERM/SIGINT, then stop taking requests (grace `drain_grace_s`)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    t, pools = settings.transfer, runner.pools
+    log.info("prefill peer %s: http %s:%d, bootstrap %s:%d, page %d, %d full / %d swa pages",
+             peer.agent.name, settings.server.host, server.port, t.bootstrap_host,
+             t.bootstrap_port, pools.page_size, pools.num_pages["full"], pools.num_pages["swa"])
+    print(f"prefill peer ready on {t.bootstrap_host}:{t.bootstrap_port} "
+          f"http {settings.server.host}:{server.port}", flush=True)
+    await stop.wait()
+    log.info("prefill peer: stopping")
+    await server.close(grace_s=settings.server.drain_grace_s)

@@ -87,7 +87,7 @@ def tail(s: int, swa_ids: list[int]) -> list[int]:
 def decode(model_cache: Path) -> Iterator[DecodeSide]:
     s = load_settings(overrides={"model.cache_dir": str(model_cache), "cache.num_full_pages": 512,
                                  "cache.num_swa_pages": 512}).settings  # fmt: skip
-    runner, name = build_runner(s)
+    runner, name, _ = build_runner(s)
     aux = AuxBuffer(16)
     rx = KVReceiver(RX_SETTINGS, model_compat(runner, name), region_layouts(runner.pools, aux))
     yield DecodeSide(runner, aux, rx, PageAllocator(512, "full"), PageAllocator(512, "swa"))

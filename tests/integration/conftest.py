@@ -1,0 +1,98 @@
+"""Fixtures for the transfer tests: a real prefill peer process and a decode side in-process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PEER_READY = "prefill peer ready"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_prefill_peer(
+    port: int, cache_dir: Path, *extra: str, http_port: int | None = None,
+    ready_timeout_s: float = 90.0,
+) -> subprocess.Popen[str]:  # fmt: skip
+    """`decode-worker prefill` with its bootstrap (ZMQ) server on loopback:port and its HTTP
+    server on `http_port` (a free one if None); returns once it printed its ready line.
+
+    Raises RuntimeError (with its output) if it exits or is not ready in time.
+    """
+    sets = {
+        "model.cache_dir": f'"{cache_dir}"',
+        "cache.num_full_pages": "512",
+        "cache.num_swa_pages": "512",
+        "transfer.heartbeat_interval_s": "0.2",
+        "transfer.peer_dead_after_s": "2.0",
+        "server.port": str(http_port or free_port()),
+    }
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "decode_worker", "prefill", "--bootstrap-port", str(port),
+         *args, *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def _read() -> None:
+        try:
+            for line in proc.stdout or ():
+                lines.append(line)
+                if PEER_READY in line:
+                    ready.set()
+        except (ValueError, OSError):  # stdout closed by stop()
+            pass
+
+    threading.Thread(target=_read, daemon=True).start()
+    deadline = time.monotonic() + ready_timeout_s
+    while not ready.wait(0.1):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            raise RuntimeError("prefill peer did not start:\n" + "".join(lines[-40:]))
+    return proc
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache dir holding the tiny default model, written once before any peer starts."""
+    from decode_worker.device.default_model import ensure_default_model
+
+    cache = tmp_path_factory.mktemp("models")
+    ensure_default_model(cache, 0)
+    return cache
+
+
+@pytest.fixture(scope="module")
+def prefill_peer(model_cache: Path) -> Iterator[int]:
+    """A prefill peer shared by a module; yields its bootstrap port."""
+    port = free_port()
+    proc = start_prefill_peer(port, model_cache)
+    yield port
+    stop(proc)

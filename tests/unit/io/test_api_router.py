@@ -2,7 +2,8 @@
 
 Checks the seams the router depends on: registration (incl. its HTTP/2 gRPC probe), the same
 body with bootstrap fields to both workers, the decode answer relayed for all three endpoints,
-SSE relayed, a 400 passed through with our message. Runs in a loopback-only user+network
+SSE relayed, a 400 passed through with our message, a client leaving mid-stream aborts the
+decode request. Runs in a loopback-only user+network
 namespace (`unshare -rn`), so the router can reach nothing else.
 
 Run by hand: `unshare -rn python -m tests.unit.io.test_api_router` prints the results.
@@ -63,6 +64,7 @@ def test_router_pd_mode_drives_our_api_unchanged() -> None:
         assert len(seen) == 4 and all(s["port"] == 8998 and s["room"] for s in seen)
     assert [s["room"] for s in res["seen"]["prefill"]] == [s["room"] for s in res["seen"]["decode"]]
     assert res["seen"]["decode"][2]["max_new_tokens"] == 4  # chat max_tokens, renamed by router
+    assert res["aborts"] == ["client_abort"]  # the router closed its decode connection
 
 
 # -- driver (runs inside the namespace) ------------------------------------------------------
@@ -79,8 +81,17 @@ def _stub(port: int, role: str, model_dir: str, log_path: str) -> None:
                                     "max_new_tokens": inp.sampling.max_new_tokens}) + "\n")
             return super().generate(inp)
 
+        def abort(self, rid: str, reason: str) -> None:
+            with open(log_path, "a") as f:
+                f.write(json.dumps({"abort": reason}) + "\n")
+            super().abort(rid, reason)
+
     async def main() -> None:
-        be = Logged(delay_s=0.01, cached_tokens=2, model_path=model_dir)
+        if role == "prefill":  # answers at once, as a prefill peer should (the router
+            # relays the decode stream only after the prefill response is complete)
+            be = Logged(chunk_tokens=1 << 20, cached_tokens=2, model_path=model_dir)
+        else:
+            be = Logged(delay_s=0.01, cached_tokens=2, model_path=model_dir)
         server = HttpServer(ApiApp(be, ApiConfig()), ServerConfig(port=port))
         await server.start()
         await asyncio.Event().wait()
@@ -141,9 +152,14 @@ def _exercise(c: Any, tmp: Path) -> dict[str, Any]:
         "model": "m", "prompt": "hi", "max_tokens": 3}).json()
     bad = c.post("/generate", json={"text": "hi", "sampling_params": {"top_p": 0}})
     res["bad"] = [bad.status_code, bad.text]
-    time.sleep(0.3)
-    res["seen"] = {role: [json.loads(x) for x in (tmp / f"{role}.log").read_text().splitlines()]
-                   for role in ("prefill", "decode")}
+    with c.stream("POST", "/generate", json={"text": "hi", "stream": True,
+                                             "sampling_params": {"max_new_tokens": 2000}}) as r:
+        next(r.iter_bytes())  # then the client goes away mid-stream
+    time.sleep(1.5)
+    seen = {role: [json.loads(x) for x in (tmp / f"{role}.log").read_text().splitlines()]
+            for role in ("prefill", "decode")}
+    res["seen"] = {role: [e for e in v if "room" in e][:4] for role, v in seen.items()}
+    res["aborts"] = [e["abort"] for e in seen["decode"] if "abort" in e]
     return res
 
 

@@ -109,6 +109,7 @@ class PreallocQueue:
         self._retracted: deque[DecodeRequest] = deque()  # readmitted first
         self._queued: dict[str, DecodeRequest] = {}  # membership (deques skip stale entries)
         self._active: dict[str, DecodeRequest] = {}
+        self._pass_res: list[int] | None = None
 
     # -- queries -------------------------------------------------------------------------------
     @property
@@ -184,27 +185,37 @@ class PreallocQueue:
         the first that does not fit (it waits). An SWA reclaim failure aborts only that request
         and the pass goes on. Returned Admits are RESERVED; Aborts are ABORTED."""
         self.stats.admission_passes_total += 1
-        self._prune_active()
-        full_res = sum(self._full_reserve(r) for r in self._active.values())
-        swa_res = sum(self._swa_reserve(r) for r in self._active.values())
+        self._pass_res = None  # growth reserves of this pass, summed on first need
         out: list[Decision] = []
         while (req := self._head()) is not None:
-            if self.limits.max_active is not None and len(self._active) >= self.limits.max_active:
+            if not self._has_slot():
                 break
-            d = self._try_admit(req, now, full_res, swa_res)
+            d = self._try_admit(req, now)
             if d is None:
                 break
             self._pop_head()
             out.append(d)
             if isinstance(d, Admit):
                 self._active[req.rid] = req
-                full_res += self._full_reserve(req)
-                swa_res += self._swa_reserve(req)
+                res = self._pass_reserves()
+                f, w = self._reserve(req, req.kv)  # type: ignore[arg-type]  # RESERVED: kv set
+                res[0] += f
+                res[1] += w
         return out
 
-    def _try_admit(
-        self, req: DecodeRequest, now: float, full_res: int, swa_res: int
-    ) -> Decision | None:
+    def _has_slot(self) -> bool:
+        cap = self.limits.max_active
+        if cap is None or len(self._active) < cap:
+            return True
+        self._prune_active()
+        return len(self._active) < cap
+
+    def _pass_reserves(self) -> list[int]:
+        if self._pass_res is None:
+            self._pass_res = list(self._reserves())
+        return self._pass_res
+
+    def _try_admit(self, req: DecodeRequest, now: float) -> Decision | None:
         """Admit, abort (SWA reclaim failed) or None (does not fit now; nothing held).
 
         ```
@@ -223,7 +234,7 @@ class PreallocQueue:
                 lock = tree.lock(m.node, swa=False)  # the SWA tail arrives fresh
         need_full = cdiv(fill, ps) - prefix // ps
         need_swa = cdiv(fill - swa_start, ps) if self.swa is not None else 0
-        if not self._fits(req, need_full, need_swa, swa_start, full_res, swa_res):
+        if not self._fits(req, need_full, need_swa, swa_start):
             if lock is not None and tree is not None:
                 tree.unlock(lock)
             return None
@@ -244,28 +255,22 @@ class PreallocQueue:
         st.prefix_hit_tokens_total += prefix
         return Admit(req, prefix, swa_start, new_full, new_swa)
 
-    def _fits(
-        self,
-        req: DecodeRequest,
-        need_full: int,
-        need_swa: int,
-        swa_start: int,
-        full_res: int,
-        swa_res: int,
-    ) -> bool:
+    def _fits(self, req: DecodeRequest, need_full: int, need_swa: int, swa_start: int) -> bool:
         """Both budgets hold `req`'s new pages plus its growth reserve (after its prefix lock,
-        so the locked prefix no longer counts as evictable)."""
+        so the locked prefix no longer counts as evictable). The O(active) reserve sum is taken
+        only if the request would fit without it (a full pool stays cheap to poll)."""
         tree, ps = self.tree, self.page_size
         max_full = self._max_full(req)
-        grow_full = max(0, min(self._reserve_pages, max_full - cdiv(req.fill_len, ps)))
-        evictable = tree.full_stats().evictable if tree is not None else 0
-        if need_full + grow_full > self.full.num_free + evictable - full_res:
+        full_want = need_full + max(0, min(self._reserve_pages, max_full - cdiv(req.fill_len, ps)))
+        full_room = self.full.num_free + (tree.full_stats().evictable if tree is not None else 0)
+        swa_want = swa_room = 0
+        if self.swa is not None:
+            swa_want = need_swa + max(0, min(self._swa_peak, max_full - swa_start // ps) - need_swa)
+            swa_room = self.swa.num_free + (tree.swa_stats().evictable if tree is not None else 0)
+        if full_want > full_room or swa_want > swa_room:
             return False
-        if self.swa is None:
-            return True
-        grow_swa = max(0, min(self._swa_peak, max_full - swa_start // ps) - need_swa)
-        evictable = tree.swa_stats().evictable if tree is not None else 0
-        return need_swa + grow_swa <= self.swa.num_free + evictable - swa_res
+        full_res, swa_res = self._pass_reserves()
+        return full_want <= full_room - full_res and swa_want <= swa_room - swa_res
 
     def _reclaim(self, need_full: int, need_swa: int) -> str:
         """Evict from the tree for the exact page shortfall of each pool; '' when both pools
@@ -283,23 +288,36 @@ class PreallocQueue:
         return ""
 
     # -- reserves ------------------------------------------------------------------------------
+    def _reserves(self) -> tuple[int, int]:
+        """Drop requests that no longer hold pages; sum the growth reserves of the rest (it runs
+        over every active request each pass, so it stays one call per request)."""
+        full_res = swa_res = 0
+        gone: list[str] = []
+        for rid, r in self._active.items():
+            if r.kv is None or r.state not in HOLDS_KV:
+                gone.append(rid)
+                continue
+            f, w = self._reserve(r, r.kv)
+            full_res += f
+            swa_res += w
+        for rid in gone:
+            del self._active[rid]
+        return full_res, swa_res
+
+    def _reserve(self, r: DecodeRequest, kv: ReqKV) -> tuple[int, int]:
+        """Full and SWA pages kept free for `r` to grow: full pages for the next
+        `decode_reserve_tokens` (none past its longest), SWA pages up to its lifetime peak."""
+        ps = self.page_size
+        max_full = (len(r.prompt_ids) + max(r.max_new_tokens - 1, 0) + ps - 1) // ps
+        full = max(0, min(self._reserve_pages, max_full - len(kv.full_page_ids)))
+        if self.swa is None:
+            return full, 0
+        ids, first = kv.swa_page_ids, kv.swa_start // ps
+        live = len(ids) - first - ids[first:].count(0)
+        return full, max(0, min(self._swa_peak, max_full - first) - live)
+
     def _max_full(self, req: DecodeRequest) -> int:
         return max_full_pages(len(req.prompt_ids), req.max_new_tokens, self.page_size)
-
-    def _full_reserve(self, req: DecodeRequest) -> int:
-        """Full pages kept free for `req` to grow (0 once it can grow no more)."""
-        held = len(req.kv.full_page_ids) if req.kv is not None else cdiv(req.fill_len,
-                                                                         self.page_size)
-        return max(0, min(self._reserve_pages, self._max_full(req) - held))
-
-    def _swa_reserve(self, req: DecodeRequest) -> int:
-        """SWA pages kept free for `req`: up to its steady-state peak of live SWA pages."""
-        if self.swa is None or req.kv is None:
-            return 0
-        kv, ps = req.kv, self.page_size
-        first = kv.swa_start // ps
-        live = sum(1 for p in kv.swa_page_ids[first:] if p)
-        return max(0, min(self._swa_peak, self._max_full(req) - first) - live)
 
     def _never_fits(self, req: DecodeRequest) -> str:
         """Why `req` can never fit the pools even alone ('' if it can)."""

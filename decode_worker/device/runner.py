@@ -65,7 +65,23 @@ class ModelRunner:
         positions before start_pos, which must be held), writes the KV of the new positions.
         Raises PageError when the tables do not cover the positions.
         """
-        seq_len, ps = len(token_ids), self.pools.page_size
+        seq_len = len(token_ids)
+        need = self._check_prefill(seq_len, full_page_ids, swa_page_ids, start_pos)
+        dev = self.device
+        tokens = torch.tensor(token_ids[start_pos:], dtype=torch.long, device=dev)  # [T]
+        positions = torch.arange(start_pos, seq_len, device=dev)  # [T]
+        full_t = torch.tensor(full_page_ids[:need], dtype=torch.long, device=dev)  # [pages]
+        swa_t = torch.tensor(swa_page_ids[:need], dtype=torch.long, device=dev)  # [pages]
+        attn = PrefillAttention(self.pools, self.window, start_pos, seq_len - start_pos,
+                                full_t, swa_t)
+        hidden = self.model.forward(tokens, positions, attn)  # [T, H]
+        return self.model.logits(hidden[-1:])[0]  # [V] f32
+
+    def _check_prefill(self, seq_len: int, full_page_ids: list[int], swa_page_ids: list[int],
+                       start_pos: int) -> int:
+        """Raise PageError unless the tables cover [0, seq_len) and the SWA window before
+        start_pos is held; return the number of pages used."""
+        ps = self.pools.page_size
         if not 0 <= start_pos < seq_len:
             raise PageError(f"prefill: start_pos {start_pos} outside [0, {seq_len})")
         need = cdiv(seq_len, ps)
@@ -78,15 +94,7 @@ class ModelRunner:
                             "must be held to extend from start_pos")
         _check_ids(full_page_ids[:need], self.pools.num_pages["full"], "full")
         _check_ids(swa_page_ids[:need], self.pools.num_pages["swa"], "swa")
-        dev = self.device
-        tokens = torch.tensor(token_ids[start_pos:], dtype=torch.long, device=dev)  # [T]
-        positions = torch.arange(start_pos, seq_len, device=dev)  # [T]
-        full_t = torch.tensor(full_page_ids[:need], dtype=torch.long, device=dev)  # [pages]
-        swa_t = torch.tensor(swa_page_ids[:need], dtype=torch.long, device=dev)  # [pages]
-        attn = PrefillAttention(self.pools, self.window, start_pos, seq_len - start_pos,
-                                full_t, swa_t)
-        hidden = self.model.forward(tokens, positions, attn)  # [T, H]
-        return self.model.logits(hidden[-1:])[0]  # [V] f32
+        return need
 
     @torch.inference_mode()
     def decode(self, batch: DecodeBatch) -> torch.Tensor:

@@ -147,6 +147,14 @@ class NixlAgent:
             raise TransferError(f"NIXL WRITE to {peer} failed at post")
         return XferHandle(handle, peer, sum(s.length for s in spans), len(spans))
 
+    def send_notif(self, peer: str, message: bytes) -> None:
+        """A notification not bound to a WRITE. Raises TransferError if NIXL refuses it."""
+        with self._lock:
+            try:
+                self._agent.send_notif(peer, message)
+            except Exception as exc:
+                raise TransferError(f"NIXL notification to {peer} failed: {exc}") from None
+
     def state(self, xfer: XferHandle) -> XferState:
         with self._lock:
             try:

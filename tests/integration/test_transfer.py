@@ -231,3 +231,57 @@ def test_bad_page_ids_fail_before_anything_moves(decode: DecodeSide, prefill_pee
     assert [(e.kind, e.reason) for e in events if e.transfer_id == tid] == [
         ("failed", "bad_request"), ("released", None)
     ]
+
+
+def test_abort_returns_pages_once_the_peer_confirms(decode: DecodeSide, prefill_peer: int) -> None:
+    prompt = prompt_of(1000, seed=6)
+    n, s = cdiv(1000, PS), window_start(1000)
+    full, swa = decode.full.alloc(n), decode.swa.alloc(n - s // PS)
+    tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="abort", room=71, prompt_len=1000,
+                           reused_len=0, swa_window_start=s, full_page_ids=full,
+                           swa_page_ids=swa, aux_slot=6, prompt_ids=prompt)  # fmt: skip
+    decode.rx.poll()  # the request goes out
+    decode.rx.abort(tid)
+    t0 = time.monotonic()
+    events = decode.wait(tid, "released", timeout_s=5.0)
+    assert [e.kind for e in events] == ["released"]  # no "failed": the owner asked for it
+    assert time.monotonic() - t0 < RX_SETTINGS.abort_quiesce_s + 2.0
+    decode.full.free(full)
+    decode.swa.free(swa)
+
+
+def test_missing_prompt_times_out_with_kv_timeout(decode: DecodeSide, prefill_peer: int) -> None:
+    tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="lonely", room=81, prompt_len=32,
+                           reused_len=0, swa_window_start=0, full_page_ids=[1, 2],
+                           swa_page_ids=[1, 2], aux_slot=7, timeout_s=1.0)  # fmt: skip
+    t0 = time.monotonic()
+    events = decode.wait(tid, "released", timeout_s=6.0)
+    assert [(e.kind, e.reason) for e in events] == [("failed", "kv_timeout"), ("released", None)]
+    assert 1.0 <= time.monotonic() - t0 < 4.0
+
+
+def test_unknown_and_late_notifications_are_counted_not_fatal(
+    decode: DecodeSide, prefill_peer: int
+) -> None:
+    from decode_worker.io import protocol
+    from decode_worker.io.nixl_agent import NixlAgent
+
+    finished = decode.rx.submit("127.0.0.1", prefill_peer, rid="gone", room=91, prompt_len=16,
+                                reused_len=0, swa_window_start=0, full_page_ids=[0],
+                                swa_page_ids=[1], aux_slot=0)  # fmt: skip
+    assert [e.kind for e in decode.rx.poll()] == ["failed", "released"]  # page id 0: bad
+    rogue = NixlAgent("rogue-sender")
+    try:
+        peer = rogue.add_peer(decode.rx.agent.metadata())
+        stats = decode.rx.stats
+        before = (stats.unknown_notifs, stats.late_notifs)
+        rogue.send_notif(peer, b"not ours")
+        rogue.send_notif(peer, protocol.encode_notif(protocol.Notif(finished, 91, 0, 1, 1)))
+        deadline = time.monotonic() + 5.0
+        while (stats.unknown_notifs, stats.late_notifs) != (before[0] + 1, before[1] + 1):
+            assert not decode.rx.poll()
+            assert time.monotonic() < deadline, (stats, before)
+            time.sleep(0.005)
+    finally:
+        rogue.close()
+    test_full_hit_sends_first_token_and_swa_tail_only(decode, prefill_peer)  # still serving

@@ -179,3 +179,28 @@ def test_max_active_bounds_admissions() -> None:
     rig.queue.add(req("a", 10), 0.0)
     rig.queue.add(req("b", 10, base=5), 0.0)
     assert [d.req.rid for d in rig.queue.pop_admitted(0.0)] == ["a"]
+
+
+def test_admission_keeps_room_for_running_requests_to_grow() -> None:
+    rig = make_rig(full_pages=11, swa_pages=16, decode_reserve_tokens=4 * 64)
+    a = req("a", 4 * 64, max_new=4 * 64 + 1)  # 4 pages + 4 reserved for growth
+    admit_one(rig, a)
+    assert rig.queue.add(req("b", 4 * 64, base=9, max_new=1), 0.0) is None  # 4 pages, no growth
+    assert rig.queue.pop_admitted(0.0) == []  # 7 free, 4 of them are a's growth room
+    rig.queue.abort("a", 1.0, "client_abort")
+    assert [d.req.rid for d in rig.queue.pop_admitted(1.0)] == ["b"]
+
+
+def test_retracted_requests_are_readmitted_before_new_ones() -> None:
+    rig = make_rig()
+    a = req("a", 100)
+    admit_one(rig, a)
+    a.arrive(3, 0.5)
+    rig.dec.start_running(a, 0.5)
+    rig.queue.add(req("new", 50, base=7), 0.6)
+    a.transition(RequestState.RETRACTED, 1.0, releaser=rig.dec.releaser)
+    rig.queue.requeue([a], 1.0)
+    got = rig.queue.pop_admitted(1.0)
+    assert [d.req.rid for d in got] == ["a", "new"]
+    assert isinstance(got[0], Admit) and got[0].req.is_resumed
+    rig.check([d.req for d in got])

@@ -61,6 +61,8 @@ class Input:
         start = 0
         while True:
             idx = self.buf.find(sep, start)
+            if idx > limit:
+                raise HttpError(431 if what == "head" else 400, f"{what} too long")
             if idx >= 0:
                 out = bytes(self.buf[:idx])
                 del self.buf[: idx + len(sep)]

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import socket
 import time
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from decode_worker.io.http import HttpServer, Request, Response, ServerConfig, StreamResponse
-from decode_worker.io.http.parse import H2_PREFACE
+from decode_worker.io.http.message import HttpError
+from decode_worker.io.http.parse import H2_PREFACE, H2Preface, body_length, parse_head
 from tests.fakes.fake_backend import ServerThread
 
 
@@ -220,3 +225,26 @@ def _wait_for(cond: object, timeout: float = 3.0) -> None:
             return
         time.sleep(0.02)
     raise AssertionError("condition not met in time")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_parse_head_raises_only_http_errors_on_any_bytes(raw: bytes) -> None:
+    try:
+        head = parse_head(raw)
+    except (HttpError, H2Preface):
+        return
+    assert head.version in ("HTTP/1.0", "HTTP/1.1")
+    with contextlib.suppress(HttpError):
+        body_length(head.headers)
+
+
+def test_random_garbage_connections_leave_the_server_serving(srv: ServerThread) -> None:
+    rng = random.Random(7)
+    for _ in range(30):
+        junk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 400)))
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=3) as sock:
+            sock.sendall(junk + b"\r\n\r\n")
+            with contextlib.suppress(OSError):
+                sock.recv(1000)
+    assert httpx.get(srv.url + "/ok", timeout=5).status_code == 200

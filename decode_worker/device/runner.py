@@ -18,7 +18,7 @@ from decode_worker.device.attention import DecodeAttention, PrefillAttention
 from decode_worker.device.cuda_graph import CudaGraphDecoder
 from decode_worker.device.kv_pool import KVPools
 from decode_worker.device.model.gpt_oss import GptOssModel
-from decode_worker.errors import PageError
+from decode_worker.errors import ClientError, PageError
 from decode_worker.utils.mathx import cdiv
 
 log = logging.getLogger(__name__)
@@ -63,10 +63,14 @@ class ModelRunner:
 
         Reads the KV of [0, start_pos) through the page tables (SWA: only the last `window`
         positions before start_pos, which must be held), writes the KV of the new positions.
-        Raises PageError when the tables do not cover the positions.
+        Raises PageError when the tables do not cover the positions, ClientError for a token
+        id outside the vocabulary.
         """
         seq_len = len(token_ids)
         need = self._check_prefill(seq_len, full_page_ids, swa_page_ids, start_pos)
+        vocab = self.model.cfg.vocab_size
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
+            raise ClientError(f"prefill: token ids must be in [0, {vocab})")
         dev = self.device
         tokens = torch.tensor(token_ids[start_pos:], dtype=torch.long, device=dev)  # [T]
         positions = torch.arange(start_pos, seq_len, device=dev)  # [T]

@@ -11,7 +11,7 @@ from decode_worker.device.default_model import write_model
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.weights import load_model
 from decode_worker.device.runner import DecodeBatch, ModelRunner
-from decode_worker.errors import ConfigError, PageError
+from decode_worker.errors import ClientError, ConfigError, PageError
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +57,8 @@ def test_missing_tensor_is_a_config_error(tmp_path: Path) -> None:
         '"full_attention"\n  ]', '"full_attention", "sliding_attention"\n  ]'))
     with pytest.raises(ConfigError, match="lacks tensor"):
         load_model(d, "cpu", torch.float32)
+
+
+def test_prefill_rejects_token_ids_outside_the_vocabulary(runner: ModelRunner) -> None:
+    with pytest.raises(ClientError):
+        runner.prefill([1, runner.model.cfg.vocab_size], [1], [1])

@@ -102,7 +102,7 @@ class ApiApp:
 
     def make_input(
         self, rid: str | None, ids: list[int], sampling: SamplingParams, boot: Bootstrap,
-        *, stream: bool, return_logprob: bool, endpoint: str,
+        *, stream: bool, return_logprob: bool, endpoint: str, received_at: float = 0.0,
     ) -> GenerateInput:
         """A GenerateInput whose `rid` is unique among live runs (the client's rid if free:
         router retries resend the same rid while the first attempt may still wait for KV)."""
@@ -112,7 +112,8 @@ class ApiApp:
             rid=internal, input_ids=ids, sampling=sampling, stream=stream,
             return_logprob=return_logprob, bootstrap_host=boot.bootstrap_host,
             bootstrap_port=boot.bootstrap_port, bootstrap_room=boot.bootstrap_room,
-            received_at=time.monotonic(), endpoint=endpoint, extra={"client_rid": client_rid},
+            received_at=received_at or time.monotonic(), endpoint=endpoint,
+            extra={"client_rid": client_rid},
         )
 
     async def start_run(self, inp: GenerateInput) -> GenerationRun:

@@ -46,8 +46,12 @@ class ApiConfig:
         )
 
 
-def check_prompt(ids: Sequence[int], max_prompt_tokens: int | None) -> list[int]:
-    """Validate a tokenized prompt. Raises ClientError (empty, negative ids) or RequestTooLarge."""
+def check_prompt(
+    ids: Sequence[int], max_prompt_tokens: int | None, vocab_size: int | None = None
+) -> list[int]:
+    """Validate a tokenized prompt. Raises ClientError (empty, negative ids, ids outside the
+    vocabulary when `vocab_size` is known: the model would index past its embedding) or
+    RequestTooLarge."""
     if not ids:
         raise ClientError("the prompt is empty")
     if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
@@ -56,7 +60,16 @@ def check_prompt(ids: Sequence[int], max_prompt_tokens: int | None) -> list[int]
         )
     if min(ids) < 0:
         raise ClientError("input_ids must be non-negative token ids")
+    if vocab_size is not None and max(ids) >= vocab_size:
+        raise ClientError(f"input_ids: token id {max(ids)} is outside the vocabulary "
+                          f"(size {vocab_size})")
     return list(ids)
+
+
+def vocab_size_of(tokenizer: object) -> int | None:
+    """The tokenizer's vocabulary size if it reports one (`vocab_size`), else None."""
+    size = getattr(tokenizer, "vocab_size", None)
+    return size if isinstance(size, int) and size > 0 else None
 
 
 def new_rid() -> str:

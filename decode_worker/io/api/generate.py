@@ -19,6 +19,7 @@ from decode_worker.io.api.common import (
     collect,
     error_obj,
     sse,
+    vocab_size_of,
 )
 from decode_worker.io.api.run import GenerationRun
 from decode_worker.io.api.schemas import (
@@ -40,10 +41,12 @@ async def handle_generate(app: ApiApp, req: Request) -> Response | StreamRespons
         raise ClientError("give exactly one of `text` or `input_ids`")
     text = body.text
     raw_ids = app.backend.tokenizer.encode(text) if text is not None else body.input_ids or []
-    ids = check_prompt(raw_ids, app.config.max_prompt_tokens)
+    ids = check_prompt(raw_ids, app.config.max_prompt_tokens,
+                       vocab_size_of(app.backend.tokenizer))
     sampling = sampling_from_generate(body.sampling_params, app.config.default_max_new_tokens)
     inp = app.make_input(body.rid, ids, sampling, body, stream=body.stream,
-                         return_logprob=body.return_logprob, endpoint="generate")
+                         return_logprob=body.return_logprob, endpoint="generate",
+                         received_at=req.received_at)
     run = await app.start_run(inp)
     if body.stream:
         return StreamResponse(200, RunStream(_stream(run), run))

@@ -21,6 +21,7 @@ from decode_worker.io.api.common import (
     error_obj,
     now_s,
     sse,
+    vocab_size_of,
 )
 from decode_worker.io.api.run import Finish, GenerationRun
 from decode_worker.io.api.schemas import (
@@ -44,7 +45,7 @@ async def handle_completions(app: ApiApp, req: Request) -> Response | StreamResp
         raise ClientError("echo=true is not supported")
     ids = _prompt_ids(app, body.prompt)
     logprobs = body.logprobs is not None and body.logprobs > 0
-    return await _serve(app, body, ids, logprobs, chat=False)
+    return await _serve(app, body, ids, logprobs, chat=False, received_at=req.received_at)
 
 
 async def handle_chat(app: ApiApp, req: Request) -> Response | StreamResponse:
@@ -53,17 +54,19 @@ async def handle_chat(app: ApiApp, req: Request) -> Response | StreamResponse:
         raise ClientError("messages must be a non-empty list")
     prompt = app.backend.tokenizer.apply_chat_template([_message(m) for m in body.messages])
     ids = app.backend.tokenizer.encode(prompt)
-    return await _serve(app, body, ids, body.logprobs, chat=True)
+    return await _serve(app, body, ids, body.logprobs, chat=True, received_at=req.received_at)
 
 
 async def _serve(
-    app: ApiApp, body: OpenAIBase, ids: list[int], logprobs: bool, chat: bool
+    app: ApiApp, body: OpenAIBase, ids: list[int], logprobs: bool, chat: bool,
+    received_at: float,
 ) -> Response | StreamResponse:
     check_bootstrap(body)
-    ids = check_prompt(ids, app.config.max_prompt_tokens)
+    ids = check_prompt(ids, app.config.max_prompt_tokens, vocab_size_of(app.backend.tokenizer))
     sampling = sampling_from_openai(body, app.config.default_max_new_tokens)
     inp = app.make_input(body.rid, ids, sampling, body, stream=body.stream,
-                         return_logprob=logprobs, endpoint="chat" if chat else "completions")
+                         return_logprob=logprobs, endpoint="chat" if chat else "completions",
+                         received_at=received_at)
     run = await app.start_run(inp)
     shape = _Shape(app.model_name(body.model), run, chat)
     if body.stream:

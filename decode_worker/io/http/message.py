@@ -33,6 +33,7 @@ class Request:
     headers: dict[str, str]
     body: bytes = b""
     client: str = ""
+    received_at: float = 0.0  # time.monotonic() when the head was read
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
 
     def header(self, name: str, default: str | None = None) -> str | None:

@@ -142,7 +142,8 @@ class HttpServer:
         try:
             head = await asyncio.wait_for(read_head(inp, cfg.max_head_bytes), cfg.keep_alive_s)
             path, _, query = head.target.partition("?")
-            req = Request(head.method, path, query, head.version, head.headers, client=client)
+            req = Request(head.method, path, query, head.version, head.headers, client=client,
+                          received_at=time.monotonic())
             req.body = await asyncio.wait_for(self._read_body(req, inp, out), cfg.read_timeout_s)
             return req
         except H2Preface:

@@ -92,7 +92,7 @@ def swa_peak_pages(window: int, page_size: int, radix_cache: bool) -> int:
     for seq_len in range(base, base + ps):
         start = swa_window_start(seq_len, window, ps, radix_cache)
         locked_to = align_down(seq_len, ps) if radix_cache else 0
-        for n in range(seq_len, seq_len + 3 * (window + ps)):
+        for n in range(seq_len, seq_len + window + 3 * ps):  # past the lock's release
             frontier = swa_window_start(n, window, ps, radix_cache)
             lo = frontier if frontier >= locked_to else min(start, frontier)
             best = max(best, n // ps - lo // ps + 1)

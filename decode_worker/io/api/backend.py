@@ -13,7 +13,17 @@ Iterator contract of `generate`: chunks in order; the last one has `finish_reaso
 "client_abort") or `finish(rid)` (stop string), then `aclose()`s / cancels the iterator, which
 must then release everything the request held. `abort` and `finish` are idempotent and may be
 called for an rid that has already ended. All methods are called on the event loop thread and
-must not block it.
+must not block it. `GenerateInput.rid` is unique among the requests in flight (the API layer
+suffixes a client rid that is already live: router retries resend the same rid).
+
+How chunks become HTTP answers:
+- raised before the first chunk: `ClientError` -> its status (400/413), `ServiceUnavailable`
+  -> 503 + Retry-After, `AdmissionRejected` -> 413, anything else -> 500; same for streams;
+- a chunk with `error`: non-streaming -> `error_status` with the JSON error body; streaming ->
+  an SSE `data: {"error": ...}` event, then `data: [DONE]` (the stream is already 200);
+- `finish_reason="abort"` without `error`: a normal 200 answer whose finish reason is abort;
+- `finish_reason="stop"` with `matched_stop` = a token id (EOS or a stop token): that last
+  token is left out of the text (kept in `output_ids`) unless `no_stop_trim`.
 """
 
 from __future__ import annotations

@@ -46,16 +46,20 @@ class Stats:
 
 
 def make_trace(args: argparse.Namespace, n_convs: int, seed: int) -> list[list[list[int]]]:
-    """Per conversation, the token lists of each turn: [user_1, answer_1, user_2, ...]."""
+    """Per conversation, the token lists of each turn: [system, user_1, answer_1, user_2, ...].
+    Tokens are uniform in [0, 65536)."""
     rng = random.Random(seed)
-    vocab = 50_000
-    systems = [[rng.randrange(vocab) for _ in range(args.system_len)] for _ in range(args.systems)]
+
+    def tokens(n: int) -> list[int]:
+        return array("H", rng.randbytes(2 * n)).tolist()
+
+    systems = [tokens(args.system_len) for _ in range(args.systems)]
     convs = []
     for _ in range(n_convs):
         parts = [rng.choice(systems)]
         for _ in range(args.turns):
-            parts.append([rng.randrange(vocab) for _ in range(rng.randint(30, 300))])
-            parts.append([rng.randrange(vocab) for _ in range(rng.randint(50, 400))])
+            parts.append(tokens(rng.randint(30, 300)))
+            parts.append(tokens(rng.randint(50, 400)))
         convs.append(parts)
     return convs
 
@@ -135,6 +139,8 @@ def run_trace(
     convs = make_trace(args, n_convs, args.seed)
     gc.collect()
     gc.freeze()  # the trace is not the tree's garbage to scan
+    if args.memory:
+        tracemalloc.start()
     need = sum(cdiv(sum(map(len, c)), ps) + 1 for c in convs) + 64
     n_full = need if pool_frac is None else max(64, int(need * pool_frac))
     full, swa = PageAllocator(n_full, "full"), PageAllocator(max(64, n_full // 4), "swa")
@@ -157,6 +163,10 @@ def run_trace(
             if done >= n_total * 3 // 4:
                 merge(tail, one)
             done += 1
+    if args.memory:
+        cur, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        whole.extra.update(tree_bytes=cur, peak_bytes=peak)
     tree.check_integrity()
     gc.unfreeze()
     fs = tree.full_stats()
@@ -223,9 +233,10 @@ def main() -> None:
         help="full pool as a share of what the trace needs, for the eviction run",
     )
     ap.add_argument("--reuse-scale", type=int, default=100_000)
-    ap.add_argument("--memory-scale", type=int, default=1_000_000)
+    ap.add_argument("--memory-scale", type=int, default=300_000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    args.memory = False
     for ps in args.page_sizes:
         print(f"--- page size {ps}, window {args.window} ---")
         args.reuse = False
@@ -238,14 +249,15 @@ def main() -> None:
             whole, _, cached = run_trace(args, ps, n_convs, frac)
             report(label, whole, cached)
             report_reuse(label, whole)
-        args.reuse = False
-        tracemalloc.start()
-        _, _, cached = run_trace(args, ps, round(args.memory_scale / conv_tokens(args)), None)
-        cur, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
+        args.reuse, args.memory = False, True
+        n_convs = round(args.memory_scale / conv_tokens(args))
+        whole, _, cached = run_trace(args, ps, n_convs, None)
+        args.memory = False
+        cur, peak = whole.extra["tree_bytes"], whole.extra["peak_bytes"]
         print(
-            f"{'memory':<22} cached {cached / 1e3:>6.0f}k tok | traced now {cur / 2**20:.0f} MiB"
-            f" | peak {peak / 2**20:.0f} MiB (trace and tree)"
+            f"{'memory':<22} cached {cached / 1e3:>6.0f}k tok | tree+pools {cur / 2**20:.1f} MiB"
+            f" ({cur / max(1, cached):.1f} B/cached token) | peak while running "
+            f"{peak / 2**20:.1f} MiB"
         )
 
 

@@ -65,8 +65,12 @@ class PageAllocator:
 
     def all_held(self, page_ids: Iterable[int]) -> bool:
         """True if every id is in range and allocated (0 and out-of-range ids are not held)."""
-        state, top = self._state, self._num_pages
-        return all(0 < p <= top and state[p] == _HELD for p in page_ids)
+        ids = page_ids if isinstance(page_ids, list | tuple) else list(page_ids)
+        if not ids:
+            return True
+        if min(ids) < 1 or max(ids) > self._num_pages:
+            return False
+        return not any(map(self._state.__getitem__, ids))  # _HELD == 0: C-speed scan
 
     def alloc(self, n: int) -> list[int]:
         """Take `n` pages; raises `OutOfPages` (nothing taken) if fewer than `n` are free."""
@@ -88,20 +92,26 @@ class PageAllocator:
     def free(self, page_ids: Iterable[int]) -> None:
         """Return pages; raises `PageError` (allocator unchanged) on a page out of range, not
         held, or listed twice."""
+        ids = list(page_ids)
+        if not ids:
+            return
+        if not self.all_held(ids) or len(set(ids)) != len(ids):
+            raise PageError(f"pool {self.name!r}: {self._first_bad(ids)}")
         state = self._state
-        done: list[int] = []
-        try:
-            for p in page_ids:
-                self._check_range(p)
-                if state[p] != _HELD:
-                    raise PageError(f"pool {self.name!r}: free of page {p}, which is not held")
-                state[p] = _FREE
-                done.append(p)
-        except PageError:
-            for p in done:
-                state[p] = _HELD
-            raise
-        self._free.extend(done)
+        for p in ids:
+            state[p] = _FREE
+        self._free.extend(ids)
+
+    def _first_bad(self, ids: list[int]) -> str:
+        """Why `free(ids)` is refused (the first offending id)."""
+        seen: set[int] = set()
+        for p in ids:
+            if not 1 <= p <= self._num_pages:
+                return f"page {p} out of range [1, {self._num_pages}]"
+            if p in seen or self._state[p] != _HELD:
+                return f"free of page {p}, which is not held"
+            seen.add(p)
+        return "bad free"  # unreachable: all_held and the duplicate check found something
 
     def check_integrity(self) -> None:
         """Raise `FatalError` unless the free stack and the page states agree exactly."""

@@ -1,0 +1,291 @@
+"""The real decode worker over HTTP: the three generation endpoints, streaming and not, bad
+input, the info endpoints, and client disconnects (issue 7). One server per module."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from decode_worker.device.tokenizer import Tokenizer
+from tests.e2e.live_fixtures import DONE, Live, gen_body, live_server
+
+pytestmark = pytest.mark.slow
+PROMPT = [3 + (i * 7) % 250 for i in range(40)]
+LONG = [3 + (i * 11) % 250 for i in range(400)]  # past window + page: a repeat hits the cache
+N = 12
+
+
+@pytest.fixture(scope="module")
+def api(e2e_model_dir: Path) -> Iterator[Live]:
+    with live_server(e2e_model_dir, name="api") as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def reference(api: Live) -> dict[str, Any]:
+    """Non-streaming greedy /generate of PROMPT with logprobs: what every endpoint must match."""
+    resp = api.post("/generate", gen_body(PROMPT, N, return_logprob=True))
+    assert resp.status_code == 200, resp.text
+    return dict(resp.json())
+
+
+def test_generate_non_streaming_shape(reference: dict[str, Any]) -> None:
+    meta = reference["meta_info"]
+    assert len(reference["output_ids"]) == N
+    assert isinstance(reference["text"], str)
+    assert meta["finish_reason"] == {"type": "length", "length": N}
+    assert (meta["prompt_tokens"], meta["completion_tokens"]) == (len(PROMPT), N)
+    assert meta["cached_tokens"] == 0
+    triples = meta["output_token_logprobs"]
+    assert [t[1] for t in triples] == reference["output_ids"]
+    assert all(len(t) == 3 and t[2] is None and isinstance(t[0], float) and t[0] <= 0
+               for t in triples)
+
+
+def test_generate_stream_equals_non_stream(api: Live, reference: dict[str, Any]) -> None:
+    events = api.sse("/generate", gen_body(PROMPT, N, stream=True, return_logprob=True,
+                                           rid="live-stream-1"))
+    assert events[-1] == DONE and all(isinstance(e, dict) for e in events[:-1])
+    bodies = events[:-1]
+    for prev, cur in itertools.pairwise(bodies):  # cumulative output
+        assert cur["output_ids"][: len(prev["output_ids"])] == prev["output_ids"]
+        assert prev["meta_info"]["finish_reason"] is None
+    last = bodies[-1]
+    assert last["output_ids"] == reference["output_ids"]
+    assert last["text"] == reference["text"]
+    assert last["meta_info"]["id"] == "live-stream-1"
+    assert last["meta_info"]["finish_reason"] == {"type": "length", "length": N}
+    got = last["meta_info"]["output_token_logprobs"]
+    want = reference["meta_info"]["output_token_logprobs"]
+    assert [t[1] for t in got] == [t[1] for t in want]
+    assert [t[0] for t in got] == pytest.approx([t[0] for t in want], abs=1e-4)
+
+
+def test_completions_match_generate(api: Live, reference: dict[str, Any]) -> None:
+    body = {"prompt": PROMPT, "max_completion_tokens": N, "temperature": 0, "ignore_eos": True,
+            "logprobs": 1, "model": "whatever"}
+    resp = api.post("/v1/completions", body)
+    assert resp.status_code == 200, resp.text
+    out = resp.json()
+    assert out["object"] == "text_completion"
+    choice = out["choices"][0]
+    assert choice["text"] == reference["text"] and choice["finish_reason"] == "length"
+    want_lps = [t[0] for t in reference["meta_info"]["output_token_logprobs"]]
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx(want_lps, abs=1e-4)
+    assert out["usage"] == {"prompt_tokens": len(PROMPT), "completion_tokens": N,
+                            "total_tokens": len(PROMPT) + N,
+                            "prompt_tokens_details": {"cached_tokens": 0}}
+    events = api.sse("/v1/completions", {**body, "stream": True,
+                                         "stream_options": {"include_usage": True}})
+    assert events[-1] == DONE
+    chunks = events[:-1]
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert text == reference["text"]
+    finals = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert finals[-1] == "length" and all(f is None for f in finals[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == N
+
+
+def test_chat_matches_generate_on_template_ids(api: Live, e2e_model_dir: Path) -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi!"}]
+    tok = Tokenizer.from_dir(e2e_model_dir)
+    ids = tok.encode(tok.apply_chat_template(messages))
+    ref = api.post("/generate", gen_body(ids, N)).json()
+    body = {"messages": messages, "max_tokens": N, "temperature": 0, "ignore_eos": True}
+    out = api.post("/v1/chat/completions", body).json()
+    assert out["object"] == "chat.completion"
+    msg = out["choices"][0]["message"]
+    assert msg == {"role": "assistant", "content": ref["text"]}
+    assert out["usage"]["prompt_tokens"] == len(ids) and out["usage"]["completion_tokens"] == N
+    assert "cached_tokens" in out["usage"]["prompt_tokens_details"]
+    events = api.sse("/v1/chat/completions", {**body, "stream": True})
+    assert events[-1] == DONE
+    chunks = events[:-1]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert content == ref["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("max_new", [1, 7, 33])
+def test_ignore_eos_gives_exactly_max_new_tokens(api: Live, max_new: int) -> None:
+    out = api.post("/generate", gen_body(PROMPT[:9], max_new)).json()
+    assert len(out["output_ids"]) == out["meta_info"]["completion_tokens"] == max_new
+
+
+def test_unknown_fields_are_ignored(api: Live, reference: dict[str, Any]) -> None:
+    junk = {"bootstrap_pair_key": "x", "lora_path": None, "frobnicate": [1, {"a": 2}]}
+    body = gen_body(PROMPT, N, **junk)
+    body["sampling_params"]["no_such_param"] = 3
+    assert api.post("/generate", body).json()["output_ids"] == reference["output_ids"]
+    comp = {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "ignore_eos": True,
+            "user": "u1", "presence_penalty": 0.0, **junk}
+    assert api.post("/v1/completions", comp).json()["choices"][0]["text"] == reference["text"]
+    chat = {"messages": [{"role": "user", "content": "x", "name": "n"}], "max_tokens": 2,
+            "tools": [], "response_format": {"type": "text"}, **junk}
+    assert api.post("/v1/chat/completions", chat).status_code == 200
+
+
+def test_repeated_long_prompt_reports_cached_tokens(api: Live) -> None:
+    first = api.post("/generate", gen_body(LONG, 2)).json()["meta_info"]
+    usage = api.post("/v1/completions", {"prompt": LONG, "max_tokens": 2, "temperature": 0,
+                                         "ignore_eos": True}).json()["usage"]
+    assert first["cached_tokens"] == 0 or first["cached_tokens"] < len(LONG)
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < cached < len(LONG) and cached % 16 == 0, usage
+
+
+# -- info endpoints ------------------------------------------------------------------------
+
+
+def test_info_endpoints(api: Live) -> None:
+    assert api.get("/health").status_code == 200
+    assert api.get("/health_generate").status_code == 200
+    for path in ("/server_info", "/get_server_info"):
+        info = api.get(path).json()
+        assert (Path(info["model_path"]) / "tokenizer.json").is_file()
+        assert info["disaggregation_mode"] == "decode"
+        assert info["tp_size"] == 1 and info["dp_size"] == 1
+    for path in ("/model_info", "/get_model_info"):
+        model = api.get(path).json()
+        assert (Path(model["tokenizer_path"]) / "tokenizer.json").is_file()
+        assert model["is_generation"] is True
+    models = api.get("/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["object"] == "model"
+    assert models["data"][0]["id"]
+    metrics = api.get("/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
+    assert "decode_worker_kv_pages_total" in metrics.text
+
+
+def test_wrong_method_and_path(api: Live) -> None:
+    resp = api.get("/generate")
+    assert resp.status_code == 405 and "POST" in resp.headers["allow"]
+    assert api.get("/nope").status_code == 404
+    assert "message" in api.get("/nope").json()["error"]
+
+
+# -- bad input: 4xx with a JSON message, and the server keeps serving ------------------------
+
+GEN, COMP, CHAT = "/generate", "/v1/completions", "/v1/chat/completions"
+BAD = [
+    (GEN, b"{bad json", 400, "malformed"),
+    (GEN, b"", 400, "empty"),
+    (GEN, b"[1, 2]", 400, "object"),
+    (GEN, b'{"input_ids": "abc"}', 400, "input_ids"),
+    (GEN, b'{"input_ids": [1, 2.5]}', 400, "input_ids"),
+    (GEN, b'{"input_ids": []}', 400, "empty"),
+    (GEN, b'{"text": ""}', 400, "empty"),
+    (GEN, b'{"text": "a", "input_ids": [1]}', 400, "exactly one"),
+    (GEN, b'{"input_ids": [-1, 2]}', 400, "non-negative"),
+    (GEN, b'{"input_ids": [1, 99999]}', 400, "vocab"),
+    (GEN, b'{"input_ids": [1], "sampling_params": {"temperature": -1}}', 400, "temperature"),
+    (GEN, b'{"input_ids": [1], "sampling_params": {"temperature": "hot"}}', 400, "temperature"),
+    (GEN, b'{"input_ids": [1], "sampling_params": {"top_p": 0}}', 400, "top_p"),
+    (GEN, b'{"input_ids": [1], "sampling_params": {"top_k": 0}}', 400, "top_k"),
+    (GEN, b'{"input_ids": [1], "sampling_params": {"max_new_tokens": -3}}', 400, "max_new"),
+    (GEN, b'{"input_ids": [1], "sampling_params": {"n": 2}}', 400, "n=2"),
+    (GEN, b'{"input_ids": [1], "bootstrap_room": -5}', 400, "bootstrap_room"),
+    (COMP, b'{"prompt": ""}', 400, "empty"),
+    (COMP, b'{"max_tokens": 2}', 400, "prompt"),
+    (COMP, b'{"prompt": [1, 2], "temperature": -0.5}', 400, "temperature"),
+    (COMP, b'{"prompt": [1, 2], "top_p": 0}', 400, "top_p"),
+    (COMP, b'{"prompt": [1, 2], "max_completion_tokens": "many"}', 400, "max_completion"),
+    (COMP, b'{"prompt": [[1], [2]]}', 400, "prompt"),
+    (CHAT, b'{"messages": []}', 400, "messages"),
+    (CHAT, b'{"messages": "hi"}', 400, "messages"),
+    (CHAT, b'{"messages": [{"content": "no role"}]}', 400, "role"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "top_k": 0}', 400, "top_k"),
+]
+
+
+@pytest.mark.parametrize(("path", "raw", "status", "word"), BAD,
+                         ids=[f"{p}:{r[:40]!r}" for p, r, _, _ in BAD])
+def test_bad_input_is_4xx_with_message(api: Live, path: str, raw: bytes, status: int,
+                                       word: str) -> None:
+    resp = api.post(path, raw=raw)
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert word.lower() in err["message"].lower(), err
+    assert api.get("/health").status_code == 200
+
+
+@pytest.fixture(scope="module")
+def small(e2e_model_dir: Path) -> Iterator[Live]:
+    """A second worker with a prompt limit and a small body limit."""
+    with live_server(e2e_model_dir, "--set", "scheduler.max_prompt_tokens=64",
+                     "--set", "server.max_body_bytes=65536", name="small") as live:
+        yield live
+
+
+def test_prompt_over_max_prompt_tokens_is_413(small: Live) -> None:
+    for path, body in ((GEN, {"input_ids": [5] * 65}), (COMP, {"prompt": [5] * 65}),
+                       (GEN, {"text": "word " * 200})):
+        resp = small.post(path, body)
+        assert resp.status_code == 413, resp.text
+        assert "64" in resp.json()["error"]["message"]
+    assert small.post(GEN, gen_body([5] * 64, 2)).status_code == 200
+
+
+def test_prompt_larger_than_the_pool_is_413(api: Live) -> None:
+    resp = api.post(GEN, gen_body([7] * (512 * 16 + 1), 1))  # the full pool holds 8192 tokens
+    assert resp.status_code == 413, resp.text
+    assert "pool" in resp.json()["error"]["message"]
+    assert api.post(GEN, gen_body(PROMPT, 2)).status_code == 200
+
+
+def test_oversized_body_is_413_and_server_serves(small: Live) -> None:
+    resp = small.post(GEN, raw=b'{"text": "' + b"a" * 70000 + b'"}')
+    assert resp.status_code == 413
+    assert "exceeds" in resp.json()["error"]["message"]
+    assert small.post(GEN, gen_body([5, 6], 2)).status_code == 200
+
+
+def _raw_exchange(port: int, data: bytes, timeout_s: float = 5.0) -> bytes:
+    """Send bytes on a fresh connection; read until the server closes it (or timeout)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        got, deadline = b"", time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                chunk = sock.recv(65536)
+            except (TimeoutError, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            got += chunk
+        return got
+
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+@pytest.mark.parametrize("data", [
+    H2_PREFACE,
+    b"GARBAGE\r\n\r\n",
+    b"POST /generate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"POST /generate HTTP/1.1\r\nContent-Length: 50\r\n\r\n{\"inp",  # truncated body
+    b"POST /generate HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64),  # a TLS ClientHello
+], ids=["h2-preface", "garbage", "bad-chunk", "truncated", "neg-length", "tls"])
+def test_protocol_garbage_does_not_kill_the_server(api: Live, data: bytes) -> None:
+    got = _raw_exchange(api.port, data)
+    if got.startswith(b"HTTP/1.1"):
+        assert got.split(b" ", 2)[1].startswith(b"4"), got[:200]
+    assert api.get("/health").status_code == 200
+    assert api.post(GEN, gen_body(PROMPT[:5], 2)).status_code == 200
+
+
+def test_server_log_has_no_traceback_after_bad_input(api: Live) -> None:
+    out = api.proc.output()
+    assert "Traceback" not in out, out[-3000:]
+    assert json.dumps("engine stopped") not in out

@@ -32,8 +32,8 @@ def check_turns(turns: list[dict[str, Any]], reference: Callable[[list[int], int
     cached = [t["meta_info"]["cached_tokens"] for t in turns]
     assert cached[0] == 0
     assert all(c > 0 for c in cached[1:]), f"later turns reuse the cached prefix: {cached}"
-    moved = [b - a for a, b in zip([0.0] + [t["bytes_after"] for t in turns],
-                                   [t["bytes_after"] for t in turns], strict=True)]
+    after = [t["bytes_after"] for t in turns]
+    moved = [b - a for a, b in zip([0.0, *after[:-1]], after, strict=True)]
     # a later turn is longer than the first, yet moves fewer bytes (only suffix + SWA tail)
     assert all(m > 0 for m in moved)
     assert all(m < moved[0] for m in moved[1:]), f"bytes per turn: {moved}"

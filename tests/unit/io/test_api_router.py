@@ -61,10 +61,12 @@ def test_router_pd_mode_drives_our_api_unchanged() -> None:
     assert res["bad"][0] == 400 and "top_p" in res["bad"][1]
     for role in ("prefill", "decode"):  # both saw every request, with the bootstrap fields
         seen = res["seen"][role]
-        assert len(seen) == 4 and all(s["port"] == 8998 and s["room"] for s in seen)
+        assert len(seen) == 5 and all(s["port"] == 8998 and s["room"] for s in seen)
     assert [s["room"] for s in res["seen"]["prefill"]] == [s["room"] for s in res["seen"]["decode"]]
     assert res["seen"]["decode"][2]["max_new_tokens"] == 4  # chat max_tokens, renamed by router
     assert res["aborts"] == ["client_abort"]  # the router closed its decode connection
+    status, text = res["boom"]  # an error after the stream started: a relayed SSE error event
+    assert status == 200 and '"reason":"kv_timeout"' in text and text.endswith("data: [DONE]\n\n")
 
 
 # -- driver (runs inside the namespace) ------------------------------------------------------
@@ -79,7 +81,16 @@ def _stub(port: int, role: str, model_dir: str, log_path: str) -> None:
             with open(log_path, "a") as f:
                 f.write(json.dumps({"room": inp.bootstrap_room, "port": inp.bootstrap_port,
                                     "max_new_tokens": inp.sampling.max_new_tokens}) + "\n")
+            if inp.extra.get("client_rid") == "boom" and role == "decode":
+                return self._boom(inp)
             return super().generate(inp)
+
+        async def _boom(self, inp: Any) -> Any:
+            from decode_worker.io.api.backend import OutputChunk
+
+            yield OutputChunk(token_ids=[72], prompt_tokens=2)
+            await asyncio.sleep(0.05)
+            yield OutputChunk(error="KV never arrived", error_status=500, error_code="kv_timeout")
 
         def abort(self, rid: str, reason: str) -> None:
             with open(log_path, "a") as f:
@@ -152,13 +163,16 @@ def _exercise(c: Any, tmp: Path) -> dict[str, Any]:
         "model": "m", "prompt": "hi", "max_tokens": 3}).json()
     bad = c.post("/generate", json={"text": "hi", "sampling_params": {"top_p": 0}})
     res["bad"] = [bad.status_code, bad.text]
+    boom = c.post("/generate", json={"text": "hi", "stream": True, "rid": "boom",
+                                     "sampling_params": {"max_new_tokens": 3}})
+    res["boom"] = [boom.status_code, boom.text]
     with c.stream("POST", "/generate", json={"text": "hi", "stream": True,
                                              "sampling_params": {"max_new_tokens": 2000}}) as r:
         next(r.iter_bytes())  # then the client goes away mid-stream
     time.sleep(1.5)
     seen = {role: [json.loads(x) for x in (tmp / f"{role}.log").read_text().splitlines()]
             for role in ("prefill", "decode")}
-    res["seen"] = {role: [e for e in v if "room" in e][:4] for role, v in seen.items()}
+    res["seen"] = {role: [e for e in v if "room" in e][:5] for role, v in seen.items()}
     res["aborts"] = [e["abort"] for e in seen["decode"] if "abort" in e]
     return res
 

@@ -34,7 +34,7 @@ class TreeBase:
         self.ledger = RadixLedger()
         self._tick = 0
         self._uuid = 0
-        # a fresh live leaf keeps at most one page-aligned window; longer live runs are split
+        # pages of one page-aligned window: the leaf size when insert caps a long live run
         self._window_pages = max(1, cdiv(window, page_size))
 
     def _keys(self, token_ids: Sequence[int], keys: Sequence[PageKey] | None) -> list[PageKey]:

@@ -130,14 +130,15 @@ class InsertOps(TreeBase):
         live_from: int,
     ) -> list[Node]:
         """New nodes for pages `[i, n)` below `parent`: a tombstone part below `live_from`, a live
-        part above it, the live part split so the leaf holds at most one page-aligned window."""
+        part above it. A live part longer than two page-aligned windows is split so that the leaf
+        holds one window: a lock then pins about one window of SWA, not the whole run."""
         n = len(keys)
         cuts = [i]
         if self.swa is not None:
             t = min(max(live_from, i), n)
             if i < t < n:
                 cuts.append(t)
-            if t < n and cuts[-1] < n - self._window_pages:
+            if t < n and n - t > 2 * self._window_pages:  # a long live run: cap the leaf
                 cuts.append(n - self._window_pages)
         cuts.append(n)
         new: list[Node] = []

@@ -97,9 +97,9 @@ def test_transfer_ignores_tombstones_but_resume_needs_a_live_window() -> None:
 
 def test_resume_stops_at_the_deepest_end_with_a_window_of_live_swa() -> None:
     tree = make_tree()
-    finish(tree, list(range(16)), swa_start=0)  # all live, leaf capped to 2 pages
-    finish(tree, list(range(32)), swa_start=28)  # [16, 28) tombstone, [28, 32) live: 4 < 7
-    assert tree.match_prefix(list(range(32)), MatchMode.RESUME).prefix_len == 16
+    finish(tree, list(range(20)), swa_start=0)  # 5 live pages, leaf capped to 2
+    finish(tree, list(range(32)), swa_start=28)  # [20, 28) tombstone, [28, 32) live: 4 < 7
+    assert tree.match_prefix(list(range(32)), MatchMode.RESUME).prefix_len == 20
     assert tree.match_prefix(list(range(32)), MatchMode.TRANSFER).prefix_len == 32
     check(tree)
 
@@ -197,8 +197,8 @@ def test_evict_full_takes_least_recently_used_leaves_first() -> None:
 
 def test_unlock_with_skip_swa_after_early_release_keeps_counts_balanced() -> None:
     tree = make_tree()
-    finish(tree, list(range(24)), swa_start=8)
-    res = tree.match_prefix(list(range(24)), MatchMode.RESUME)
+    finish(tree, list(range(32)), swa_start=8)  # 6 live pages: leaf capped to 2
+    res = tree.match_prefix(list(range(32)), MatchMode.RESUME)
     lock = tree.lock(res.node)
     assert tree.swa_stats().protected == 2  # one window (7 tokens) = the 2-page leaf
     tree.release_swa_lock(lock)
@@ -257,3 +257,47 @@ def test_check_integrity_catches_a_leak() -> None:
     tree.full.alloc(1)  # nobody declares it held
     with pytest.raises(Exception, match="total"):
         tree.check_integrity()
+
+
+def test_page_keys_are_exact_per_page_and_drop_the_partial_page() -> None:
+    from decode_worker.core.radix_node import page_keys
+
+    keys = page_keys([1, 2, 3, 4, 5, 6, 7, 8, 9], 4)
+    assert len(keys) == 2 and keys[0] != keys[1]
+    assert keys == page_keys([1, 2, 3, 4, 5, 6, 7, 8], 4)
+    assert page_keys([70000, 2, 3, 4], 4) != page_keys([70001, 2, 3, 4], 4)
+    assert page_keys([5, 6, 7], 1) == [5, 6, 7]
+
+
+def test_req_kv_keys_are_computed_once_and_extended_on_append() -> None:
+    kv = ReqKV(list(range(9)), [], [])
+    first = kv.keys(PS)
+    assert len(first) == 2
+    kv.token_ids += list(range(9, 16))
+    again = kv.keys(PS)
+    assert again is first and len(again) == 4  # same list, extended in place
+    from decode_worker.core.radix_node import page_keys
+
+    assert again == page_keys(kv.token_ids, PS)
+
+
+def test_match_with_zero_cap_returns_the_root_and_locking_it_is_a_no_op() -> None:
+    tree = make_tree()
+    finish(tree, list(range(16)), swa_start=8)
+    res = tree.match_prefix(list(range(16)), MatchMode.TRANSFER, max_len=0)
+    assert res.prefix_len == 0 and res.node is tree.root
+    lock = tree.lock(res.node)
+    assert tree.full_stats().protected == 0
+    tree.unlock(lock)
+    check(tree)
+
+
+def test_stats_always_sum_to_the_pool_size() -> None:
+    tree = make_tree()
+    kv = admit(tree, list(range(30)), swa_start=16)
+    tree.cache_unfinished_req(kv)
+    for stats in (tree.full_stats(), tree.swa_stats()):
+        parts = stats.available + stats.evictable + stats.protected + stats.held_by_requests
+        assert parts == stats.total
+    assert tree.full_stats().held_by_requests == 1  # the partial last page
+    check(tree, kv)

@@ -243,8 +243,8 @@ class RadixMachine(RuleBasedStateMachine):
 
 
 RadixMachine.TestCase.settings = settings(
-    max_examples=60,
-    stateful_step_count=50,
+    max_examples=150,
+    stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )

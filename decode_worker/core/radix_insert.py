@@ -48,6 +48,8 @@ class InsertOps(TreeBase):
         """Insert; returns (pages already present, the node ending at the aligned end)."""
         ps, n = self.page_size, len(keys)
         prot, live_from = protected_len // ps, max(cdiv(swa_start, ps), protected_len // ps)
+        if self.swa is not None and len(swa_ids) < min(n, live_from):
+            swa_ids = [*swa_ids, *[0] * (live_from - len(swa_ids))]  # short list: not held
         self._validate_insert(n, full_ids, swa_ids, prot, live_from)
         self._tick += 1
         node, i, path = self.root, 0, []

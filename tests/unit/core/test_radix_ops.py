@@ -301,3 +301,12 @@ def test_stats_always_sum_to_the_pool_size() -> None:
         assert parts == stats.total
     assert tree.full_stats().held_by_requests == 1  # the partial last page
     check(tree, kv)
+
+
+def test_insert_accepts_a_short_swa_list_when_no_swa_is_held() -> None:
+    tree = make_tree()
+    kv = admit(tree, list(range(16)), swa_start=16)
+    kv.swa_page_ids = []  # nothing held: every inserted page is a tombstone
+    tree.cache_finished_req(kv)
+    assert tree.full_stats().evictable == 4 and tree.swa_stats().evictable == 0
+    check(tree)

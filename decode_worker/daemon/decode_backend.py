@@ -38,6 +38,8 @@ class BackendInfo:
     window: int
     max_total_tokens: int
     max_running_requests: int
+    kv_full_bytes_per_token: int  # all full-attention layers, K and V
+    context_length: int  # longest sequence the model takes (max_position_embeddings)
 
 
 class DecodeBackend:
@@ -115,11 +117,14 @@ class DecodeBackend:
             "tp_size": 1, "dp_size": 1, "page_size": i.page_size, "sliding_window": i.window,
             "max_total_num_tokens": i.max_total_tokens,
             "max_running_requests": i.max_running_requests, "status": self.health().status,
+            "kv_full_bytes_per_token": i.kv_full_bytes_per_token,
+            "context_length": i.context_length,
         }
 
     def model_info(self) -> dict[str, Any]:
         return {"model_path": self.info.model_path, "tokenizer_path": self.info.model_path,
-                "served_model_name": self.info.served_model_name, "is_generation": True}
+                "served_model_name": self.info.served_model_name, "is_generation": True,
+                "context_length": self.info.context_length}
 
     def _check_can_accept(self, inp: GenerateInput) -> None:
         health = self.health()

@@ -104,7 +104,10 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
             model_path=str(self.rt.model_dir), served_model_name=self.rt.model_name,
             page_size=self.page_size, window=self.window,
             max_total_tokens=self.full.num_total * self.page_size,
-            max_running_requests=self.settings.scheduler.max_running_requests)
+            max_running_requests=self.settings.scheduler.max_running_requests,
+            kv_full_bytes_per_token=(self.rt.pools.page_bytes("full")
+                                     * self.rt.pools.spec.num_full_layers // self.page_size),
+            context_length=self.rt.runner.model.cfg.max_position_embeddings)
 
     # -- thread ------------------------------------------------------------------------------
     def start(self, outbox: Outbox) -> None:

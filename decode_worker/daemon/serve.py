@@ -18,7 +18,7 @@ import time
 from decode_worker.daemon.bridge import Drain, Outbox, Shutdown
 from decode_worker.daemon.decode_backend import DecodeBackend
 from decode_worker.daemon.engine import DecodeEngine
-from decode_worker.io.api.app import ApiApp
+from decode_worker.io.api.app import ApiApp, check_model_path
 from decode_worker.io.api.common import ApiConfig
 from decode_worker.io.http.server import HttpServer, ServerConfig
 from decode_worker.io.metrics import Metrics
@@ -47,8 +47,10 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics) -> 
     engine.start(Outbox(loop, backend.deliver))
     app = ApiApp(backend, ApiConfig.from_settings(settings), metrics)
     sc = settings.server
-    server = HttpServer(app, ServerConfig(host=sc.host, port=sc.port,
-                                          max_body_bytes=sc.max_body_bytes))
+    warning = check_model_path(backend.server_info())
+    if warning:
+        log.warning("%s", warning)
+    server = HttpServer(app, ServerConfig.from_settings(settings))
     await server.start()
     stop = _install_signals(loop)
     print(f"decode worker ready on http://{sc.host}:{server.port}", flush=True)

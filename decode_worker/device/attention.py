@@ -32,14 +32,17 @@ def attend(q: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor, sinks: torch.T
     nkv = kv.shape[3]
     g = nh // nkv
     kvf = kv.float()
-    qg = q.float().view(b, nq, nkv, g, hd).permute(0, 2, 3, 1, 4)  # [B, kvh, g, Q, hd]
-    kt = kvf[:, :, 0].permute(0, 2, 3, 1)[:, :, None]  # [B, kvh, 1, hd, L]
-    s = torch.matmul(qg, kt) * scale + bias[:, None, None]  # s: [B, kvh, g, Q, L]
+    k = kvf[:, :, 0].permute(0, 2, 3, 1)  # [B, kvh, hd, L]
+    v = kvf[:, :, 1].permute(0, 2, 1, 3)  # [B, kvh, L, hd]
+    # fold the g query heads of a KV head into the rows: plain batched matmuls, no broadcast
+    qg = q.float().view(b, nq, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(b, nkv, g * nq, hd)
+    s = torch.matmul(qg, k).view(b, nkv, g, nq, -1) * scale  # s: [B, kvh, g, Q, L]
+    s = s + bias[:, None, None]
     sink = sinks.float().view(1, nkv, g, 1, 1).expand(b, nkv, g, nq, 1)  # [B, kvh, g, Q, 1]
     p = torch.softmax(torch.cat((s, sink), dim=-1), dim=-1)[..., :-1]  # [B, kvh, g, Q, L]
-    vg = kvf[:, :, 1].permute(0, 2, 1, 3)[:, :, None]  # [B, kvh, 1, L, hd]
-    out = torch.matmul(p, vg)  # out: [B, kvh, g, Q, hd]
-    return out.permute(0, 3, 1, 2, 4).reshape(b, nq, nh * hd).to(q.dtype)
+    out = torch.matmul(p.reshape(b, nkv, g * nq, -1), v)  # out: [B, kvh, g * Q, hd]
+    out = out.view(b, nkv, g, nq, hd).permute(0, 3, 1, 2, 4)  # [B, Q, kvh, g, hd]
+    return out.reshape(b, nq, nh * hd).to(q.dtype)
 
 
 def attend_split(q: torch.Tensor, kv: torch.Tensor, pages: torch.Tensor, offs: torch.Tensor,

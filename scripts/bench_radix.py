@@ -1,16 +1,23 @@
 """Benchmark the unified radix tree on a multi-turn chat trace (pure Python, one core).
 
-Trace: `--systems` shared system prompts; `--convs` conversations, each `--turns` turns of a user
-message and an assistant answer; turn t's prompt is the system prompt plus the whole history.
-Each request does what the decode worker does: a TRANSFER match capped at the window start S, a
-lock, allocation of the delta and the SWA tail (evicting when short), `cache_unfinished_req`,
-decoding its answer (freeing out-of-window SWA pages), `cache_finished_req`.
+Trace: `--systems` shared system prompts of `--system-len` tokens; conversations of `--turns`
+turns (user message 30-300 tokens, answer 50-400 tokens); turn t's prompt is the system prompt
+plus the whole history. Conversations are shuffled within each turn. Each request does what the
+decode worker does: page keys once, a TRANSFER match capped at the window start S, a lock,
+allocation of the delta and the SWA tail (evicting when short), `cache_unfinished_req`, decoding
+its answer (freeing out-of-window SWA pages), `cache_finished_req`. Token lists are fresh int
+objects per request (as decoded from the wire). Times are CPU time (`process_time`).
 
-Reports per page size: match / insert / finish throughput (ops/s, tokens/s), the scaling of
-match and insert cost with the number of cached tokens, peak memory (tracemalloc, a separate
-pass), and reuse: prompt tokens the TRANSFER match reuses vs the full-attention bound (the
-full-resident prefix, uncapped) and vs a window-safe match (SGLang's rule: RESUME capped at S),
-with and without eviction pressure.
+Reports per page size:
+- scaling runs (`--scales`, cached tokens at the end): per-request key cost and match / insert
+  (`cache_unfinished_req`) / finish (`cache_finished_req`) throughput over the last quarter of the
+  requests (cache near its final size), in ops/s and prompt tokens/s;
+- at `--reuse-scale`, without and with eviction pressure (`--pressure`): throughput over the
+  whole run (all turns, timed without probes), then in a second run with untimed probes the
+  reuse: prompt tokens the TRANSFER match reuses vs the full-attention bound (the full-resident
+  prefix, uncapped) and vs a window-safe match (SGLang's rule: the deepest node with a live SWA
+  window, capped at S);
+- memory (`--memory-scale`): tracemalloc of the tree and pools at the end, and the peak.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from decode_worker.utils.mathx import align_down, cdiv
 
 @dataclass
 class Stats:
+    keys_s: float = 0.0
     match_s: float = 0.0
     insert_s: float = 0.0
     finish_s: float = 0.0
@@ -85,9 +93,11 @@ def run_request(tree: UnifiedRadixTree, prompt: list[int], answer: list[int], st
     ps, win = tree.page_size, tree.window
     s = window_start(len(prompt), win, ps)
     t0 = time.process_time()
-    keys = page_keys(prompt, ps)  # once per request, reused by the inserts
+    keys = page_keys(prompt, ps)  # once per request, reused by match and both inserts
+    t1 = time.process_time()
     res = tree.match_prefix(prompt, MatchMode.TRANSFER, max_len=s, keys=keys)
-    st.match_s += time.process_time() - t0
+    st.match_s += time.process_time() - t1
+    st.keys_s += t1 - t0
     lock = tree.lock(res.node)
     n_pages = cdiv(len(prompt), ps)
     full = res.full_page_ids + alloc(tree, n_pages - res.prefix_len // ps, swa=False, st=st)
@@ -175,6 +185,7 @@ def run_trace(
 
 def merge(into: Stats, one: Stats) -> None:
     for k in (
+        "keys_s",
         "match_s",
         "insert_s",
         "finish_s",
@@ -192,16 +203,17 @@ def merge(into: Stats, one: Stats) -> None:
 def report(label: str, st: Stats, cached: int) -> None:
     n, toks = st.n_req, st.prompt_tokens
     print(
-        f"{label:<22} cached {cached / 1e3:>6.0f}k tok | match {n / st.match_s:>7.0f}/s "
-        f"{toks / st.match_s / 1e6:>6.1f}M tok/s | insert {n / st.insert_s:>6.0f}/s "
-        f"{toks / st.insert_s / 1e6:>6.1f}M tok/s | finish {n / st.finish_s:>6.0f}/s"
+        f"{label:<14} cached {cached / 1e3:>5.0f}k tok | keys {st.keys_s / n * 1e6:>5.1f} us/req | "
+        f"match {n / st.match_s:>6.0f}/s {toks / st.match_s / 1e6:>5.0f}M tok/s | "
+        f"insert {n / st.insert_s:>6.0f}/s {toks / st.insert_s / 1e6:>5.0f}M tok/s | "
+        f"finish {n / st.finish_s:>6.0f}/s"
     )
 
 
 def report_reuse(label: str, st: Stats) -> None:
     pt = max(1, st.prompt_tokens)
     print(
-        f"{label:<22} reuse: transfer {st.reused / pt:6.1%} | full bound {st.bound / pt:6.1%} | "
+        f"{label:<14} reuse: transfer {st.reused / pt:6.1%} | full bound {st.bound / pt:6.1%} | "
         f"window-safe {st.window_safe / pt:6.1%} | evicted full {st.evicted_full} "
         f"swa {st.evicted_swa} pages"
     )
@@ -243,11 +255,13 @@ def main() -> None:
         for scale in args.scales:
             _, tail, cached = run_trace(args, ps, max(1, round(scale / conv_tokens(args))), None)
             report(f"scale {scale // 1000}k", tail, cached)
-        args.reuse = True
         n_convs = max(1, round(args.reuse_scale / conv_tokens(args)))
         for label, frac in (("no eviction", None), (f"pool {args.pressure:.0%}", args.pressure)):
+            args.reuse = False  # timed without the reuse probes (they would pre-split nodes)
             whole, _, cached = run_trace(args, ps, n_convs, frac)
             report(label, whole, cached)
+            args.reuse = True
+            whole, _, cached = run_trace(args, ps, n_convs, frac)
             report_reuse(label, whole)
         args.reuse, args.memory = False, True
         n_convs = round(args.memory_scale / conv_tokens(args))
@@ -255,7 +269,7 @@ def main() -> None:
         args.memory = False
         cur, peak = whole.extra["tree_bytes"], whole.extra["peak_bytes"]
         print(
-            f"{'memory':<22} cached {cached / 1e3:>6.0f}k tok | tree+pools {cur / 2**20:.1f} MiB"
+            f"{'memory':<14} cached {cached / 1e3:>6.0f}k tok | tree+pools {cur / 2**20:.1f} MiB"
             f" ({cur / max(1, cached):.1f} B/cached token) | peak while running "
             f"{peak / 2**20:.1f} MiB"
         )

@@ -1,0 +1,224 @@
+"""Request and process lifecycle of the real decode worker (issue 7): a client that disconnects
+aborts its request and every page comes back; SIGTERM under load drains (503 + Retry-After for
+new work, an answer for every request in flight, exit 0 within the grace); a second signal exits
+at once; a restarted worker rebinds its port at once."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.driver import free_port
+from tests.e2e.live_fixtures import (
+    DONE,
+    Live,
+    Metrics,
+    gen_body,
+    live_server,
+    parse_event,
+    pool_is_whole,
+    raw_stream,
+    read_events,
+)
+
+pytestmark = pytest.mark.slow
+GRACE_S = 5.0
+LONG_NEW = 5000  # fits the pool (< 8192 tokens) but never finishes within a test
+
+
+@pytest.fixture(scope="module")
+def worker(e2e_model_dir: Path) -> Iterator[Live]:
+    with live_server(e2e_model_dir, name="lifecycle") as live:
+        yield live
+
+
+def _aborts(m: Metrics) -> float:
+    return m.value("decode_worker_aborts_total", reason="client_abort")
+
+
+def _wait_for(live: Live, what: str, pred: Any, timeout_s: float = 20.0) -> Metrics:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = live.metrics()
+        if pred(m):
+            return m
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout_s}s"
+        time.sleep(0.05)
+
+
+def _running(m: Metrics) -> float:
+    return m.value("decode_worker_queue_requests", queue="running")
+
+
+def _chat(n: int, stream: bool) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "tell me everything"}], "max_tokens": n,
+            "temperature": 0, "ignore_eos": True, "stream": stream}
+
+
+STREAMS = {
+    "generate": ("/generate", gen_body(list(range(3, 90)), LONG_NEW, stream=True)),
+    "completions": ("/v1/completions", {"prompt": list(range(3, 90)), "max_tokens": LONG_NEW,
+                                        "temperature": 0, "ignore_eos": True, "stream": True}),
+    "chat": ("/v1/chat/completions", _chat(LONG_NEW, True)),
+}
+
+
+@pytest.mark.parametrize("endpoint", sorted(STREAMS))
+def test_client_disconnect_mid_stream_aborts_and_frees_pages(worker: Live, endpoint: str) -> None:
+    path, body = STREAMS[endpoint]
+    before = _aborts(worker.wait_idle())
+    sock = raw_stream(worker.port, path, body, events=5)
+    _wait_for(worker, "request running", lambda m: _running(m) == 1)
+    sock.close()
+    m = _wait_for(worker, "abort after disconnect",
+                  lambda m: _running(m) == 0 and _aborts(m) > before, timeout_s=10)
+    assert _aborts(m) == before + 1
+    assert pool_is_whole(worker.wait_idle()) == []
+
+
+def test_client_disconnect_during_non_streaming_request_aborts(worker: Live) -> None:
+    before = _aborts(worker.wait_idle())
+    data = json.dumps(gen_body(list(range(3, 70)), LONG_NEW)).encode()
+    sock = socket.create_connection(("127.0.0.1", worker.port), timeout=10)
+    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    _wait_for(worker, "request running", lambda m: _running(m) == 1)
+    sock.close()
+    _wait_for(worker, "abort after disconnect",
+              lambda m: _running(m) == 0 and _aborts(m) == before + 1, timeout_s=10)
+    assert pool_is_whole(worker.wait_idle()) == []
+
+
+def test_many_disconnects_leave_the_pools_whole(worker: Live) -> None:
+    before = _aborts(worker.wait_idle())
+    socks = [raw_stream(worker.port, *STREAMS[name], events=2)
+             for name in ("generate", "completions", "chat") * 2]
+    for sock in socks:
+        sock.close()
+    _wait_for(worker, "all aborted",
+              lambda m: _running(m) == 0 and _aborts(m) == before + len(socks), timeout_s=15)
+    assert pool_is_whole(worker.wait_idle()) == []
+    out = worker.post("/generate", gen_body([4, 5, 6], 3))  # and it still serves
+    assert out.status_code == 200 and len(out.json()["output_ids"]) == 3
+
+
+# -- SIGTERM ---------------------------------------------------------------------------------
+
+
+class StreamClient(threading.Thread):
+    """One streaming /generate in a thread: records the status and every SSE event."""
+
+    def __init__(self, url: str, body: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.body = url, body
+        self.status: int | None = None
+        self.events: list[Any] = []
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            with httpx.stream("POST", f"{self.url}/generate", json=self.body,
+                              timeout=httpx.Timeout(30.0, connect=5.0)) as resp:
+                self.status = resp.status_code
+                for payload in read_events(resp.iter_lines()):
+                    self.events.append(parse_event(payload))
+        except httpx.HTTPError as exc:
+            self.error = repr(exc)
+
+
+def _start_clients(live: Live, short_new: int, n_short: int, n_long: int) -> list[StreamClient]:
+    clients = [StreamClient(live.url, gen_body(list(range(3, 40 + i)), new, stream=True))
+               for i, new in enumerate([short_new] * n_short + [LONG_NEW] * n_long)]
+    for c in clients:
+        c.start()
+    _wait_for(live, "all running", lambda m: _running(m) == len(clients), timeout_s=30)
+    return clients
+
+
+def _check_answered(c: StreamClient, short_new: int) -> str:
+    """A request in flight at SIGTERM ends with a whole answer or a drain error, then [DONE]."""
+    assert c.error is None and c.status == 200, (c.error, c.status)
+    assert len(c.events) >= 2 and c.events[-1] == DONE, c.events[-2:]
+    last = c.events[-2]
+    if "error" in last:
+        assert last["error"]["reason"] == "drain" and last["error"]["message"], last
+        return "drained"
+    assert last["meta_info"]["finish_reason"] == {"type": "length", "length": short_new}
+    assert len(last["output_ids"]) == short_new
+    return "finished"
+
+
+def test_sigterm_under_load_answers_everyone_and_exits_0(e2e_model_dir: Path) -> None:
+    short_new = 60
+    with live_server(e2e_model_dir, "--set", f"server.drain_grace_s={GRACE_S}",
+                     name="drain") as live:
+        clients = _start_clients(live, short_new, n_short=4, n_long=4)
+        assert live.proc.proc is not None
+        signalled = time.monotonic()
+        live.proc.proc.send_signal(signal.SIGTERM)
+        health = _poll_until(lambda: httpx.get(f"{live.url}/health", timeout=2),
+                             lambda r: r.status_code == 503, timeout_s=3)
+        assert "draining" in health.text and int(health.headers["retry-after"]) > 0
+        for path, body in (("/generate", gen_body([5, 6], 2)),
+                           ("/v1/chat/completions", _chat(2, False))):
+            resp = httpx.post(f"{live.url}{path}", json=body, timeout=5)
+            assert resp.status_code == 503 and int(resp.headers["retry-after"]) > 0
+            assert resp.json()["error"]["message"]
+        assert live.metrics().value("decode_worker_draining") == 1
+        rc = live.proc.proc.wait(GRACE_S + 10)
+        took = time.monotonic() - signalled
+        for c in clients:
+            c.join(10)
+            assert not c.is_alive(), "a client hangs after the worker exited"
+        kinds = [_check_answered(c, short_new) for c in clients]
+        assert rc == 0, live.proc.output()[-3000:]
+        assert took <= GRACE_S + 5, f"exit took {took:.1f}s with grace {GRACE_S}s"
+        assert kinds[4:] == ["drained"] * 4, kinds  # the long ones cannot finish in the grace
+
+
+def _poll_until(call: Any, pred: Any, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = call()
+        if pred(got) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.02)
+
+
+def test_second_signal_exits_at_once(e2e_model_dir: Path) -> None:
+    with live_server(e2e_model_dir, "--set", "server.drain_grace_s=60", name="second") as live:
+        clients = _start_clients(live, LONG_NEW, n_short=0, n_long=2)
+        proc = live.proc.proc
+        assert proc is not None
+        proc.send_signal(signal.SIGTERM)
+        _poll_until(lambda: httpx.get(f"{live.url}/health", timeout=2),
+                    lambda r: r.status_code == 503, timeout_s=3)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(10)
+        assert time.monotonic() - t0 < 3.0 and rc != 0
+        for c in clients:
+            c.join(10)
+            assert not c.is_alive(), "a client hangs after a forced exit"
+
+
+def test_restarted_worker_rebinds_the_same_port_at_once(e2e_model_dir: Path) -> None:
+    port = free_port()
+    with live_server(e2e_model_dir, port=port, name="first") as first:
+        assert first.post("/generate", gen_body([4, 5], 2)).status_code == 200
+        idle = httpx.Client(base_url=first.url)  # a keep-alive connection the server closes
+        assert idle.get("/health").status_code == 200
+        assert first.proc.stop(signal.SIGTERM, timeout_s=20) == 0
+        idle.close()
+    with live_server(e2e_model_dir, port=port, name="second") as again:
+        assert again.get("/health").status_code == 200
+        assert again.post("/generate", gen_body([4, 5], 2)).status_code == 200

@@ -120,6 +120,9 @@ class PrefillPeer:
         with self._lock:
             if (dec := self._decoders.get(peer)) is not None:
                 dec.last_seen = now
+        if dec is None and not isinstance(msg, p.Hello):
+            # A peer we never greeted (we restarted): it drops us and handshakes again.
+            return [p.Refused("no handshake from this peer (the prefill peer restarted?)")]
         match msg:
             case p.Hello():
                 return [self._hello(peer, msg, now)]

@@ -20,16 +20,16 @@ import contextlib
 import logging
 import os
 import time
-from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import zmq
 
 from decode_worker.core.types import MemoryRegion
 from decode_worker.errors import PageError, TransferError
 from decode_worker.io import protocol as p
-from decode_worker.io.kv_peer import Peer, Transfer
+from decode_worker.io.kv_peer import Peer, ReceiverStats, Transfer, TransferEvent, transfer_bytes
+from decode_worker.io.metrics import Metrics
 from decode_worker.io.nixl_agent import NixlAgent
 
 if TYPE_CHECKING:  # io/ takes the settings object but does not import pydantic at run time
@@ -37,36 +37,17 @@ if TYPE_CHECKING:  # io/ takes the settings object but does not import pydantic 
 
 log = logging.getLogger(__name__)
 
-EventKind = Literal["done", "failed", "released"]
-
-
-@dataclass(frozen=True, slots=True)
-class TransferEvent:
-    kind: EventKind
-    transfer_id: int
-    rid: str
-    room: int
-    reason: str | None = None  # abort label, on "failed"
-    detail: str = ""
-    num_bytes: int = 0
-    num_descriptors: int = 0
-    duration_s: float = 0.0
-
-
-@dataclass(slots=True)
-class ReceiverStats:
-    done: int = 0
-    failures: Counter[str] = field(default_factory=Counter)
-    unknown_notifs: int = 0
-    late_notifs: int = 0
-    bytes_received: int = 0
+__all__ = ["KVReceiver", "ReceiverStats", "TransferEvent"]
 
 
 class KVReceiver:
     """Receives KV pushed by prefill peers into the regions registered here.
 
-    `regions` are the decode side's "full", "swa" and "aux" layouts (see protocol.RegionLayout).
-    Raises ConfigError if the NIXL agent cannot start.
+    `regions` are the decode side's "full", "swa" and "aux" layouts (see protocol.RegionLayout;
+    `daemon.prefill_peer.region_layouts` builds them from KVPools + AuxBuffer). `kv_timeout_s`
+    is the default per-transfer deadline (settings `scheduler.kv_timeout_s`). With `metrics`,
+    every "done" is observed (bytes, duration, descriptors, tokens) and every failure counted
+    by reason. Raises ConfigError if the NIXL agent cannot start.
     """
 
     def __init__(
@@ -76,18 +57,17 @@ class KVReceiver:
         regions: dict[str, p.RegionLayout],
         kv_timeout_s: float = 30.0,
         agent_name: str | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings, self.compat, self.regions = settings, compat, regions
+        self.metrics = metrics
         self.kv_timeout_s = kv_timeout_s
         self.agent = NixlAgent(agent_name or f"decode-{os.getpid()}", settings.backend)
         self.agent.register([_memory_region(r) for r in regions.values() if r.length])
         self._hello = p.Hello(
-            p.PROTOCOL_VERSION,
-            compat,
-            self.agent.name,
-            self.agent.metadata(),
+            p.PROTOCOL_VERSION, compat, self.agent.name, self.agent.metadata(),
             list(regions.values()),
-        )
+        )  # fmt: skip
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._peers: dict[str, Peer] = {}
         self._transfers: dict[int, Transfer] = {}
@@ -182,7 +162,7 @@ class KVReceiver:
 
     def _read_peer(self, peer: Peer, now: float) -> None:
         for msg in peer.client.recv_all():
-            peer.last_seen = now
+            peer.heard()
             match msg:
                 case p.Welcome():
                     self._on_welcome(peer, msg, now)
@@ -234,7 +214,7 @@ class KVReceiver:
     def _check_liveness(self, now: float) -> None:
         dead_after = self.settings.peer_dead_after_s
         for peer in list(self._peers.values()):
-            if now - peer.last_seen > dead_after:
+            if peer.is_silent(now, dead_after):
                 what = "heartbeat" if peer.ready else "handshake"
                 self._drop_peer(peer, "peer_dead", f"no {what} answer for {dead_after:.1f} s", now)
             elif now >= peer.next_ping:
@@ -265,20 +245,18 @@ class KVReceiver:
             self._release(xfer, now)  # the peer finished writing: the pages are quiet
             return
         self._forget(xfer)
-        num_bytes = _transfer_bytes(xfer.req, self.regions)
+        r = xfer.req
+        ev = TransferEvent(
+            "done", r.transfer_id, r.rid, r.room, num_bytes=transfer_bytes(r, self.regions),
+            num_descriptors=xfer.num_descriptors, num_tokens=r.prompt_len - r.reused_len,
+            duration_s=now - xfer.started_at,
+        )  # fmt: skip
         self.stats.done += 1
-        self.stats.bytes_received += num_bytes
-        self._events.append(
-            TransferEvent(
-                "done",
-                xfer.req.transfer_id,
-                xfer.req.rid,
-                xfer.req.room,
-                num_bytes=num_bytes,
-                num_descriptors=xfer.num_descriptors,
-                duration_s=now - xfer.started_at,
-            )
-        )
+        self.stats.bytes_received += ev.num_bytes
+        if self.metrics is not None:
+            self.metrics.observe_transfer(ev.num_bytes, ev.duration_s, ev.num_descriptors,
+                                          ev.num_tokens)  # fmt: skip
+        self._events.append(ev)
 
     def _on_peer_stopped(self, tid: int, now: float) -> None:
         xfer = self._transfers.get(tid)
@@ -300,15 +278,11 @@ class KVReceiver:
         """Fail one transfer. Unless the peer cannot be writing (`acked`, or never asked), its
         pages wait for an ack, the last notification, or `abort_quiesce_s`."""
         r = xfer.req
-        log.warning(
-            "transfer %d rid=%s room=%d failed (%s): %s",
-            r.transfer_id,
-            r.rid,
-            r.room,
-            reason,
-            detail,
-        )
+        log.warning("transfer %d rid=%s room=%d failed (%s): %s", r.transfer_id, r.rid, r.room,
+                    reason, detail)  # fmt: skip
         self.stats.failures[reason] += 1
+        if self.metrics is not None:
+            self.metrics.inc_transfer_failure(reason)
         self._events.append(TransferEvent("failed", r.transfer_id, r.rid, r.room, reason, detail))
         if acked or xfer.phase == "queued":
             self._release(xfer, now)
@@ -337,12 +311,3 @@ class KVReceiver:
 
 def _memory_region(r: p.RegionLayout) -> MemoryRegion:
     return MemoryRegion(r.addr, r.length, r.device_id, r.kind)
-
-
-def _transfer_bytes(req: p.TransferRequest, regions: dict[str, p.RegionLayout]) -> int:
-    full, swa, aux = regions["full"], regions["swa"], regions["aux"]
-    return (
-        len(req.full_page_ids) * full.num_layers * full.row_bytes
-        + len(req.swa_page_ids) * swa.num_layers * swa.row_bytes
-        + aux.row_bytes
-    )

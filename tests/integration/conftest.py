@@ -22,49 +22,55 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_prefill_peer(
-    port: int, cache_dir: Path, *extra: str, http_port: int | None = None,
-    ready_timeout_s: float = 90.0,
-) -> subprocess.Popen[str]:  # fmt: skip
-    """`decode-worker prefill` with its bootstrap (ZMQ) server on loopback:port and its HTTP
-    server on `http_port` (a free one if None); returns once it printed its ready line.
+class PeerLaunch:
+    """A `decode-worker prefill` process that was started; `ready()` waits for its ready line."""
 
-    Raises RuntimeError (with its output) if it exits or is not ready in time.
-    """
-    sets = {
-        "model.cache_dir": f'"{cache_dir}"',
-        "cache.num_full_pages": "512",
-        "cache.num_swa_pages": "512",
-        "transfer.heartbeat_interval_s": "0.2",
-        "transfer.peer_dead_after_s": "2.0",
-        "server.port": str(http_port or free_port()),
-    }
-    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "decode_worker", "prefill", "--bootstrap-port", str(port),
-         *args, *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-    lines: list[str] = []
-    ready = threading.Event()
+    def __init__(self, port: int, cache_dir: Path, *extra: str, http_port: int | None = None):
+        sets = {
+            "model.cache_dir": f'"{cache_dir}"',
+            "cache.num_full_pages": "512",
+            "cache.num_swa_pages": "512",
+            "transfer.heartbeat_interval_s": "0.2",
+            "transfer.peer_dead_after_s": "2.0",
+            "server.port": str(http_port or free_port()),
+        }
+        args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        self.port = port
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "decode_worker", "prefill", "--bootstrap-port", str(port),
+             *args, *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
 
-    def _read() -> None:
+    def _read(self) -> None:
         try:
-            for line in proc.stdout or ():
-                lines.append(line)
+            for line in self.proc.stdout or ():
+                self.lines.append(line)
                 if PEER_READY in line:
-                    ready.set()
+                    self._ready.set()
         except (ValueError, OSError):  # stdout closed by stop()
             pass
 
-    threading.Thread(target=_read, daemon=True).start()
-    deadline = time.monotonic() + ready_timeout_s
-    while not ready.wait(0.1):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            raise RuntimeError("prefill peer did not start:\n" + "".join(lines[-40:]))
-    return proc
+    def ready(self, timeout_s: float = 120.0) -> subprocess.Popen[str]:
+        """Raises RuntimeError (with its output) if it exits or is not ready in time."""
+        deadline = time.monotonic() + timeout_s
+        while not self._ready.wait(0.1):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                stop(self.proc)
+                raise RuntimeError("prefill peer did not start:\n" + "".join(self.lines[-40:]))
+        return self.proc
+
+
+def start_prefill_peer(
+    port: int, cache_dir: Path, *extra: str, http_port: int | None = None
+) -> subprocess.Popen[str]:
+    """`decode-worker prefill` with its bootstrap (ZMQ) server on loopback:port and its HTTP
+    server on `http_port` (a free one if None); returns once it is ready."""
+    return PeerLaunch(port, cache_dir, *extra, http_port=http_port).ready()
 
 
 def stop(proc: subprocess.Popen[str]) -> None:

@@ -22,7 +22,7 @@ from decode_worker.device.runner import ModelRunner
 from decode_worker.io.kv_receiver import KVReceiver, TransferEvent
 from decode_worker.settings import TransferSettings, load_settings
 from decode_worker.utils.mathx import align_down, cdiv
-from tests.integration.conftest import free_port, start_prefill_peer, stop
+from tests.integration.conftest import PeerLaunch, free_port, start_prefill_peer, stop
 
 pytestmark = pytest.mark.slow
 PS, WINDOW = 16, 127
@@ -81,6 +81,24 @@ def tokens(pool: torch.Tensor, table: list[int], start: int, end: int) -> torch.
 def tail(s: int, swa_ids: list[int]) -> list[int]:
     """An SWA page table whose pages start at window start `s` (0 = not held before it)."""
     return [0] * (s // PS) + swa_ids
+
+
+@pytest.fixture(scope="module")
+def peers(model_cache: Path) -> Iterator[tuple[int, PeerLaunch]]:
+    """The shared peer's port, and a spare peer (to be killed) started at the same time."""
+    main, spare = PeerLaunch(free_port(), model_cache), PeerLaunch(free_port(), model_cache)
+    try:
+        main.ready()
+        spare.ready()
+        yield main.port, spare
+    finally:
+        stop(main.proc)
+        stop(spare.proc)
+
+
+@pytest.fixture(scope="module")
+def prefill_peer(peers: tuple[int, PeerLaunch]) -> int:
+    return peers[0]
 
 
 @pytest.fixture(scope="module")
@@ -169,10 +187,9 @@ def test_full_hit_sends_first_token_and_swa_tail_only(
 
 
 def test_prefill_peer_killed_mid_transfer_fails_only_that_request(
-    decode: DecodeSide, prefill_peer: int, model_cache: Path
+    decode: DecodeSide, peers: tuple[int, PeerLaunch], model_cache: Path
 ) -> None:
-    port = free_port()
-    doomed = start_prefill_peer(port, model_cache)
+    port, doomed = peers[1].port, peers[1].proc
     free_before = (decode.full.num_free, decode.swa.num_free)
     prompt = prompt_of(3000, seed=5)
     n, s = cdiv(3000, PS), window_start(3000)
@@ -196,8 +213,12 @@ def test_prefill_peer_killed_mid_transfer_fails_only_that_request(
     decode.swa.free(swa)
     assert (decode.full.num_free, decode.swa.num_free) == free_before
     stop(doomed)
-    # The receiver is still usable with the live peer.
-    test_full_hit_sends_first_token_and_swa_tail_only(decode, prefill_peer)
+    # The receiver is still usable: a peer restarted on the same address serves again.
+    reborn = start_prefill_peer(port, model_cache)
+    try:
+        test_full_hit_sends_first_token_and_swa_tail_only(decode, port)
+    finally:
+        stop(reborn)
 
 
 def test_incompatible_peer_is_refused_naming_both_sides(
@@ -251,10 +272,10 @@ def test_abort_returns_pages_once_the_peer_confirms(decode: DecodeSide, prefill_
 
 
 def test_missing_prompt_times_out_with_kv_timeout(decode: DecodeSide, prefill_peer: int) -> None:
+    t0 = time.monotonic()
     tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="lonely", room=81, prompt_len=32,
                            reused_len=0, swa_window_start=0, full_page_ids=[1, 2],
                            swa_page_ids=[1, 2], aux_slot=7, timeout_s=1.0)  # fmt: skip
-    t0 = time.monotonic()
     events = decode.wait(tid, "released", timeout_s=6.0)
     assert [(e.kind, e.reason) for e in events] == [("failed", "kv_timeout"), ("released", None)]
     assert 1.0 <= time.monotonic() - t0 < 4.0

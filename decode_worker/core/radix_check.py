@@ -9,6 +9,10 @@ Checked (any failure raises `FatalError` naming the invariant):
   equal to the sums over nodes;
 - eviction orders: the leaf set is exactly the unlocked childless non-root nodes, each with a
   current heap entry; the SWA LRU holds exactly the live SWA values.
+
+Deliberately not an invariant here: SGLang's "no all-tombstone leaf". TRANSFER matches reuse the
+full KV of tombstoned leaves (the SWA tail always arrives fresh), and RESUME matches check the
+live window themselves, so a tombstoned leaf is useful and never mistaken for a resumable one.
 """
 
 from __future__ import annotations

@@ -41,7 +41,10 @@ class LockOps(TreeBase):
         """Lock the full values on the path root -> `node` and (if `swa`) the live SWA values of
         about one window above `node`'s end: walking up, live values are locked until `window`
         tokens are covered; that node is marked as the span's boundary. Tombstones are skipped.
-        Locked pages are never evicted."""
+        Locked pages are never evicted. Raises `LockStateError` if `node` was evicted since its
+        match."""
+        if node.parent is None and node is not self.root:
+            raise LockStateError(f"lock of an evicted node {node!r} (lock right after the match)")
         self._tick += 1
         ledger, root = self.ledger, self.root
         n = node

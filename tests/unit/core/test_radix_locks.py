@@ -116,3 +116,13 @@ def test_match_with_zero_cap_returns_the_root_and_locking_it_is_a_no_op() -> Non
     assert tree.full_stats().protected == 0
     tree.unlock(lock)
     check(tree)
+
+
+def test_locking_a_node_evicted_since_its_match_raises() -> None:
+    tree = make_tree()
+    finish(tree, list(range(8)), swa_start=0)
+    res = tree.match_prefix(list(range(8)), MatchMode.TRANSFER)
+    tree.evict_full(100)
+    with pytest.raises(LockStateError):
+        tree.lock(res.node)
+    check(tree)

@@ -24,7 +24,7 @@ from decode_worker.io.api.backend import GenerateBackend, GenerateInput
 from decode_worker.io.api.common import ApiConfig, error_obj, new_rid, now_s
 from decode_worker.io.api.generate import handle_generate
 from decode_worker.io.api.openai import handle_chat, handle_completions
-from decode_worker.io.api.run import GenerationRun
+from decode_worker.io.api.run import GenerationRun, RejectedAtStart
 from decode_worker.io.api.schemas import Bootstrap
 from decode_worker.io.http.message import Request, Response, StreamResponse
 from decode_worker.io.metrics import Metrics
@@ -121,6 +121,7 @@ class ApiApp:
         metrics = self.metrics if self.config.observe_latency else None
         run = _TrackedRun(self.backend, inp, metrics, self._live)
         await run.start()
+        await run.reject_if_failed_at_start()
         return run
 
     def model_name(self, requested: str | None = None) -> str:
@@ -198,6 +199,9 @@ def _error_reply(exc: Exception, req: Request) -> Response:
         return _json_error(503, str(exc) or "unavailable", "unavailable", [("retry-after", retry)])
     if isinstance(exc, AdmissionRejected):
         return _json_error(413, str(exc), "too_large")
+    if isinstance(exc, RejectedAtStart):
+        after = [("retry-after", "5")] if exc.status == 503 else []
+        return _json_error(exc.status, str(exc), exc.code, after)
     log.exception("%s %s failed", req.method, req.path)
     return _json_error(500, f"internal error: {type(exc).__name__}", "internal")
 

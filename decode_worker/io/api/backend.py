@@ -19,8 +19,10 @@ suffixes a client rid that is already live: router retries resend the same rid).
 How chunks become HTTP answers:
 - raised before the first chunk: `ClientError` -> its status (400/413), `ServiceUnavailable`
   -> 503 + Retry-After, `AdmissionRejected` -> 413, anything else -> 500; same for streams;
-- a chunk with `error`: non-streaming -> `error_status` with the JSON error body; streaming ->
-  an SSE `data: {"error": ...}` event, then `data: [DONE]` (the stream is already 200);
+- a first chunk with `error` and no tokens (e.g. the engine's admission says too large):
+  answered like a raised error, `error_status` with the JSON error body, streams too;
+- a later chunk with `error`: non-streaming -> `error_status` with the JSON error body;
+  streaming -> an SSE `data: {"error": ...}` event, then `data: [DONE]` (already 200);
 - `finish_reason="abort"` without `error`: a normal 200 answer whose finish reason is abort;
 - `finish_reason="stop"` with `matched_stop` = a token id (EOS or a stop token): that last
   token is left out of the text (kept in `output_ids`) unless `no_stop_trim`.

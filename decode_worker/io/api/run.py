@@ -57,6 +57,15 @@ class BackendEnded(DecodeWorkerError):
     """The backend's iterator ended without a finished chunk."""
 
 
+class RejectedAtStart(DecodeWorkerError):
+    """The backend's first chunk was an error with no tokens: nothing was generated, so the
+    request is answered with that chunk's HTTP status (streams too), not a 200 stream."""
+
+    def __init__(self, message: str, status: int, code: str) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
 class GenerationRun:
     """One request in flight. Use: `await run.start()`, then `async for step in run.steps()`."""
 
@@ -94,6 +103,18 @@ class GenerationRun:
             self._closed = True
             await self._close_iter()
             raise
+
+    async def reject_if_failed_at_start(self) -> None:
+        """After `start()`: if the first chunk is an error without tokens, end the run (no
+        abort: the backend already ended it) and raise RejectedAtStart."""
+        first = self._first
+        if first is None or first.error is None or first.token_ids:
+            return
+        self.prompt_tokens = first.prompt_tokens or self.prompt_tokens
+        self.finish = Finish("error", message=first.error, status=first.error_status,
+                             code=first.error_code)
+        await self.close()
+        raise RejectedAtStart(first.error, first.error_status, first.error_code)
 
     async def steps(self) -> AsyncGenerator[Step, None]:
         """Steps until the finishing one (inclusive). Closing early aborts the request."""

@@ -242,6 +242,20 @@ def test_prompt_larger_than_the_pool_is_413(api: Live) -> None:
     assert api.post(GEN, gen_body(PROMPT, 2)).status_code == 200
 
 
+@pytest.mark.parametrize("path", [GEN, COMP])
+def test_streaming_request_too_large_for_the_pool_is_413_not_a_200_stream(api: Live,
+                                                                          path: str) -> None:
+    """Admission (on the compute thread) rejects it before any token: a plain HTTP error."""
+    body: dict[str, Any] = {"stream": True}
+    if path == GEN:
+        body.update(gen_body(PROMPT, 100_000))
+    else:
+        body.update(prompt=PROMPT, max_tokens=100_000, temperature=0, ignore_eos=True)
+    resp = api.post(path, body)
+    assert resp.status_code == 413, resp.text
+    assert "pool" in resp.json()["error"]["message"]
+
+
 def test_oversized_body_is_413_and_server_serves(small: Live) -> None:
     resp = small.post(GEN, raw=b'{"text": "' + b"a" * 70000 + b'"}')
     assert resp.status_code == 413

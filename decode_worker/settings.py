@@ -90,6 +90,9 @@ class SchedulerSettings(_Section):
     default_max_new_tokens: int = Field(128, gt=0, description="When a request gives none")
     queue_timeout_s: float = Field(60.0, gt=0, description="Deadline to get pages, then abort")
     kv_timeout_s: float = Field(30.0, gt=0, description="Deadline for KV to arrive, then abort")
+    decode_reserve_tokens: int = Field(
+        256, ge=0, description="Decode growth each admitted request keeps free pages for"
+    )
     cuda_graph: bool = Field(True, description="Capture the decode step in CUDA graphs (GPU)")
     cuda_graph_batch_sizes: list[int] = Field(
         [1, 2, 4, 8, 16, 24, 32, 48, 64], description="Graph buckets; eager above the largest"

@@ -70,7 +70,8 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
                 # backstop only: the receiver times transfers out first and returns pages
                 # once the peer stopped writing
                 kv_timeout_s=sched.kv_timeout_s + quiesce + 5.0,
-                max_active=sched.max_running_requests))
+                max_active=sched.max_running_requests,
+                decode_reserve_tokens=sched.decode_reserve_tokens))
         self.decode_alloc = DecodeAllocator(
             self.tree, self.full, self.swa, page_size=self.page_size, window=self.window,
             radix_cache=c.decode_radix_cache, stats=self.stats)

@@ -2,7 +2,9 @@
 
 Chat template: when the model directory ships one (`chat_template.jinja`, or `chat_template` in
 tokenizer_config.json) and jinja2 is importable, it is rendered with `messages`,
-`add_generation_prompt`, `bos_token` and `eos_token`. Otherwise the built-in template is used:
+`add_generation_prompt`, `bos_token` and `eos_token` in a sandbox (with `raise_exception` and
+`strftime_now`, as transformers provides; a template error is a ClientError). Otherwise the
+built-in template is used:
 
     <|start|>{role}<|message|>{content}<|end|>   (one per message)
     <|start|>assistant<|message|>                (if add_generation_prompt)
@@ -10,6 +12,7 @@ tokenizer_config.json) and jinja2 is importable, it is rendered with `messages`,
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from decode_worker.errors import ConfigError
+from decode_worker.errors import ClientError, ConfigError
 
 BUILTIN_CHAT_TEMPLATE = (
     "{%- for m in messages -%}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>"
@@ -82,14 +85,28 @@ class Tokenizer:
                 add_generation_prompt: bool) -> str | None:
         try:
             import jinja2
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError:
             return None
-        if self._compiled is None:
-            env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-            self._compiled = env.from_string(template)
-        return str(self._compiled.render(
-            messages=[{**m, "content": _content(m)} for m in messages],
-            add_generation_prompt=add_generation_prompt, **self.special))
+        try:
+            if self._compiled is None:
+                env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+                env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
+                self._compiled = env.from_string(template)
+            return str(self._compiled.render(
+                messages=[{**m, "content": _content(m)} for m in messages],
+                add_generation_prompt=add_generation_prompt, **self.special))
+        except jinja2.TemplateError as exc:
+            raise ClientError(f"chat template: {exc}") from None
+
+
+def _raise(message: str) -> None:
+    """`raise_exception(...)` in a template: the chat is not valid for this model."""
+    raise ClientError(f"chat template: {message}")
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
 
 
 def _content(message: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ from decode_worker.cli import main
 from decode_worker.device.default_model import EOS_TOKEN_ID, VOCAB_SIZE, ensure_default_model
 from decode_worker.device.model.config import GptOssConfig
 from decode_worker.device.tokenizer import Tokenizer
+from decode_worker.errors import ClientError
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +79,13 @@ def test_transformers_tokenizer_agrees(model_dir: Path) -> None:
     ref = transformers.AutoTokenizer.from_pretrained(model_dir)
     text = "abc <|start|>x"
     assert ref.encode(text, add_special_tokens=False) == Tokenizer.from_dir(model_dir).encode(text)
+
+
+def test_template_raise_exception_is_a_client_error(model_dir: Path) -> None:
+    tok = Tokenizer.from_dir(model_dir)
+    tok.chat_template = (
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}"
+        "{{ strftime_now('%Y') | length }}")
+    with pytest.raises(ClientError, match="user first"):
+        tok.apply_chat_template([{"role": "system", "content": "x"}])
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "4"

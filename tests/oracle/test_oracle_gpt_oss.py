@@ -174,3 +174,28 @@ def test_split_key_decode_matches_reference(model: GptOssModel, reference,
     monkeypatch.setattr(attention, "DECODE_KV_BUDGET", 40 * len(lengths) * 2 * 2 * 16)
     gen, logits = paged_greedy(make_runner(model, 16), prompts, steps=6)
     check_against_reference(reference, prompts, gen, logits)
+
+
+def test_pool_contents_equal_the_reference_cache_k_after_rope(
+        model: GptOssModel, reference) -> None:
+    """What a transfer ships: full layers hold K/V of every token, SWA layers of (at least) the
+    last window tokens, in the reference cache's values (K after RoPE)."""
+    from transformers import DynamicCache
+
+    runner, ps, n = make_runner(model, 16), 16, 200
+    prompt = prompt_of(n, seed=9)
+    full, swa = PageBook(ps).tables(n)
+    runner.prefill(prompt, full, swa)
+    cache = DynamicCache(config=reference.config)
+    with torch.no_grad():
+        reference(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True)
+    pos = torch.arange(n)
+    for layer in range(model.cfg.num_hidden_layers):
+        table = torch.tensor(full if runner.pools.layer_slot(layer)[0] == "full" else swa)
+        kv = runner.pools.layer_tensor(layer)[table[pos // ps], :, pos % ps]  # [n, 2, kvh, hd]
+        ref_k = cache.layers[layer].keys[0].transpose(0, 1)  # [kept, kvh, hd]
+        ref_v = cache.layers[layer].values[0].transpose(0, 1)
+        kept = ref_k.shape[0]  # 200 on full layers, window (127) on sliding ones
+        assert kept == (n if layer in model.cfg.full_layers else model.cfg.window)
+        assert torch.allclose(kv[-kept:, 0], ref_k, atol=1e-5, rtol=0)
+        assert torch.allclose(kv[-kept:, 1], ref_v, atol=1e-5, rtol=0)

@@ -130,6 +130,21 @@ class ModelRunner:
         hidden = self.model.forward(tokens, positions, attn, static=self.graphs is not None)
         return self.model.logits(hidden)  # [bs, V]
 
+    def capture_graphs(self, max_context_len: int) -> int:
+        """Capture every (size bucket, width bucket) up to `max_context_len` tokens now, so that
+        no step pays a capture later; no-op without graphs. Returns the number of graphs."""
+        if self.graphs is None:
+            return 0
+        pages = cdiv(max_context_len, self.pools.page_size)
+        widths, w = [], 1
+        while w < min(pages, self.graphs.max_pages):
+            widths.append(w)
+            w *= 2
+        widths.append(min(pages, self.graphs.max_pages))
+        with torch.inference_mode():
+            self.graphs.capture_all(widths)
+        return len(self.graphs.graphs)
+
     def destroy(self) -> None:
         """Release graph memory (call before the pools are deregistered)."""
         if self.graphs is not None:

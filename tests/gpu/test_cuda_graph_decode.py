@@ -94,3 +94,14 @@ def test_destroy_releases_graph_memory(model: GptOssModel) -> None:
     runner.destroy()
     assert runner.graphs is None
     assert torch.cuda.memory_reserved() <= before
+
+
+def test_capture_graphs_prepares_every_bucket(model: GptOssModel) -> None:
+    runner = build(model, graphs=True)
+    count = runner.capture_graphs(max_context_len=300)  # 19 pages -> widths 1..16, 19 -> 32 cap
+    assert count == len(BUCKETS) * 6
+    eager = run_steps(build(model, graphs=False), [40, 250], steps=3)
+    graphed = run_steps(runner, [40, 250], steps=3)
+    assert (eager - graphed).abs().max().item() < ATOL
+    assert len(runner.graphs.graphs) == count  # type: ignore[union-attr]  # nothing new
+    runner.destroy()

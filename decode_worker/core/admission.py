@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from decode_worker.core.pages import PageAllocator
+from decode_worker.core.radix_node import page_keys
 from decode_worker.core.radix_tree import MatchMode, UnifiedRadixTree
 from decode_worker.core.req_kv import ReqKV
 from decode_worker.core.request import HOLDS_KV, DecodeRequest, KVReleaser, RequestState
@@ -227,8 +228,10 @@ class PreallocQueue:
         swa_start = self._swa_start(fill)
         prefix, prefix_full, lock = 0, [], None
         cap = self._reuse_cap(req)
+        fill_ids = req.fill_ids
+        keys = page_keys(fill_ids, ps) if tree is not None else []  # once: match + ReqKV
         if tree is not None and cap > 0:
-            m = tree.match_prefix(req.fill_ids, MatchMode.TRANSFER, cap)
+            m = tree.match_prefix(fill_ids, MatchMode.TRANSFER, cap, keys=keys)
             if m.prefix_len > 0:
                 prefix, prefix_full = m.prefix_len, m.full_page_ids
                 lock = tree.lock(m.node, swa=False)  # the SWA tail arrives fresh
@@ -246,7 +249,7 @@ class PreallocQueue:
         new_full = self.full.alloc(need_full)
         new_swa = self.swa.alloc(need_swa) if self.swa is not None else []
         swa_ids = [0] * (swa_start // ps) + new_swa if self.swa is not None else []
-        kv = ReqKV(req.fill_ids, prefix_full + new_full, swa_ids, swa_start, prefix, lock)
+        kv = ReqKV(fill_ids, prefix_full + new_full, swa_ids, swa_start, prefix, lock, keys)
         req.transition(S.RESERVED, now, kv=kv)
         st = self.stats
         st.admissions_total += 1

@@ -166,15 +166,20 @@ class PrefillAttention:
         new = torch.stack((k, v), dim=1)  # [T, 2, kvh, hd]
         keys_vals = torch.cat((kv[r_page, :, r_off].to(k.dtype), new))  # [P + T, 2, kvh, hd]
         kv[w_page, :, w_off] = new.to(kv.dtype)
-        kpos = torch.cat((prev, self.qpos))  # [P + T]
+        kpos = torch.cat((prev, self.qpos))  # [P + T], consecutive positions from first
+        first = self.start - prev.shape[0]
         chunk = min(512, max(16, SCORE_BUDGET // (q.shape[1] * kpos.shape[0])))
         outs = []
         for c0 in range(0, q.shape[0], chunk):
-            qpos = self.qpos[c0:c0 + chunk]  # [C]
-            visible = kpos[None, :] <= qpos[:, None]  # [C, P + T]
+            q_lo, q_hi = self.start + c0, min(self.start + c0 + chunk, self.start + q.shape[0])
+            # keys this chunk can see: [q_lo - window, q_hi) on SWA layers, [0, q_hi) on full
+            k_lo = max(0, q_lo - self.window - first) if pool == "swa" else 0
+            k_hi = q_hi - first
+            qpos, kp = self.qpos[c0:c0 + chunk], kpos[k_lo:k_hi]  # [C], [K]
+            visible = kp[None, :] <= qpos[:, None]  # [C, K]
             if pool == "swa":
-                visible &= kpos[None, :] >= qpos[:, None] - self.window
+                visible &= kp[None, :] >= qpos[:, None] - self.window
             qc = q[c0:c0 + chunk][None]  # [1, C, heads, hd]
-            bias = mask_bias(visible)[None]  # [1, C, P + T]
-            outs.append(attend(qc, keys_vals[None], bias, sinks, self.scale)[0])
+            bias = mask_bias(visible)[None]  # [1, C, K]
+            outs.append(attend(qc, keys_vals[None, k_lo:k_hi], bias, sinks, self.scale)[0])
         return torch.cat(outs)  # [T, heads * hd]

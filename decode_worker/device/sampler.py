@@ -64,11 +64,15 @@ class Sampler:
         temps = torch.tensor([1.0 if g else r.params.temperature for r, g in zip(
             rows, greedy, strict=True)], device=dev)  # [bs]
         probs = torch.softmax(logits / temps[:, None], dim=-1)  # [bs, V]
-        sorted_p, sorted_i = probs.sort(dim=-1, descending=True)  # [bs, V] each
-        sorted_p = _filter_sorted(sorted_p, rows, vocab)  # [bs, V], renormalized
         noise = self._noise(rows, vocab, dev)  # [bs, V] Exp(1)
-        pick = (sorted_p / noise).argmax(dim=-1, keepdim=True)  # [bs, 1] index into sorted
-        sampled = sorted_i.gather(1, pick)[:, 0]  # [bs]
+        if any(_filters(r.params) for r in rows):
+            sorted_p, sorted_i = probs.sort(dim=-1, descending=True)  # [bs, V] each
+            sorted_p = _filter_sorted(sorted_p, rows, vocab)  # [bs, V], renormalized
+            # noise stays keyed by token id, so a seeded row draws the same whatever the batch
+            pick = (sorted_p / noise.gather(1, sorted_i)).argmax(dim=-1, keepdim=True)  # [bs,1]
+            sampled = sorted_i.gather(1, pick)[:, 0]  # [bs]
+        else:  # plain temperature sampling: no sort needed
+            sampled = (probs / noise).argmax(dim=-1)  # [bs]
         is_greedy = torch.tensor(greedy, device=dev)  # [bs] bool
         return torch.where(is_greedy, logits.argmax(dim=-1), sampled)  # [bs]
 
@@ -81,6 +85,10 @@ class Sampler:
                 g.manual_seed((r.params.seed * _SEED_MIX + r.step) % (2**63))
                 noise[i].exponential_(generator=g)
         return noise.clamp_(min=1e-20)  # p / 0 would give nan for filtered-out tokens
+
+
+def _filters(p: SamplingParams) -> bool:
+    return p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0
 
 
 def _filter_sorted(sorted_p: torch.Tensor, rows: Sequence[SampleRow], vocab: int) -> torch.Tensor:

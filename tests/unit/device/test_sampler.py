@@ -40,6 +40,9 @@ def test_seeded_row_is_reproducible_whatever_the_batch() -> None:
     b = Sampler(seed=2).sample(logits[[0, 2, 1]], [row, other, other]).token_ids[0]
     c = Sampler(seed=3).sample(logits[:1], [row]).token_ids[0]
     assert a == b == c
+    filtered = SampleRow(SamplingParams(temperature=1.0, top_k=5))
+    d = Sampler(seed=4).sample(logits, [row, filtered, other]).token_ids[0]  # sorted path
+    assert d == a
     steps = {Sampler().sample(logits[:1], [SampleRow(row.params, step=s)]).token_ids[0]
              for s in range(30)}
     assert len(steps) > 1  # the step moves the seeded stream

@@ -149,11 +149,15 @@ def raw_stream(port: int, path: str, body: dict[str, Any], events: int,
     sock.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n" % (path.encode(), len(data)) + data)
     buf = b""
-    while buf.count(b"data:") < events:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise AssertionError(f"stream closed early: {buf[-500:]!r}")
-        buf += chunk
+    try:
+        while buf.count(b"data:") < events:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise AssertionError(f"stream closed early: {buf[-500:]!r}")
+            buf += chunk
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 

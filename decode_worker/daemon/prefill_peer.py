@@ -27,11 +27,11 @@ from decode_worker.daemon.prefill_state import Job, Matcher, PageFreeList, Prefi
 from decode_worker.device.aux_buffer import ROW_BYTES, AuxBuffer
 from decode_worker.device.kv_pool import KVPools
 from decode_worker.device.runner import ModelRunner
-from decode_worker.errors import DecodeWorkerError, TransferError
+from decode_worker.errors import DecodeWorkerError, OutOfPages, TransferError
 from decode_worker.io import protocol as p
 from decode_worker.io.bootstrap import BootstrapServer
 from decode_worker.io.kv_sender import KVSender, SourcePages, plan_writes
-from decode_worker.io.nixl_agent import NixlAgent
+from decode_worker.io.nixl_agent import NixlAgent, XferHandle
 from decode_worker.settings import TransferSettings
 from decode_worker.utils.mathx import cdiv
 
@@ -63,6 +63,18 @@ def model_compat(runner: ModelRunner, model_name: str) -> p.ModelCompat:
 
 
 @dataclass
+class _Push:
+    """A job whose WRITEs are in flight; its source pages stay held until they are done."""
+
+    job: Job
+    handles: list[XferHandle]
+    src: SourcePages
+    result: PrefillResult
+    done: p.TransferDone
+    deadline: float
+
+
+@dataclass
 class _Decoder:
     agent_name: str
     regions: dict[str, p.RegionLayout]
@@ -89,6 +101,7 @@ class PrefillPeer:
         self.sender = KVSender(self.agent)
         self._free = PageFreeList(runner.pools.num_pages["full"], runner.pools.num_pages["swa"])
         self._aux_rows = list(range(num_aux_rows))
+        self._pushes: list[_Push] = []  # compute thread only
         self._lock = threading.Lock()
         self._decoders: dict[bytes, _Decoder] = {}
         self._matcher = Matcher(match_timeout_s)
@@ -171,17 +184,24 @@ class PrefillPeer:
     # -- compute thread ----------------------------------------------------------------------
 
     def _compute_loop(self) -> None:
+        """Prefill one job, post its WRITEs, and while they fly take the next job; `_reap`
+        frees a job's pages only once its WRITEs are DONE (or failed)."""
         while not self._stop.is_set():
             try:
-                job = self._jobs.get(timeout=0.2)
+                job = self._jobs.get(timeout=0.0005 if self._pushes else 0.2)
             except queue.Empty:
                 job = None
             if job is not None:
-                self._run(job)
+                self._start(job)
+            self._reap(time.monotonic())
             self._sweep(time.monotonic())
+        deadline = time.monotonic() + 10.0  # let posted WRITEs land before memory goes away
+        while self._pushes and time.monotonic() < deadline:
+            self._reap(time.monotonic())
+            time.sleep(0.001)
 
-    def _run(self, job: Job) -> None:
-        req, t0 = job.req, time.monotonic()
+    def _start(self, job: Job) -> None:
+        req = job.req
         with self._lock:
             dec = self._decoders.get(job.peer)
         try:
@@ -191,44 +211,77 @@ class PrefillPeer:
                 raise TransferError(
                     f"prompt has {len(job.prompt)} tokens, request says {req.prompt_len}"
                 )
-            result = self._prefill_and_push(job, dec)
+            self._pushes.append(self._prefill_and_post(job, dec))
         except DecodeWorkerError as exc:
-            log.warning("room %d rid=%s: %s", req.room, req.rid, exc)
-            self.server.send(job.peer, p.TransferFailed(req.transfer_id, req.room, str(exc)))
-            result = PrefillResult(req.room, None, 0.0, 0, str(exc))
-        finally:
-            with self._lock:
-                aborted = self._matcher.finish(job)
-        if aborted:
-            self.server.send(job.peer, p.AbortAck(req.transfer_id, req.room))
-        log.info("room %d rid=%s: %s in %.1f ms", req.room, req.rid,
-                 result.error or "pushed", 1e3 * (time.monotonic() - t0))  # fmt: skip
-        if job.on_done is not None:
-            job.on_done(result)
+            self._finish(job, PrefillResult(req.room, None, 0.0, 0, str(exc)))
 
-    def _prefill_and_push(self, job: Job, dec: _Decoder) -> PrefillResult:
+    def _take_pages(self, n_pages: int) -> tuple[list[int], list[int]]:
+        """Pages for a prompt, waiting for in-flight pushes to return theirs if needed.
+        Raises OutOfPages when even an idle peer has too few."""
+        while True:
+            try:
+                return self._free.take(n_pages)
+            except OutOfPages:
+                if not self._pushes:
+                    raise
+                self._reap(time.monotonic())
+                time.sleep(0.0005)
+
+    def _prefill_and_post(self, job: Job, dec: _Decoder) -> _Push:
         req, ps = job.req, self.runner.pools.page_size
-        n_pages = cdiv(req.prompt_len, ps)
-        full_ids, swa_ids = self._free.take(n_pages)
+        full_ids, swa_ids = self._take_pages(cdiv(req.prompt_len, ps))
         row = self._aux_rows.pop()
         try:
             logits = self.runner.prefill(job.prompt, full_ids, swa_ids)  # logits: [V] f32
             logprobs = torch.log_softmax(logits.float(), dim=-1)  # logprobs: [V] f32
             token = int(torch.argmax(logprobs))
-            self.aux.write(row, req.room, token, float(logprobs[token]), req.transfer_id)
+            logprob = float(logprobs[token])
+            self.aux.write(row, req.room, token, logprob, req.transfer_id)
             if self.runner.device.type == "cuda":
                 torch.cuda.synchronize(self.runner.device)
-            plan = plan_writes(
-                req, ps, self.regions, dec.regions, SourcePages(full_ids, swa_ids, row)
-            )
+            src = SourcePages(full_ids, swa_ids, row)
+            plan = plan_writes(req, ps, self.regions, dec.regions, src)
             handles = self.sender.post(dec.agent_name, req, plan)
-            self.sender.wait(handles, timeout_s=req.deadline_s)
-        finally:
+        except BaseException:
             self._free.give(full_ids, swa_ids)
             self._aux_rows.append(row)
+            raise
+        result = PrefillResult(req.room, token, logprob, plan.num_bytes, None)
         done = p.TransferDone(req.transfer_id, req.room, plan.num_bytes, plan.num_descriptors)
-        self.server.send(job.peer, done)
-        return PrefillResult(req.room, token, float(logprobs[token]), plan.num_bytes, None)
+        deadline = time.monotonic() + req.deadline_s
+        return _Push(job, handles, src, result, done, deadline)
+
+    def _reap(self, now: float) -> None:
+        """Finish every push whose WRITEs are all DONE, failed, or past the request deadline."""
+        for push in list(self._pushes):
+            state = self.sender.check(push.handles)
+            if state == "PROC" and now < push.deadline:
+                continue
+            self._pushes.remove(push)
+            self.sender.release(push.handles)
+            self._free.give(push.src.full_page_ids, push.src.swa_page_ids)
+            self._aux_rows.append(push.src.aux_row)
+            if state == "DONE":
+                self.server.send(push.job.peer, push.done)
+                self._finish(push.job, push.result)
+            else:
+                error = "NIXL WRITE failed" if state == "ERR" else "WRITEs past the deadline"
+                self._finish(push.job, PrefillResult(push.job.req.room, None, 0.0, 0, error))
+
+    def _finish(self, job: Job, result: PrefillResult) -> None:
+        """Answer the decode peer (failure, abort ack) and the HTTP side for one job."""
+        req = job.req
+        if result.error is not None:
+            log.warning("room %d rid=%s: %s", req.room, req.rid, result.error)
+            self.server.send(job.peer, p.TransferFailed(req.transfer_id, req.room, result.error))
+        else:
+            log.info("room %d rid=%s: pushed %d bytes", req.room, req.rid, result.num_bytes)
+        with self._lock:
+            aborted = self._matcher.finish(job)
+        if aborted:
+            self.server.send(job.peer, p.AbortAck(req.transfer_id, req.room))
+        if job.on_done is not None:
+            job.on_done(result)
 
     def _sweep(self, now: float) -> None:
         """Expire unmatched halves, and the waiting requests of decode peers silent for

@@ -17,7 +17,14 @@ import time
 from dataclasses import dataclass
 
 from decode_worker.errors import TransferError
-from decode_worker.io.nixl_agent import CopySpan, NixlAgent, WriteSide, XferHandle, coalesce
+from decode_worker.io.nixl_agent import (
+    CopySpan,
+    NixlAgent,
+    WriteSide,
+    XferHandle,
+    XferState,
+    coalesce,
+)
 from decode_worker.io.protocol import Notif, RegionLayout, TransferRequest, encode_notif
 from decode_worker.utils.mathx import cdiv
 
@@ -107,6 +114,17 @@ class KVSender:
             self.wait(handles, timeout_s=5.0)
             raise
         return handles
+
+    def check(self, handles: list[XferHandle]) -> XferState:
+        """Non-blocking: ERR if any WRITE failed, else PROC while any is in progress, else DONE."""
+        states = [self.agent.state(h) for h in handles]
+        if "ERR" in states:
+            return "ERR"
+        return "PROC" if "PROC" in states else "DONE"
+
+    def release(self, handles: list[XferHandle]) -> None:
+        for handle in handles:
+            self.agent.release(handle)
 
     def wait(self, handles: list[XferHandle], timeout_s: float) -> None:
         """Wait until every handle is DONE or ERR, then release them all. Posted writes cannot

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -46,6 +46,7 @@ class DecodeSide:
     rx: KVReceiver
     full: PageAllocator
     swa: PageAllocator
+    seen: list[TransferEvent] = field(default_factory=list)  # polled, not yet asked for
 
     def page_bytes(self) -> int:
         return self.runner.pools.page_bytes("full")
@@ -55,7 +56,9 @@ class DecodeSide:
         got: list[TransferEvent] = []
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            got += [e for e in self.rx.poll() if e.transfer_id == tid]
+            self.seen += self.rx.poll()
+            got += [e for e in self.seen if e.transfer_id == tid]
+            self.seen = [e for e in self.seen if e.transfer_id != tid]
             if any(e.kind == kind for e in got):
                 return got
             time.sleep(0.002)
@@ -306,3 +309,28 @@ def test_unknown_and_late_notifications_are_counted_not_fatal(
     finally:
         rogue.close()
     test_full_hit_sends_first_token_and_swa_tail_only(decode, prefill_peer)  # still serving
+
+
+def test_concurrent_requests_each_land_their_own_kv(decode: DecodeSide, prefill_peer: int) -> None:
+    lens = [150, 40, 333, 97]
+    prompts = [prompt_of(n, seed=100 + i) for i, n in enumerate(lens)]
+    tables, tids = [], []
+    for i, prompt in enumerate(prompts):
+        n = cdiv(len(prompt), PS)
+        full = decode.full.alloc(n)
+        tables.append(full)
+        tids.append(decode.rx.submit("127.0.0.1", prefill_peer, rid=f"c{i}", room=200 + i,
+                                     prompt_len=len(prompt), reused_len=0,
+                                     swa_window_start=window_start(len(prompt)),
+                                     full_page_ids=full, swa_page_ids=decode.swa.alloc(
+                                         n - window_start(len(prompt)) // PS),
+                                     aux_slot=8 + i, prompt_ids=prompt))  # fmt: skip
+    for tid in tids:
+        assert decode.wait(tid, "done")[-1].kind == "done"
+    pools = decode.runner.pools
+    for i, (prompt, full) in enumerate(zip(prompts, tables, strict=True)):
+        ref_full, _, token = decode.reference(prompt)
+        L = len(prompt)
+        assert torch.equal(tokens(pools.full, full, 0, L), tokens(pools.full, ref_full, 0, L))
+        row = decode.aux.check(8 + i, room=200 + i, transfer_id=tids[i])
+        assert row is not None and row.token_id == token

@@ -38,6 +38,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--no-reference", action="store_true", help="skip transformers")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     return p.parse_args()
 
 
@@ -138,8 +139,42 @@ def report(label: str, bs: int, times: list[float]) -> float:
     return med
 
 
+def bench_batch(args: argparse.Namespace, model, ref,  # type: ignore[no-untyped-def]
+                prompts: list[list[int]], sizes: list[int]) -> None:
+    """Print the runtime (eager, and graphs on CUDA) and the reference for one batch size."""
+    bs, cuda = len(prompts), model.device.type == "cuda"
+    need = cdiv(args.prompt_len + args.steps, args.page_size)
+    results = {}
+    for label, graphs in [("runtime eager", False)] + ([("runtime cuda-graph", True)] * cuda):
+        runner = make_runner(model, args.page_size, bs, need, graphs, sizes)
+        bench_runtime(runner, prompts[:1] * bs, 4)  # warm-up (and graph capture)
+        times, tokens = bench_runtime(runner, prompts, args.steps)
+        results[label] = (report(label, bs, times), tokens)
+        runner.destroy()
+    if cuda:
+        speedup = results["runtime eager"][0] / results["runtime cuda-graph"][0]
+        print(f"  graph speed-up over eager: {speedup:.2f}x")
+    if ref is None:
+        return
+    per_step, ref_tokens = bench_reference(ref, prompts, args.steps)
+    report("transformers generate", bs, [per_step])
+    best = min(r[0] for r in results.values())
+    same = all(r[1] == ref_tokens for r in results.values())
+    print(f"  runtime / generate throughput ratio: {per_step / best:.2f}x  "
+          f"(greedy tokens identical: {same})")
+    runner = make_runner(model, args.page_size, bs, need, cuda, sizes)
+    ours_t, ref_t, same = bench_paired(runner, ref, prompts, args.steps)
+    runner.destroy()
+    ratio = statistics.median(r / o for r, o in zip(ref_t, ours_t, strict=True))
+    print(f"  paired steps (alternating): runtime {statistics.median(ours_t) * 1e3:.2f} ms, "
+          f"reference forward {statistics.median(ref_t) * 1e3:.2f} ms, median ratio "
+          f"{ratio:.2f}x (tokens identical: {same})")
+
+
 def main() -> None:
     args = parse()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     tmp = None
     if args.model is None:
@@ -154,36 +189,10 @@ def main() -> None:
     print(f"model {args.model} device {device} dtype {args.dtype} prompt {args.prompt_len} "
           f"steps {args.steps} threads {torch.get_num_threads()}")
     gen = torch.Generator().manual_seed(0)
-    need = cdiv(args.prompt_len + args.steps, args.page_size)
     for bs in sizes:
         prompts = torch.randint(0, model.cfg.vocab_size, (bs, args.prompt_len),
                                 generator=gen).tolist()
-        modes = [("runtime eager", False)] + ([("runtime cuda-graph", True)]
-                                              if device.type == "cuda" else [])
-        results = {}
-        for label, graphs in modes:
-            runner = make_runner(model, args.page_size, bs, need, graphs, sizes)
-            bench_runtime(runner, prompts[:1] * bs, 4)  # warm-up (and graph capture)
-            times, tokens = bench_runtime(runner, prompts, args.steps)
-            results[label] = (report(label, bs, times), tokens)
-            runner.destroy()
-        if "runtime cuda-graph" in results:
-            print(f"  graph speed-up over eager: "
-                  f"{results['runtime eager'][0] / results['runtime cuda-graph'][0]:.2f}x")
-        if ref is not None:
-            per_step, ref_tokens = bench_reference(ref, prompts, args.steps)
-            report("transformers generate", bs, [per_step])
-            best = min(r[0] for r in results.values())
-            same = all(r[1] == ref_tokens for r in results.values())
-            print(f"  runtime / generate throughput ratio: {per_step / best:.2f}x  "
-                  f"(greedy tokens identical: {same})")
-            runner = make_runner(model, args.page_size, bs, need, device.type == "cuda", sizes)
-            ours_t, ref_t, same = bench_paired(runner, ref, prompts, args.steps)
-            runner.destroy()
-            ratio = statistics.median(r / o for r, o in zip(ref_t, ours_t, strict=True))
-            print(f"  paired steps (alternating): runtime {statistics.median(ours_t) * 1e3:.2f} ms"
-                  f", reference forward {statistics.median(ref_t) * 1e3:.2f} ms, median ratio "
-                  f"{ratio:.2f}x (tokens identical: {same})")
+        bench_batch(args, model, ref, prompts, sizes)
     if tmp is not None:
         tmp.cleanup()
 

@@ -37,13 +37,16 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor,
         raise ConfigError(f"MXFP4 blocks {tuple(blocks.shape)} and scales "
                           f"{tuple(scales.shape)} disagree")
     lut = torch.tensor(FP4_VALUES, dtype=torch.float32, device=blocks.device)  # [16]
-    b = blocks.to(torch.uint8)
-    lo, hi = lut[(b & 0x0F).long()], lut[(b >> 4).long()]  # [E, rows, G, B] each
-    vals = torch.stack((lo, hi), dim=-1).flatten(-2)  # [E, rows, G, 2B]
-    exp = scales.to(torch.int32) - 127  # [E, rows, G]
-    vals = torch.ldexp(vals, exp[..., None].float())  # [E, rows, G, 2B]
-    dense = vals.flatten(-2)  # [E, rows, G * 2B]
-    return dense.transpose(1, 2).contiguous().to(dtype)  # [E, G * 2B, rows]
+    experts, rows, groups, width = blocks.shape
+    out = torch.empty(experts, groups * width * 2, rows, dtype=dtype, device=blocks.device)
+    for e in range(experts):  # one expert at a time bounds the float32 temporaries
+        b = blocks[e].to(torch.uint8)  # [rows, G, B]
+        lo, hi = lut[(b & 0x0F).long()], lut[(b >> 4).long()]  # [rows, G, B] each
+        vals = torch.stack((lo, hi), dim=-1).flatten(-2)  # [rows, G, 2B]
+        exp = scales[e].to(torch.int32) - 127  # [rows, G]
+        vals = torch.ldexp(vals, exp[..., None].float())  # [rows, G, 2B]
+        out[e] = vals.flatten(-2).T.to(dtype)  # [G * 2B, rows]
+    return out
 
 
 def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:

@@ -54,17 +54,22 @@ class ServerProcess:
         raise DecodeWorkerError(f"{self.name} not ready in {timeout_s}s:\n{self.output()[-4000:]}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(sig)
+        """Signal the process and wait for it (SIGKILL after `timeout_s`); its exit code."""
         try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
+            if self.proc is None or self.proc.poll() is not None:
+                return None if self.proc is None else self.proc.returncode
+            self.proc.send_signal(sig)
+            try:
+                return self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                return self.proc.wait(10)
+        finally:
+            self.log.close()  # output() reads the file by name
 
     def output(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         with open(self.log.name, encoding="utf-8", errors="replace") as f:
             return f.read()
 

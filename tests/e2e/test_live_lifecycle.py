@@ -111,6 +111,62 @@ def test_many_disconnects_leave_the_pools_whole(worker: Live) -> None:
     assert out.status_code == 200 and len(out.json()["output_ids"]) == 3
 
 
+@pytest.fixture(scope="module")
+def tight(e2e_model_dir: Path) -> Iterator[Live]:
+    """A worker with a 64-page full pool (1024 tokens) and quick peer/KV deadlines."""
+    with live_server(e2e_model_dir, "--set", "cache.num_full_pages=64",
+                     "--set", "cache.num_swa_pages=64", "--set", "scheduler.kv_timeout_s=2",
+                     "--set", "transfer.peer_dead_after_s=2", name="tight") as live:
+        yield live
+
+
+def _prealloc(m: Metrics) -> float:
+    return m.value("decode_worker_queue_requests", queue="prealloc")
+
+
+def test_disconnect_while_queued_for_pages_aborts_it(tight: Live) -> None:
+    """A request waiting in the prealloc queue (no byte sent yet) is aborted when its client
+    leaves; it never runs, and the running one is untouched."""
+    before = _aborts(tight.wait_idle())
+    hog = raw_stream(tight.port, "/generate",
+                     gen_body([3 + i % 250 for i in range(700)], 300, stream=True), events=2)
+    waiter = socket.create_connection(("127.0.0.1", tight.port), timeout=10)
+    try:
+        data = json.dumps(gen_body([5 + i % 200 for i in range(600)], 50, stream=True)).encode()
+        waiter.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                       b"\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+        _wait_for(tight, "one queued", lambda m: _prealloc(m) == 1 and _running(m) == 1)
+        waiter.close()
+        _wait_for(tight, "queued one aborted",
+                  lambda m: _prealloc(m) == 0 and _aborts(m) == before + 1, timeout_s=10)
+        assert _running(tight.metrics()) == 1
+    finally:
+        waiter.close()
+        hog.close()
+    _wait_for(tight, "hog aborted", lambda m: _running(m) == 0 and _aborts(m) == before + 2)
+    assert pool_is_whole(tight.wait_idle()) == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_dead_prefill_peer_fails_the_request_and_frees_its_pages(tight: Live,
+                                                                 stream: bool) -> None:
+    """bootstrap_* naming a port where no prefill peer listens: 502 peer_dead within the
+    peer deadline (plus slack), not a hang; the reserved pages come back."""
+    before = tight.wait_idle().value("decode_worker_transfer_failures_total")
+    body = gen_body([3 + i % 250 for i in range(300)], 4, stream=stream,
+                    bootstrap_host="127.0.0.1", bootstrap_port=free_port(),
+                    bootstrap_room=4242 + stream)
+    t0 = time.monotonic()
+    resp = tight.post("/generate", body, timeout_s=30)
+    assert time.monotonic() - t0 < 10
+    assert resp.status_code == 502, resp.text
+    assert resp.json()["error"]["reason"] in ("peer_dead", "kv_timeout", "transfer_failed")
+    m = _wait_for(tight, "failure counted", lambda m: m.value(
+        "decode_worker_transfer_failures_total") == before + 1)
+    assert m.value("decode_worker_requests_total", status="failed") >= 1
+    assert pool_is_whole(tight.wait_idle()) == []
+
+
 # -- SIGTERM ---------------------------------------------------------------------------------
 
 

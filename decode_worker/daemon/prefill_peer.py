@@ -14,7 +14,6 @@ the page free lists; `_lock` guards the matching tables shared by both.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -31,7 +30,7 @@ from decode_worker.errors import DecodeWorkerError, OutOfPages, TransferError
 from decode_worker.io import protocol as p
 from decode_worker.io.bootstrap import BootstrapServer
 from decode_worker.io.kv_sender import KVSender, SourcePages, plan_writes
-from decode_worker.io.nixl_agent import NixlAgent, XferHandle
+from decode_worker.io.nixl_agent import NixlAgent, XferHandle, unique_agent_name
 from decode_worker.settings import TransferSettings
 from decode_worker.utils.mathx import cdiv
 
@@ -96,7 +95,7 @@ class PrefillPeer:
         self.compat = model_compat(runner, model_name)
         self.aux = AuxBuffer(num_aux_rows)
         self.regions = region_layouts(runner.pools, self.aux)
-        self.agent = NixlAgent(f"prefill-{os.getpid()}-{settings.bootstrap_port}", settings.backend)
+        self.agent = NixlAgent(unique_agent_name("prefill"), settings.backend)
         self.agent.register([*runner.pools.memory_regions(), self.aux.memory_region()])
         self.sender = KVSender(self.agent)
         self._free = PageFreeList(runner.pools.num_pages["full"], runner.pools.num_pages["swa"])

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
@@ -30,7 +29,7 @@ from decode_worker.errors import PageError, TransferError
 from decode_worker.io import protocol as p
 from decode_worker.io.kv_peer import Peer, ReceiverStats, Transfer, TransferEvent, transfer_bytes
 from decode_worker.io.metrics import Metrics
-from decode_worker.io.nixl_agent import NixlAgent
+from decode_worker.io.nixl_agent import NixlAgent, unique_agent_name
 
 if TYPE_CHECKING:  # io/ takes the settings object but does not import pydantic at run time
     from decode_worker.settings import TransferSettings
@@ -62,7 +61,7 @@ class KVReceiver:
         self.settings, self.compat, self.regions = settings, compat, regions
         self.metrics = metrics
         self.kv_timeout_s = kv_timeout_s
-        self.agent = NixlAgent(agent_name or f"decode-{os.getpid()}", settings.backend)
+        self.agent = NixlAgent(agent_name or unique_agent_name("decode"), settings.backend)
         self.agent.register([_memory_region(r) for r in regions.values() if r.length])
         self._hello = p.Hello(
             p.PROTOCOL_VERSION, compat, self.agent.name, self.agent.metadata(),

@@ -8,7 +8,10 @@ uses it from its bootstrap thread (peers) and its compute thread (WRITEs).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -59,6 +62,11 @@ def coalesce(spans: Iterable[CopySpan]) -> list[CopySpan]:
                 continue
         out.append(span)
     return out
+
+
+def unique_agent_name(role: str) -> str:
+    """`role-host-pid-random`: agent names must be unique across every peer a node meets."""
+    return f"{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 class XferHandle:

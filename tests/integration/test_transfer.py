@@ -20,6 +20,7 @@ from decode_worker.daemon.prefill_peer import model_compat, region_layouts
 from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.runner import ModelRunner
 from decode_worker.io.kv_receiver import KVReceiver, TransferEvent
+from decode_worker.io.metrics import Metrics
 from decode_worker.settings import TransferSettings, load_settings
 from decode_worker.utils.mathx import align_down, cdiv
 from tests.integration.conftest import PeerLaunch, free_port, start_prefill_peer, stop
@@ -110,7 +111,8 @@ def decode(model_cache: Path) -> Iterator[DecodeSide]:
                                  "cache.num_swa_pages": 512}).settings  # fmt: skip
     runner, name, _ = build_runner(s)
     aux = AuxBuffer(16)
-    rx = KVReceiver(RX_SETTINGS, model_compat(runner, name), region_layouts(runner.pools, aux))
+    rx = KVReceiver(RX_SETTINGS, model_compat(runner, name), region_layouts(runner.pools, aux),
+                    metrics=Metrics())  # fmt: skip
     yield DecodeSide(runner, aux, rx, PageAllocator(512, "full"), PageAllocator(512, "swa"))
     rx.close()
 
@@ -131,6 +133,11 @@ def test_cold_request_lands_exactly_the_prefill_kv(decode: DecodeSide, prefill_p
     assert row is not None and row.token_id == token
     assert done.num_bytes == (2 * n + 2 * len(swa)) * decode.page_bytes() + 64
     assert done.num_descriptors == 5  # one run per layer (2 full + 2 swa) + the aux row
+    assert done.num_tokens == 300
+    assert decode.rx.metrics is not None
+    text = decode.rx.metrics.exposition()[0].decode()
+    assert f"decode_worker_transfer_bytes_total {float(done.num_bytes)}" in text
+    assert "decode_worker_transfer_received_tokens_total 300.0" in text
 
 
 def test_second_turn_moves_only_the_suffix_and_swa_tail(

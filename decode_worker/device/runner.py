@@ -114,6 +114,9 @@ class ModelRunner:
             if pos // ps >= min(len(full), len(swa)):
                 raise PageError(f"decode: position {pos} is beyond its page tables "
                                 f"({len(full)} full / {len(swa)} swa pages)")
+            if 0 in swa[max(0, pos - self.window) // ps:pos // ps + 1]:
+                raise PageError(f"decode: position {pos} needs SWA pages of "
+                                f"[{max(0, pos - self.window)}, {pos}] held")
         dev = self.device
         full_t = _pad_tables(batch.full_page_tables, width, dev)  # [bs, width]
         swa_t = _pad_tables(batch.swa_page_tables, width, dev)  # [bs, width]

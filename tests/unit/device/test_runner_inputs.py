@@ -48,6 +48,9 @@ def test_decode_rejects_positions_beyond_the_tables(runner: ModelRunner) -> None
         runner.decode(DecodeBatch([1], [16], [[1]], [[1]]))
     with pytest.raises(PageError):
         runner.decode(DecodeBatch([1, 2], [3], [[1]], [[1]]))
+    with pytest.raises(PageError, match="SWA"):  # window [73, 200] starts in page 4
+        runner.decode(DecodeBatch([1], [200], [list(range(1, 14))], [[0] * 5 + [1] * 8]))
+    runner.decode(DecodeBatch([1], [200], [list(range(1, 14))], [[0] * 4 + list(range(1, 10))]))
 
 
 def test_missing_tensor_is_a_config_error(tmp_path: Path) -> None:

@@ -109,11 +109,20 @@ class BootstrapClient:
     """A DEALER connection to one prefill peer. Not thread-safe: one owner thread."""
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], host: str, port: int) -> None:
+        """Raises TransferError for an address ZMQ cannot connect to (empty host, bad port)."""
         self.address = f"{host}:{port}"
+        if not host or not 0 < port < 65536:
+            raise TransferError(f"bad prefill bootstrap address {host!r}:{port}")
         self._sock = ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 100_000)
-        self._sock.connect(f"tcp://{host}:{port}")
+        ipv6 = ":" in host
+        self._sock.setsockopt(zmq.IPV6, int(ipv6))
+        try:
+            self._sock.connect(f"tcp://[{host}]:{port}" if ipv6 else f"tcp://{host}:{port}")
+        except zmq.ZMQError as exc:
+            self._sock.close()
+            raise TransferError(f"cannot reach prefill peer {self.address}: {exc}") from None
 
     def send(self, msg: Message) -> None:
         """Queue one message. Raises TransferError if ZMQ refuses it (queue full)."""

@@ -112,7 +112,11 @@ class KVReceiver:
         except PageError as exc:
             self._fail(xfer, "bad_request", str(exc), now)
             return tid
-        peer = self._peers.get(xfer.peer_key) or self._connect(host, port, now)
+        try:
+            peer = self._peers.get(xfer.peer_key) or self._connect(host, port, now)
+        except TransferError as exc:
+            self._fail(xfer, "bad_request", str(exc), now)
+            return tid
         if peer.ready:
             self._send_request(peer, xfer, now)
         else:

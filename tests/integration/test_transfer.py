@@ -341,3 +341,14 @@ def test_concurrent_requests_each_land_their_own_kv(decode: DecodeSide, prefill_
         assert torch.equal(tokens(pools.full, full, 0, L), tokens(pools.full, ref_full, 0, L))
         row = decode.aux.check(8 + i, room=200 + i, transfer_id=tids[i])
         assert row is not None and row.token_id == token
+
+
+@pytest.mark.parametrize(("host", "port"), [("", 5000), ("127.0.0.1", 0), ("no such host!", 1)])
+def test_a_bad_peer_address_fails_only_that_request(
+    decode: DecodeSide, host: str, port: int
+) -> None:
+    tid = decode.rx.submit(host, port, rid="addr", room=301, prompt_len=16, reused_len=0,
+                           swa_window_start=0, full_page_ids=[1], swa_page_ids=[1],
+                           aux_slot=0)  # fmt: skip
+    events = decode.wait(tid, "released", timeout_s=5.0)
+    assert [e.kind for e in events] == ["failed", "released"]

@@ -179,6 +179,7 @@ class StreamClient(threading.Thread):
         self.status: int | None = None
         self.events: list[Any] = []
         self.error: str | None = None
+        self.ended_at = 0.0  # monotonic time of the last event
 
     def run(self) -> None:
         try:
@@ -187,6 +188,7 @@ class StreamClient(threading.Thread):
                 self.status = resp.status_code
                 for payload in read_events(resp.iter_lines()):
                     self.events.append(parse_event(payload))
+                    self.ended_at = time.monotonic()
         except httpx.HTTPError as exc:
             self.error = repr(exc)
 
@@ -239,6 +241,9 @@ def test_sigterm_under_load_answers_everyone_and_exits_0(e2e_model_dir: Path) ->
         assert rc == 0, live.proc.output()[-3000:]
         assert took <= GRACE_S + 5, f"exit took {took:.1f}s with grace {GRACE_S}s"
         assert kinds[4:] == ["drained"] * 4, kinds  # the long ones cannot finish in the grace
+        # the drain lets running requests finish: a short one completed after the signal
+        assert any(k == "finished" and c.ended_at > signalled
+                   for k, c in zip(kinds[:4], clients, strict=False)), kinds
 
 
 def _poll_until(call: Any, pred: Any, timeout_s: float) -> Any:

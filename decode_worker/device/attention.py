@@ -20,29 +20,36 @@ SCORE_BUDGET = 2**26  # f32 scores per prefill chunk (256 MiB): bounds [heads, c
 DECODE_KV_BUDGET = 2**25  # gathered K/V elements per decode chunk: bounds [bs, keys, 2, kvh, hd]
 
 
-def attend(q: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor, sinks: torch.Tensor,
-           scale: float) -> torch.Tensor:
-    """Softmax attention with one sink logit per head (appended, then dropped).
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+           sinks: torch.Tensor, scale: float) -> torch.Tensor:
+    """Softmax attention with one sink logit per head (in the denominator only).
 
-    q: [B, Q, heads, hd]; kv: [B, L, 2, kv_heads, hd] (K then V); bias: [B, Q, L] float32,
+    q: [B, Q, heads, hd]; k, v: [kv_heads, B, L, hd] (the layout a gather from
+    `pool_view` yields, so no copy is needed before the matmuls); bias: [B, Q, L] float32,
     0 where visible and -inf where masked; sinks: [heads]. Returns [B, Q, heads * hd].
     Scores are computed in float32.
     """
     b, nq, nh, hd = q.shape
-    nkv = kv.shape[3]
+    nkv = k.shape[0]
     g = nh // nkv
-    kvf = kv.float()
-    k = kvf[:, :, 0].permute(0, 2, 3, 1)  # [B, kvh, hd, L]
-    v = kvf[:, :, 1].permute(0, 2, 1, 3)  # [B, kvh, L, hd]
-    # fold the g query heads of a KV head into the rows: plain batched matmuls, no broadcast
-    qg = q.float().view(b, nq, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(b, nkv, g * nq, hd)
-    s = torch.matmul(qg, k).view(b, nkv, g, nq, -1) * scale  # s: [B, kvh, g, Q, L]
-    s = s + bias[:, None, None]
-    sink = sinks.float().view(1, nkv, g, 1, 1).expand(b, nkv, g, nq, 1)  # [B, kvh, g, Q, 1]
-    p = torch.softmax(torch.cat((s, sink), dim=-1), dim=-1)[..., :-1]  # [B, kvh, g, Q, L]
-    out = torch.matmul(p.reshape(b, nkv, g * nq, -1), v)  # out: [B, kvh, g * Q, hd]
-    out = out.view(b, nkv, g, nq, hd).permute(0, 3, 1, 2, 4)  # [B, Q, kvh, g, hd]
+    # fold the g query heads of a KV head into the rows: plain batched matmuls
+    qg = q.float().view(b, nq, nkv, g, hd).permute(2, 0, 3, 1, 4).reshape(nkv, b, g * nq, hd)
+    s = torch.matmul(qg, k.float().transpose(-1, -2)).view(nkv, b, g, nq, -1) * scale
+    s = s + bias[None, :, None]  # s: [kvh, B, g, Q, L]
+    sink = sinks.float().view(nkv, 1, g, 1)  # [kvh, 1, g, 1]
+    top = torch.maximum(s.amax(-1), sink)  # [kvh, B, g, Q]; finite thanks to the sink
+    e = torch.exp(s - top[..., None])  # [kvh, B, g, Q, L]
+    denom = e.sum(-1) + torch.exp(sink - top)  # [kvh, B, g, Q]
+    out = torch.matmul(e.view(nkv, b, g * nq, -1), v.float())  # [kvh, B, g * Q, hd]
+    out = out / denom.view(nkv, b, g * nq, 1)
+    out = out.view(nkv, b, g, nq, hd).permute(1, 3, 0, 2, 4)  # [B, Q, kvh, g, hd]
     return out.reshape(b, nq, nh * hd).to(q.dtype)
+
+
+def pool_view(kv: torch.Tensor) -> torch.Tensor:
+    """One layer's pages [N + 1, 2, ps, kvh, hd] viewed as [2, kvh, N + 1, ps, hd]; indexing
+    it with (pages, offsets) of shape S gives [2, kvh, *S, hd]."""
+    return kv.permute(1, 3, 0, 2, 4)
 
 
 def attend_split(q: torch.Tensor, kv: torch.Tensor, pages: torch.Tensor, offs: torch.Tensor,
@@ -62,15 +69,17 @@ def attend_split(q: torch.Tensor, kv: torch.Tensor, pages: torch.Tensor, offs: t
     run_max = sinks.float().view(1, nkv, g).expand(bs, nkv, g)  # [bs, kvh, g]
     denom = torch.ones(bs, nkv, g, device=q.device)  # [bs, kvh, g]
     acc = torch.zeros(bs, nkv, g, hd, device=q.device)  # [bs, kvh, g, hd]
+    view = pool_view(kv)  # [2, kvh, N + 1, ps, hd]
     for c0 in range(0, pages.shape[1], chunk):
-        part = kv[pages[:, c0:c0 + chunk], :, offs[:, c0:c0 + chunk]].float()  # [bs,C,2,kvh,hd]
-        s = torch.einsum("bkgd,bckd->bkgc", qg, part[:, :, 0]) * scale
+        part = view[:, :, pages[:, c0:c0 + chunk], offs[:, c0:c0 + chunk]].float()
+        # part: [2, kvh, bs, C, hd]
+        s = torch.einsum("bkgd,kbcd->bkgc", qg, part[0]) * scale
         s = s + bias[:, :, None, c0:c0 + chunk]  # s: [bs, kvh, g, C]
         new_max = torch.maximum(run_max, s.amax(-1))  # [bs, kvh, g]; finite (sink)
         corr = torch.exp(run_max - new_max)  # [bs, kvh, g]
         p = torch.exp(s - new_max[..., None])  # [bs, kvh, g, C]
         denom = denom * corr + p.sum(-1)
-        acc = acc * corr[..., None] + torch.einsum("bkgc,bckd->bkgd", p, part[:, :, 1])
+        acc = acc * corr[..., None] + torch.einsum("bkgc,kbcd->bkgd", p, part[1])
         run_max = new_max
     return (acc / denom[..., None]).reshape(bs, nh * hd).to(q.dtype)
 
@@ -126,8 +135,8 @@ class DecodeAttention:
         chunk = max(1, DECODE_KV_BUDGET // (bs * kv[0].numel() // self.pools.page_size))
         if num_keys > chunk:
             return attend_split(q, kv, pages, offs, bias, sinks, self.scale, chunk)
-        window_kv = kv[pages, :, offs]  # [bs, L, 2, kvh, hd]
-        out = attend(q[:, None], window_kv, bias, sinks, self.scale)  # [bs, 1, heads * hd]
+        both = pool_view(kv)[:, :, pages, offs]  # [2, kvh, bs, L, hd]
+        out = attend(q[:, None], both[0], both[1], bias, sinks, self.scale)  # [bs, 1, nh*hd]
         return out[:, 0].to(q.dtype)
 
 
@@ -164,7 +173,8 @@ class PrefillAttention:
             (self.full_w, self.full_r, self.full_prev) if pool == "full"
             else (self.swa_w, self.swa_r, self.swa_prev))
         new = torch.stack((k, v), dim=1)  # [T, 2, kvh, hd]
-        keys_vals = torch.cat((kv[r_page, :, r_off].to(k.dtype), new))  # [P + T, 2, kvh, hd]
+        cached = pool_view(kv)[:, :, r_page, r_off].to(k.dtype)  # [2, kvh, P, hd]
+        both = torch.cat((cached, new.permute(1, 2, 0, 3)), dim=2)  # [2, kvh, P + T, hd]
         kv[w_page, :, w_off] = new.to(kv.dtype)
         kpos = torch.cat((prev, self.qpos))  # [P + T], consecutive positions from first
         first = self.start - prev.shape[0]
@@ -181,5 +191,6 @@ class PrefillAttention:
                 visible &= kp[None, :] >= qpos[:, None] - self.window
             qc = q[c0:c0 + chunk][None]  # [1, C, heads, hd]
             bias = mask_bias(visible)[None]  # [1, C, K]
-            outs.append(attend(qc, keys_vals[None, k_lo:k_hi], bias, sinks, self.scale)[0])
+            kc, vc = both[0, :, None, k_lo:k_hi], both[1, :, None, k_lo:k_hi]  # [kvh, 1, K, hd]
+            outs.append(attend(qc, kc, vc, bias, sinks, self.scale)[0])
         return torch.cat(outs)  # [T, heads * hd]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from decode_worker.daemon.prefill_state import Job, Matcher, PageFreeList, PrefillResult
+from decode_worker.daemon.prefill_state import Half, Job, Matcher, PageFreeList, PrefillResult
 from decode_worker.device.aux_buffer import ROW_BYTES, AuxBuffer
 from decode_worker.device.kv_pool import KVPools
 from decode_worker.device.runner import ModelRunner
@@ -124,6 +124,8 @@ class PrefillPeer:
         handed off or the room failed/expired; it must not block."""
         with self._lock:
             job = self._matcher.add_prompt(room, token_ids, on_done, time.monotonic())
+            displaced = self._matcher.take_displaced()
+        self._fail_halves(displaced, "replaced by a newer request for the same room")
         if job is not None:
             self._jobs.put(job)
 
@@ -176,6 +178,8 @@ class PrefillPeer:
         with self._lock:
             dec.rooms.add(req.room)
             job = self._matcher.add_request(peer, req, now)
+            displaced = self._matcher.take_displaced()
+        self._fail_halves(displaced, "replaced by a newer transfer request for the same room")
         if job is not None:
             self._jobs.put(job)
         return []
@@ -290,13 +294,16 @@ class PrefillPeer:
             for key, dec in self._decoders.items():
                 if now - dec.last_seen > self.settings.peer_dead_after_s:
                     expired += self._matcher.drop_peer(key)
-        for half in expired:
+        self._fail_halves(expired, "expired before its other half arrived (or its peer is silent)")
+
+    def _fail_halves(self, halves: list[Half], reason: str) -> None:
+        """Answer each unmatched half: TransferFailed to its decode peer, an error to HTTP."""
+        for half in halves:
             if half.req is not None and half.peer is not None:
-                reason = "expired before its prompt arrived (or its decode peer went silent)"
                 failed = p.TransferFailed(half.req.transfer_id, half.req.room, reason)
                 self.server.send(half.peer, failed)
             if half.on_done is not None:
-                half.on_done(PrefillResult(half.room, None, 0.0, 0, "no transfer request for room"))
+                half.on_done(PrefillResult(half.room, None, 0.0, 0, reason))
 
     def close(self) -> None:
         self._stop.set()

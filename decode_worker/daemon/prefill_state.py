@@ -56,12 +56,14 @@ class Matcher:
         self.prompts: dict[int, Half] = {}
         self.requests: dict[int, Half] = {}
         self.running: dict[tuple[bytes, int], bool] = {}  # (peer, transfer id) -> aborted
+        self.displaced: list[Half] = []
 
     def add_prompt(
         self, room: int, prompt: list[int], on_done: OnDone | None, now: float
     ) -> Job | None:
         waiting = self.requests.pop(room, None)
         if waiting is None:
+            self._displace(self.prompts.get(room))
             self.prompts[room] = Half(room, now, prompt=prompt, on_done=on_done)
             return None
         if waiting.req is None or waiting.peer is None:
@@ -74,8 +76,18 @@ class Matcher:
             return self._start(peer, req, req.prompt_ids or http.prompt, http.on_done)
         if req.prompt_ids is not None:
             return self._start(peer, req, req.prompt_ids, None)
+        self._displace(self.requests.get(req.room))
         self.requests[req.room] = Half(req.room, now, req=req, peer=peer)
         return None
+
+    def _displace(self, half: Half | None) -> None:
+        if half is not None:
+            self.displaced.append(half)
+
+    def take_displaced(self) -> list[Half]:
+        """Halves replaced by a newer half for the same room (to be failed by the caller)."""
+        out, self.displaced = self.displaced, []
+        return out
 
     def _start(
         self, peer: bytes, req: TransferRequest, prompt: list[int], on_done: OnDone | None

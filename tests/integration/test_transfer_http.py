@@ -107,3 +107,19 @@ def test_http_prompt_without_a_transfer_request_times_out(peer: tuple[int, int])
     _post(hport, bport, 555, [1, 2, 3], out)
     assert out[0].status_code >= 500
     assert time.monotonic() - t0 < 10.0
+
+
+def test_a_second_prompt_for_the_same_room_replaces_the_first(peer: tuple[int, int]) -> None:
+    bport, hport = peer
+    first: list[httpx.Response] = []
+    t = threading.Thread(target=_post, args=(hport, bport, 777, [1, 2, 3], first))
+    t.start()
+    time.sleep(0.5)
+    second: list[httpx.Response] = []
+    t0 = time.monotonic()
+    _post_thread = threading.Thread(target=_post, args=(hport, bport, 777, [4, 5, 6], second))
+    _post_thread.start()
+    t.join(10)
+    assert first and first[0].status_code >= 500 and "replaced" in first[0].text
+    assert time.monotonic() - t0 < 2.0  # answered at once, not at the match timeout
+    _post_thread.join(10)

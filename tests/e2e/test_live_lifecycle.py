@@ -193,12 +193,30 @@ class StreamClient(threading.Thread):
             self.error = repr(exc)
 
 
+class PlainClient(threading.Thread):
+    """One non-streaming /generate in a thread: records the status and the JSON answer."""
+
+    def __init__(self, url: str, body: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.body = url, body
+        self.status: int | None = None
+        self.answer: Any = None
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            resp = httpx.post(f"{self.url}/generate", json=self.body, timeout=30)
+            self.status, self.answer = resp.status_code, resp.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            self.error = repr(exc)
+
+
 def _start_clients(live: Live, short_new: int, n_short: int, n_long: int) -> list[StreamClient]:
     clients = [StreamClient(live.url, gen_body(list(range(3, 40 + i)), new, stream=True))
                for i, new in enumerate([short_new] * n_short + [LONG_NEW] * n_long)]
     for c in clients:
         c.start()
-    _wait_for(live, "all running", lambda m: _running(m) == len(clients), timeout_s=30)
+    _wait_for(live, "all running", lambda m: _running(m) >= len(clients), timeout_s=30)
     return clients
 
 
@@ -219,6 +237,9 @@ def test_sigterm_under_load_answers_everyone_and_exits_0(e2e_model_dir: Path) ->
     short_new = 60
     with live_server(e2e_model_dir, "--set", f"server.drain_grace_s={GRACE_S}",
                      name="drain") as live:
+        plain = PlainClient(live.url, gen_body([9, 8, 7], LONG_NEW))
+        plain.start()
+        _wait_for(live, "plain running", lambda m: _running(m) == 1)
         clients = _start_clients(live, short_new, n_short=4, n_long=4)
         assert live.proc.proc is not None
         signalled = time.monotonic()
@@ -237,6 +258,9 @@ def test_sigterm_under_load_answers_everyone_and_exits_0(e2e_model_dir: Path) ->
         for c in clients:
             c.join(10)
             assert not c.is_alive(), "a client hangs after the worker exited"
+        plain.join(10)
+        assert not plain.is_alive() and plain.error is None, plain.error
+        assert plain.status == 503 and plain.answer["error"]["reason"] == "drain", plain.answer
         kinds = [_check_answered(c, short_new) for c in clients]
         assert rc == 0, live.proc.output()[-3000:]
         assert took <= GRACE_S + 5, f"exit took {took:.1f}s with grace {GRACE_S}s"

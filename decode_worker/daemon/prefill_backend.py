@@ -46,7 +46,7 @@ class PrefillBackend:
         def _on_done(result: PrefillResult) -> None:  # compute thread
             loop.call_soon_threadsafe(_settle, done, result)
 
-        self.peer.add_prompt(inp.bootstrap_room, list(inp.input_ids), _on_done)
+        self.peer.add_prompt(inp.bootstrap_room, list(inp.input_ids), _on_done, inp.sampling)
         return self._reply(inp, done)
 
     async def _reply(

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.prefill_state import Half, Job, Matcher, PageFreeList, PrefillResult
 from decode_worker.device.aux_buffer import ROW_BYTES, AuxBuffer
 from decode_worker.device.kv_pool import KVPools
 from decode_worker.device.runner import ModelRunner
+from decode_worker.device.sampler import Sampler, SampleRow
 from decode_worker.errors import DecodeWorkerError, OutOfPages, TransferError
 from decode_worker.io import protocol as p
 from decode_worker.io.bootstrap import BootstrapServer
@@ -98,6 +100,7 @@ class PrefillPeer:
         self.agent = NixlAgent(unique_agent_name("prefill"), settings.backend)
         self.agent.register([*runner.pools.memory_regions(), self.aux.memory_region()])
         self.sender = KVSender(self.agent)
+        self.sampler = Sampler(runner.device)
         self._free = PageFreeList(runner.pools.num_pages["full"], runner.pools.num_pages["swa"])
         self._aux_rows = list(range(num_aux_rows))
         self._pushes: list[_Push] = []  # compute thread only
@@ -115,15 +118,15 @@ class PrefillPeer:
     # -- the two halves ----------------------------------------------------------------------
 
     def add_prompt(
-        self,
-        room: int,
-        token_ids: list[int],
+        self, room: int, token_ids: list[int],
         on_done: Callable[[PrefillResult], None] | None = None,
-    ) -> None:
-        """The prompt of `room` (from HTTP). `on_done` runs on the compute thread once the KV is
-        handed off or the room failed/expired; it must not block."""
+        sampling: SamplingParams | None = None,
+    ) -> None:  # fmt: skip
+        """The prompt of `room` (from HTTP); `sampling` picks the first token (None: greedy).
+        `on_done` runs on the compute thread once the KV is handed off or the room
+        failed/expired; it must not block."""
         with self._lock:
-            job = self._matcher.add_prompt(room, token_ids, on_done, time.monotonic())
+            job = self._matcher.add_prompt(room, token_ids, on_done, time.monotonic(), sampling)
             displaced = self._matcher.take_displaced()
         self._fail_halves(displaced, "replaced by a newer request for the same room")
         if job is not None:
@@ -236,9 +239,7 @@ class PrefillPeer:
         row = self._aux_rows.pop()
         try:
             logits = self.runner.prefill(job.prompt, full_ids, swa_ids)  # logits: [V] f32
-            logprobs = torch.log_softmax(logits.float(), dim=-1)  # logprobs: [V] f32
-            token = int(torch.argmax(logprobs))
-            logprob = float(logprobs[token])
+            token, logprob = self._first_token(logits, job.sampling)
             self.aux.write(row, req.room, token, logprob, req.transfer_id)
             if self.runner.device.type == "cuda":
                 torch.cuda.synchronize(self.runner.device)
@@ -253,6 +254,14 @@ class PrefillPeer:
         done = p.TransferDone(req.transfer_id, req.room, plan.num_bytes, plan.num_descriptors)
         deadline = time.monotonic() + req.deadline_s
         return _Push(job, handles, src, result, done, deadline)
+
+    def _first_token(
+        self, logits: torch.Tensor, sampling: SamplingParams | None
+    ) -> tuple[int, float]:
+        """The first output token and its logprob under the raw distribution."""
+        row = SampleRow(sampling or SamplingParams(temperature=0.0), step=0, return_logprob=True)
+        out = self.sampler.sample(logits[None], [row])  # logits[None]: [1, V]
+        return out.token_ids[0], float(out.logprobs[0] or 0.0)
 
     def _reap(self, now: float) -> None:
         """Finish every push whose WRITEs are all DONE, failed, or past the request deadline."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from decode_worker.core.sampling import SamplingParams
 from decode_worker.errors import FatalError, OutOfPages
 from decode_worker.io.protocol import TransferRequest
 
@@ -36,6 +37,7 @@ class Half:
     on_done: OnDone | None = None
     req: TransferRequest | None = None
     peer: bytes | None = None
+    sampling: SamplingParams | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,7 @@ class Job:
     req: TransferRequest
     prompt: list[int]
     on_done: OnDone | None
+    sampling: SamplingParams | None = None  # None: greedy first token
 
 
 class Matcher:
@@ -59,21 +62,23 @@ class Matcher:
         self.displaced: list[Half] = []
 
     def add_prompt(
-        self, room: int, prompt: list[int], on_done: OnDone | None, now: float
-    ) -> Job | None:
+        self, room: int, prompt: list[int], on_done: OnDone | None, now: float,
+        sampling: SamplingParams | None = None,
+    ) -> Job | None:  # fmt: skip
         waiting = self.requests.pop(room, None)
         if waiting is None:
             self._displace(self.prompts.get(room))
-            self.prompts[room] = Half(room, now, prompt=prompt, on_done=on_done)
+            self.prompts[room] = Half(room, now, prompt, on_done, sampling=sampling)
             return None
         if waiting.req is None or waiting.peer is None:
             raise FatalError("matcher: a waiting request without its request")
-        return self._start(waiting.peer, waiting.req, prompt, on_done)
+        return self._start(waiting.peer, waiting.req, prompt, on_done, sampling)
 
     def add_request(self, peer: bytes, req: TransferRequest, now: float) -> Job | None:
         http = self.prompts.pop(req.room, None)
         if http is not None and http.prompt is not None:
-            return self._start(peer, req, req.prompt_ids or http.prompt, http.on_done)
+            return self._start(peer, req, req.prompt_ids or http.prompt, http.on_done,
+                               http.sampling)  # fmt: skip
         if req.prompt_ids is not None:
             return self._start(peer, req, req.prompt_ids, None)
         self._displace(self.requests.get(req.room))
@@ -90,10 +95,11 @@ class Matcher:
         return out
 
     def _start(
-        self, peer: bytes, req: TransferRequest, prompt: list[int], on_done: OnDone | None
-    ) -> Job:
+        self, peer: bytes, req: TransferRequest, prompt: list[int], on_done: OnDone | None,
+        sampling: SamplingParams | None = None,
+    ) -> Job:  # fmt: skip
         self.running[(peer, req.transfer_id)] = False
-        return Job(peer, req, prompt, on_done)
+        return Job(peer, req, prompt, on_done, sampling)
 
     def abort(self, peer: bytes, transfer_id: int) -> bool:
         """True if the peer may be told now that nothing will be written (AbortAck)."""

@@ -91,6 +91,7 @@ class Decode:
                     if ev.kind != "done":
                         raise RuntimeError(f"transfer failed: {ev}")
                     return ev
+            time.sleep(0.0001)  # a daemon polls between steps; do not starve the peer's cores
         raise RuntimeError("transfer timed out")
 
 
@@ -158,6 +159,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
+    # One intra-op thread: on a busy host, waking torch's pool for a 128 KiB copy costs a
+    # scheduler slice (ms), which would measure the scheduler, not the copy.
+    torch.set_num_threads(1)
     ctx = mp.get_context("spawn")
     port, ready, stop = _free_port(), ctx.Event(), ctx.Event()
     peer = ctx.Process(target=_peer_main, args=(port, ready, stop), daemon=True)

@@ -173,7 +173,10 @@ class KVReceiver:
                     self._drop_peer(peer, "transfer_failed", f"peer refused: {reason}", now)
                     return
                 case p.TransferFailed(transfer_id=tid, reason=reason):
-                    if (xfer := self._transfers.get(tid)) is not None:
+                    xfer = self._transfers.get(tid)
+                    if xfer is not None and xfer.phase == "aborting":
+                        self._release(xfer, now)  # it stopped: the pages are quiet
+                    elif xfer is not None:
                         self._fail(xfer, "transfer_failed", f"peer: {reason}", now, acked=True)
                 case p.AbortAck(transfer_id=tid) | p.TransferDone(transfer_id=tid):
                     self._on_peer_stopped(tid, now)

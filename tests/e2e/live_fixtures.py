@@ -63,11 +63,13 @@ class Metrics:
 class Live:
     """A running server: its process, URL and a keep-alive httpx client."""
 
-    def __init__(self, proc: ServerProcess) -> None:
+    def __init__(self, proc: ServerProcess, api_key: str | None = None) -> None:
         self.proc = proc
         self.url = proc.url
         self.port = proc.port
-        self.http = httpx.Client(base_url=proc.url, timeout=httpx.Timeout(60.0, connect=5.0))
+        auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=proc.url, timeout=httpx.Timeout(60.0, connect=5.0),
+                                 headers=auth)
 
     def close(self) -> None:
         self.http.close()
@@ -116,17 +118,20 @@ def parse_event(payload: str) -> Any:
 
 
 @contextmanager
-def live_server(model_dir: Path, *extra: str, port: int | None = None,
-                name: str = "live") -> Iterator[Live]:
-    """`decode-worker serve --model DIR` with small pools; stopped (SIGTERM) on exit."""
+def live_server(model_dir: Path, *extra: str, port: int | None = None, name: str = "live",
+                api_key: str | None = None) -> Iterator[Live]:
+    """`decode-worker serve --model DIR` with small pools; stopped (SIGTERM) on exit. With
+    `api_key`, the server requires it (env DECODE_WORKER_SERVER__API_KEY) and the handle's
+    client sends it."""
     port = port or free_port()
     args = ["serve", "--model", str(model_dir), "--port", str(port), *SMALL_POOLS, *extra]
-    proc = ServerProcess(name, args, port)
+    env = {"DECODE_WORKER_SERVER__API_KEY": api_key} if api_key else None
+    proc = ServerProcess(name, args, port, env=env)
     live = None
     try:
         with proc:
             proc.wait_ready(120)
-            live = Live(proc)
+            live = Live(proc, api_key)
             yield live
     finally:
         if live is not None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import itertools
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from decode_worker.device.tokenizer import Tokenizer
@@ -143,6 +145,38 @@ def test_repeated_long_prompt_reports_cached_tokens(api: Live) -> None:
     assert 0 < cached < len(LONG) and cached % 16 == 0, usage
 
 
+BATCH_PROMPTS = [[3 + (i * (k + 3)) % 250 for i in range(20 + 37 * k)] for k in range(8)]
+
+
+def test_concurrent_requests_decode_as_if_alone(api: Live) -> None:
+    """8 requests in one decode batch (prompts 20..279 tokens, past the window) give the same
+    greedy tokens as each alone, logprobs within float noise."""
+    alone = [api.post(GEN, gen_body(p, 24, return_logprob=True)).json() for p in BATCH_PROMPTS]
+    together: list[Any] = [None] * len(BATCH_PROMPTS)
+
+    def run(k: int) -> None:
+        together[k] = httpx.post(f"{api.url}{GEN}", timeout=60,
+                                 json=gen_body(BATCH_PROMPTS[k], 24, return_logprob=True)).json()
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(BATCH_PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for k, (a, b) in enumerate(zip(alone, together, strict=True)):
+        assert b is not None and b["output_ids"] == a["output_ids"], k
+        lps = [[t[0] for t in x["meta_info"]["output_token_logprobs"]] for x in (a, b)]
+        assert lps[1] == pytest.approx(lps[0], abs=1e-3), k
+
+
+@pytest.mark.parametrize("k", [0, 7])
+def test_greedy_tokens_equal_the_reference_implementation(api: Live, reference_greedy: Any,
+                                                          k: int) -> None:
+    """Local prefill + decode on the worker vs transformers on the same weights."""
+    out = api.post(GEN, gen_body(BATCH_PROMPTS[k], 16)).json()
+    assert out["output_ids"] == reference_greedy(BATCH_PROMPTS[k], 16)
+
+
 # -- info endpoints ------------------------------------------------------------------------
 
 
@@ -220,10 +254,27 @@ def test_bad_input_is_4xx_with_message(api: Live, path: str, raw: bytes, status:
 
 @pytest.fixture(scope="module")
 def small(e2e_model_dir: Path) -> Iterator[Live]:
-    """A second worker with a prompt limit and a small body limit."""
+    """A second worker with a prompt limit, a small body limit and an API key."""
     with live_server(e2e_model_dir, "--set", "scheduler.max_prompt_tokens=64",
-                     "--set", "server.max_body_bytes=65536", name="small") as live:
+                     "--set", "server.max_body_bytes=65536", name="small",
+                     api_key=API_KEY) as live:
         yield live
+
+
+API_KEY = "s3cret-live"
+
+
+def test_api_key_guards_generation_but_not_probes(small: Live) -> None:
+    body = gen_body([5, 6], 2)
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": API_KEY}):
+        for path in (GEN, COMP):
+            resp = httpx.post(f"{small.url}{path}", json=body, headers=headers, timeout=10)
+            assert resp.status_code == 401 and resp.json()["error"]["message"], (path, headers)
+    assert httpx.get(f"{small.url}/v1/models", timeout=10).status_code == 401
+    for path in ("/health", "/health_generate", "/server_info", "/model_info", "/metrics"):
+        assert httpx.get(f"{small.url}{path}", timeout=10).status_code == 200, path
+    assert small.post(GEN, body).status_code == 200  # with the key
+    assert API_KEY not in small.proc.output()
 
 
 def test_prompt_over_max_prompt_tokens_is_413(small: Live) -> None:

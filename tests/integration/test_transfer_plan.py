@@ -121,3 +121,17 @@ def test_notifications_decode_only_our_own() -> None:
     assert p.decode_notif(p.encode_notif(n)) == n
     with pytest.raises(ProtocolError):
         p.decode_notif(b"123_kv_0_1_0")
+
+
+def test_vram_pools_and_a_dram_aux_row_are_two_writes_with_two_parts() -> None:
+    def gpu(addr: int) -> dict[str, p.RegionLayout]:
+        r = regions(addr)
+        return {k: (msgspec.structs.replace(v, kind="VRAM", device_id=1) if k != "aux" else v)
+                for k, v in r.items()}  # fmt: skip
+
+    req = request(64, 0, 32, [5, 6, 7, 8], [1, 2])
+    plan = plan_writes(req, 16, gpu(0), gpu(10**9), SourcePages([1, 2, 3, 4], [1, 2, 3, 4], 0))
+    sides = [side for side, _ in plan.writes]
+    assert [(s.src_kind, s.dst_kind, s.dst_device) for s in sides] == [
+        ("VRAM", "VRAM", 1), ("DRAM", "DRAM", 0)
+    ]

@@ -210,7 +210,10 @@ class PrefillPeer:
         req = job.req
         with self._lock:
             dec = self._decoders.get(job.peer)
+            aborted = self._matcher.is_aborted(job)
         try:
+            if aborted:  # aborted while queued: skip the work, `_finish` acks
+                raise TransferError("aborted by the decode peer before it started")
             if dec is None:
                 raise TransferError("decode peer went away")
             if len(job.prompt) != req.prompt_len:

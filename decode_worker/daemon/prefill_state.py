@@ -113,6 +113,9 @@ class Matcher:
             return False
         return True
 
+    def is_aborted(self, job: Job) -> bool:
+        return self.running.get((job.peer, job.req.transfer_id), False)
+
     def finish(self, job: Job) -> bool:
         """Forget a job; True if it was aborted while running (its ack is due now)."""
         return self.running.pop((job.peer, job.req.transfer_id), False)

@@ -171,11 +171,11 @@ def test_dead_prefill_peer_fails_the_request_and_frees_its_pages(tight: Live,
 
 
 class StreamClient(threading.Thread):
-    """One streaming /generate in a thread: records the status and every SSE event."""
+    """One streaming request in a thread: records the status and every SSE event."""
 
-    def __init__(self, url: str, body: dict[str, Any]) -> None:
+    def __init__(self, url: str, body: dict[str, Any], path: str = "/generate") -> None:
         super().__init__(daemon=True)
-        self.url, self.body = url, body
+        self.url, self.body, self.path = url, body, path
         self.status: int | None = None
         self.events: list[Any] = []
         self.error: str | None = None
@@ -183,7 +183,7 @@ class StreamClient(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.stream("POST", f"{self.url}/generate", json=self.body,
+            with httpx.stream("POST", f"{self.url}{self.path}", json=self.body,
                               timeout=httpx.Timeout(30.0, connect=5.0)) as resp:
                 self.status = resp.status_code
                 for payload in read_events(resp.iter_lines()):
@@ -212,8 +212,13 @@ class PlainClient(threading.Thread):
 
 
 def _start_clients(live: Live, short_new: int, n_short: int, n_long: int) -> list[StreamClient]:
-    clients = [StreamClient(live.url, gen_body(list(range(3, 40 + i)), new, stream=True))
-               for i, new in enumerate([short_new] * n_short + [LONG_NEW] * n_long)]
+    """n_short /generate streams of short_new tokens, then n_long endless streams spread over
+    the three endpoints."""
+    clients = [StreamClient(live.url, gen_body(list(range(3, 40 + i)), short_new, stream=True))
+               for i in range(n_short)]
+    for i in range(n_long):
+        path, body = STREAMS[("generate", "completions", "chat")[i % 3]]
+        clients.append(StreamClient(live.url, body, path))
     for c in clients:
         c.start()
     _wait_for(live, "all running", lambda m: _running(m) >= len(clients), timeout_s=30)
@@ -280,11 +285,12 @@ def _poll_until(call: Any, pred: Any, timeout_s: float) -> Any:
 
 
 def test_second_signal_exits_at_once(e2e_model_dir: Path) -> None:
+    """SIGINT starts the drain like SIGTERM; a second signal exits at once (non-zero)."""
     with live_server(e2e_model_dir, "--set", "server.drain_grace_s=60", name="second") as live:
         clients = _start_clients(live, LONG_NEW, n_short=0, n_long=2)
         proc = live.proc.proc
         assert proc is not None
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGINT)
         _poll_until(lambda: httpx.get(f"{live.url}/health", timeout=2),
                     lambda r: r.status_code == 503, timeout_s=3)
         t0 = time.monotonic()

@@ -34,6 +34,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     g = nh // nkv
     # fold the g query heads of a KV head into the rows: plain batched matmuls
     qg = q.float().view(b, nq, nkv, g, hd).permute(2, 0, 3, 1, 4).reshape(nkv, b, g * nq, hd)
+    # qg: [kvh, B, g * Q, hd]
     s = torch.matmul(qg, k.float().transpose(-1, -2)).view(nkv, b, g, nq, -1) * scale
     s = s + bias[None, :, None]  # s: [kvh, B, g, Q, L]
     sink = sinks.float().view(nkv, 1, g, 1)  # [kvh, 1, g, 1]
@@ -41,7 +42,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     e = torch.exp(s - top[..., None])  # [kvh, B, g, Q, L]
     denom = e.sum(-1) + torch.exp(sink - top)  # [kvh, B, g, Q]
     out = torch.matmul(e.view(nkv, b, g * nq, -1), v.float())  # [kvh, B, g * Q, hd]
-    out = out / denom.view(nkv, b, g * nq, 1)
+    out = out / denom.view(nkv, b, g * nq, 1)  # [kvh, B, g * Q, hd]
     out = out.view(nkv, b, g, nq, hd).permute(1, 3, 0, 2, 4)  # [B, Q, kvh, g, hd]
     return out.reshape(b, nq, nh * hd).to(q.dtype)
 
@@ -73,13 +74,13 @@ def attend_split(q: torch.Tensor, kv: torch.Tensor, pages: torch.Tensor, offs: t
     for c0 in range(0, pages.shape[1], chunk):
         part = view[:, :, pages[:, c0:c0 + chunk], offs[:, c0:c0 + chunk]].float()
         # part: [2, kvh, bs, C, hd]
-        s = torch.einsum("bkgd,kbcd->bkgc", qg, part[0]) * scale
+        s = torch.einsum("bkgd,kbcd->bkgc", qg, part[0]) * scale  # [bs, kvh, g, C]
         s = s + bias[:, :, None, c0:c0 + chunk]  # s: [bs, kvh, g, C]
         new_max = torch.maximum(run_max, s.amax(-1))  # [bs, kvh, g]; finite (sink)
         corr = torch.exp(run_max - new_max)  # [bs, kvh, g]
         p = torch.exp(s - new_max[..., None])  # [bs, kvh, g, C]
         denom = denom * corr + p.sum(-1)
-        acc = acc * corr[..., None] + torch.einsum("bkgc,kbcd->bkgd", p, part[1])
+        acc = acc * corr[..., None] + torch.einsum("bkgc,kbcd->bkgd", p, part[1])  # [bs,kvh,g,hd]
         run_max = new_max
     return (acc / denom[..., None]).reshape(bs, nh * hd).to(q.dtype)
 
@@ -112,6 +113,7 @@ class DecodeAttention:
         self.full_pages = full_table[:, kpos // ps]  # [bs, L]
         self.full_offs = (kpos % ps).expand(bs, -1)  # [bs, L]
         self.full_bias = mask_bias(kpos[None, :] <= positions[:, None])[:, None]  # [bs,1,L]
+        # spos: [bs, W + 1] key positions p - window .. p (negative = before the sequence)
         spos = positions[:, None] - window + torch.arange(window + 1, device=positions.device)
         sclamped = spos.clamp(min=0)  # spos/sclamped: [bs, W + 1]
         self.swa_pages = swa_table[rows, sclamped // ps]  # [bs, W + 1]

@@ -156,7 +156,7 @@ class ModelRunner:
 
 
 def _pad_tables(tables: list[list[int]], width: int, dev: torch.device) -> torch.Tensor:
-    rows = [t + [0] * (width - len(t)) for t in tables]
+    rows = [t + [0] * (width - len(t)) for t in tables]  # pad with the dummy page 0
     return torch.tensor(rows, dtype=torch.long, device=dev)  # [bs, width]
 
 

@@ -101,8 +101,8 @@ def _filter_sorted(sorted_p: torch.Tensor, rows: Sequence[SampleRow], vocab: int
     rank = torch.arange(vocab, device=dev)[None, :]  # [1, V]
     drop = rank >= top_k[:, None]  # [bs, V]
     before = sorted_p.cumsum(dim=-1) - sorted_p  # [bs, V] mass strictly above each token
-    drop |= before > top_p[:, None]
-    drop |= sorted_p < (min_p * sorted_p[:, 0])[:, None]
+    drop |= before > top_p[:, None]  # top-p: the mass above already reaches top_p
+    drop |= sorted_p < (min_p * sorted_p[:, 0])[:, None]  # min-p relative to the top token
     drop[:, 0] = False
     kept = sorted_p.masked_fill(drop, 0.0)  # [bs, V]
     return kept / kept.sum(dim=-1, keepdim=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decode_worker.core.sampling import SamplingParams
+from decode_worker.io.api.backend import OutputChunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,18 +60,11 @@ Command = AddRequest | AbortRequest | FinishRequest | Drain | Shutdown
 
 @dataclass(slots=True)
 class TokenEvent:
-    """New tokens of one request, and its end when `finish_reason` is set."""
+    """New tokens of request `rid`, and its end when the chunk's `finish_reason` or `error` is
+    set (the API layer's own `OutputChunk`, so nothing is translated on the loop)."""
 
     rid: str
-    token_ids: list[int]
-    logprobs: list[float] | None = None
-    finish_reason: str | None = None
-    matched_stop: int | str | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    error: str | None = None
-    error_status: int = 500
-    error_code: str = "internal"
+    chunk: OutputChunk
 
 
 @dataclass(slots=True)

@@ -20,7 +20,6 @@ from decode_worker.daemon.bridge import (
     Event,
     FinishRequest,
     Inbox,
-    TokenEvent,
 )
 from decode_worker.errors import ClientError, ServiceUnavailable
 from decode_worker.io.api.backend import GenerateInput, Health, OutputChunk, Tokenizer
@@ -100,7 +99,7 @@ class DecodeBackend:
                 continue
             queue = self._queues.get(event.rid)
             if queue is not None:  # else: the client left and the abort is on its way
-                queue.put_nowait(_to_chunk(event))
+                queue.put_nowait(event.chunk)
 
     def health(self) -> Health:
         if self.dead_reason is not None:
@@ -142,12 +141,3 @@ class DecodeBackend:
                                          error_code="internal"))
             log.error("rid=%s failed: engine stopped", rid)
 
-
-def _to_chunk(e: TokenEvent) -> OutputChunk:
-    finish = e.finish_reason if e.finish_reason in ("stop", "length", "abort") else None
-    return OutputChunk(
-        token_ids=e.token_ids, logprobs=e.logprobs, finish_reason=finish,  # type: ignore[arg-type]
-        matched_stop=e.matched_stop, prompt_tokens=e.prompt_tokens,
-        cached_tokens=e.cached_tokens, error=e.error, error_status=e.error_status,
-        error_code=e.error_code,
-    )

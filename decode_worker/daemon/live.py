@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from decode_worker.core.request import DecodeRequest
 from decode_worker.daemon.bridge import AddRequest, TokenEvent
 from decode_worker.device.sampler import SampleRow
+from decode_worker.io.api.backend import FinishReason, OutputChunk
 
 
 @dataclass(slots=True, eq=False)
@@ -39,7 +40,7 @@ class LiveRequest:
         return SampleRow(self.cmd.sampling, step=len(self.req.output_ids),
                          return_logprob=self.cmd.return_logprob)
 
-    def finish_reason(self) -> tuple[str, int | None] | None:
+    def finish_reason(self) -> tuple[FinishReason, int | None] | None:
         """("stop", token) / ("length", None) when the last output token ends the request."""
         out = self.req.output_ids
         sp = self.cmd.sampling
@@ -53,7 +54,7 @@ class LiveRequest:
             return "length", None
         return None
 
-    def new_tokens_event(self, finish: tuple[str, int | None] | None) -> TokenEvent:
+    def new_tokens_event(self, finish: tuple[FinishReason, int | None] | None) -> TokenEvent:
         """Everything produced since the last event, ending the request if `finish`."""
         out = self.req.output_ids
         start, self.emitted = self.emitted, len(out)
@@ -62,10 +63,11 @@ class LiveRequest:
         reason, matched = finish if finish is not None else (None, None)
         if finish is not None:
             self.answered = True
-        return TokenEvent(self.rid, ids, lps, reason, matched, len(self.req.prompt_ids),
-                          self.cached_tokens)
+        return TokenEvent(self.rid, OutputChunk(
+            ids, lps, reason, matched, len(self.req.prompt_ids), self.cached_tokens))
 
     def error_event(self, message: str, status: int, code: str) -> TokenEvent:
         self.answered = True
-        return TokenEvent(self.rid, [], None, None, None, len(self.req.prompt_ids),
-                          self.cached_tokens, message, status, code)
+        return TokenEvent(self.rid, OutputChunk(
+            prompt_tokens=len(self.req.prompt_ids), cached_tokens=self.cached_tokens,
+            error=message, error_status=status, error_code=code))

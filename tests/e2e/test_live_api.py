@@ -228,6 +228,8 @@ BAD = [
     (GEN, b'{"input_ids": [1], "sampling_params": {"max_new_tokens": -3}}', 400, "max_new"),
     (GEN, b'{"input_ids": [1], "sampling_params": {"n": 2}}', 400, "n=2"),
     (GEN, b'{"input_ids": [1], "bootstrap_room": -5}', 400, "bootstrap_room"),
+    (GEN, b'{"input_ids": [1], "bootstrap_host": "", "bootstrap_port": 9, "bootstrap_room": 2}',
+     400, "bootstrap"),
     (COMP, b'{"prompt": ""}', 400, "empty"),
     (COMP, b'{"max_tokens": 2}', 400, "prompt"),
     (COMP, b'{"prompt": [1, 2], "temperature": -0.5}', 400, "temperature"),

@@ -14,6 +14,8 @@ from typing import Any
 
 from decode_worker.errors import ConfigError
 
+GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 4096}
 SLIDING = "sliding_attention"
 FULL = "full_attention"
 
@@ -87,12 +89,11 @@ def _build(raw: dict[str, Any]) -> GptOssConfig:
     types = raw.get("layer_types") or [SLIDING if i % 2 == 0 else FULL for i in range(layers)]
     eos = raw.get("eos_token_id")
     eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
-    rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-    rope.setdefault("rope_type", rope.get("type", "yarn") if rope else "yarn")
-    if rope["rope_type"] == "yarn":
-        for key, val in (("factor", 32.0), ("beta_fast", 32.0), ("beta_slow", 1.0),
-                         ("truncate", False), ("original_max_position_embeddings", 4096)):
-            rope.setdefault(key, val)
+    given = raw.get("rope_parameters") or raw.get("rope_scaling")
+    # No RoPE parameters at all: gpt-oss's own defaults. Given ones are completed the way
+    # transformers completes them (notably `truncate` defaults to True there).
+    rope = dict(given) if given else dict(GPT_OSS_ROPE)
+    rope.setdefault("rope_type", rope.get("type", "default"))
     rope.setdefault("rope_theta", raw.get("rope_theta", 150000.0))
     return GptOssConfig(
         vocab_size=int(raw.get("vocab_size", 201088)),
@@ -144,15 +145,16 @@ def rope_inv_freq(cfg: GptOssConfig) -> tuple[list[float], float]:
     pos_freqs = [base ** (i / dim) for i in range(0, dim, 2)]
     if cfg.rope["rope_type"] == "default":
         return [1.0 / f for f in pos_freqs], 1.0
-    factor = float(cfg.rope["factor"])
+    orig = float(cfg.rope["original_max_position_embeddings"])
+    factor = float(cfg.rope.get("factor") or cfg.max_position_embeddings / orig)
     scale = float(cfg.rope.get("attention_factor") or (
         1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0))
-    orig = float(cfg.rope["original_max_position_embeddings"])
 
     def corr_dim(rot: float) -> float:
         return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
 
-    low, high = corr_dim(float(cfg.rope["beta_fast"])), corr_dim(float(cfg.rope["beta_slow"]))
+    low = corr_dim(float(cfg.rope.get("beta_fast") or 32.0))
+    high = corr_dim(float(cfg.rope.get("beta_slow") or 1.0))
     if cfg.rope.get("truncate", True):
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, dim - 1)

@@ -45,8 +45,9 @@ class DecodeBackend:
     """Bridges HTTP requests to the compute thread (see module docstring)."""
 
     def __init__(self, inbox: Inbox, tokenizer: Tokenizer, info: BackendInfo,
-                 max_queued: int) -> None:
+                 max_queued: int, default_bootstrap_port: int) -> None:
         self._inbox = inbox
+        self.default_bootstrap_port = default_bootstrap_port
         self._tokenizer = tokenizer
         self.info = info
         self.max_queued = max_queued
@@ -69,7 +70,8 @@ class DecodeBackend:
         self._inbox.put(AddRequest(
             rid=inp.rid, input_ids=list(inp.input_ids), sampling=inp.sampling,
             return_logprob=inp.return_logprob, bootstrap_host=inp.bootstrap_host,
-            bootstrap_port=inp.bootstrap_port, bootstrap_room=inp.bootstrap_room,
+            bootstrap_port=inp.bootstrap_port or self.default_bootstrap_port,
+            bootstrap_room=inp.bootstrap_room,
             received_at=inp.received_at,
         ))
         ended = False
@@ -129,6 +131,9 @@ class DecodeBackend:
         health = self.health()
         if not health.is_ok:
             raise ServiceUnavailable(health.message)
+        if (inp.bootstrap_host is None) != (inp.bootstrap_room is None):
+            raise ClientError("bootstrap_host and bootstrap_room go together: give both (the "
+                              "prefill peer's address and the transfer room) or neither")
         if inp.rid in self._queues:
             raise ClientError(f"rid {inp.rid!r} is already running")
         if len(self._queues) >= self.max_queued:

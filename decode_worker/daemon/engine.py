@@ -38,6 +38,7 @@ from decode_worker.daemon.prefill_peer import model_compat, region_layouts
 from decode_worker.daemon.runtime import Runtime, build_runtime
 from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.sampler import Sampler
+from decode_worker.errors import DecodeWorkerError
 from decode_worker.io.kv_receiver import KVReceiver
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import Settings
@@ -164,6 +165,15 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
             self._stopping = True
 
     def add(self, cmd: AddRequest, now: float) -> None:
+        vocab = self.rt.runner.model.cfg.vocab_size
+        bad = [t for t in cmd.input_ids if not 0 <= t < vocab]
+        if bad or not cmd.input_ids:
+            # the API checks this too; the engine never trusts its caller with the device
+            live = LiveRequest(DecodeRequest(cmd.rid, 0, list(cmd.input_ids), 0), cmd, frozenset())
+            why = f"token ids outside [0, {vocab}): {bad[:5]}" if bad else "empty prompt"
+            self.metrics.inc_abort("bad_request")
+            self.outbox.put(live.error_event(why, 400, "bad_request"))
+            return
         req = DecodeRequest(cmd.rid, cmd.bootstrap_room or 0, list(cmd.input_ids),
                             cmd.sampling.max_new_tokens)
         live = LiveRequest(req, cmd, frozenset(self.rt.tokenizer.eos_token_ids))
@@ -196,7 +206,12 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
             elif isinstance(d, Admit):
                 self.metrics.inc_admission()
                 self.metrics.observe_prefix_match(d.req.fill_len, d.prefix_len)
-                self.fetch_kv(self.lives[d.req.rid], d, now)
+                live = self.lives[d.req.rid]
+                try:
+                    self.fetch_kv(live, d, now)
+                except DecodeWorkerError as exc:  # this request's inputs, not the engine
+                    log.warning("rid=%s failed to start: %s", live.rid, exc)
+                    self.fail(live, "bad_request", str(exc), now)
 
     def end(self, live: LiveRequest, to: RequestState, now: float, *, reason: str = "") -> None:
         """Terminal transition: pages and locks are released (valid KV stays cached)."""

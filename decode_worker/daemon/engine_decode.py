@@ -41,7 +41,6 @@ class DecodeOps:
             live.req.append_token(token)
             live.logprobs.append(lp if lp is not None else 0.0)
             self._emit_progress(live, now)
-        self.metrics.inc_generated_tokens(len(batch_lives))
 
     def _emit_progress(self: DecodeEngine, live: LiveRequest, now: float) -> None:
         """Send new tokens; on a stop token / EOS / max_new_tokens end the request (its KV is
@@ -49,7 +48,9 @@ class DecodeOps:
         finish = live.finish_reason()
         if finish is None and live.emitted == len(live.req.output_ids):
             return  # a resumed request: nothing new to say yet
-        self.outbox.put(live.new_tokens_event(finish))
+        event = live.new_tokens_event(finish)
+        self.metrics.inc_generated_tokens(len(event.chunk.token_ids))
+        self.outbox.put(event)
         if finish is not None:
             self.end(live, RequestState.FINISHED, now)
 

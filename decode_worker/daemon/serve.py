@@ -43,7 +43,8 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
 async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics) -> int:
     loop = asyncio.get_running_loop()
     backend = DecodeBackend(engine.inbox, engine.tokenizer, engine.info,
-                            settings.scheduler.max_queued_requests)
+                            settings.scheduler.max_queued_requests,
+                            settings.transfer.bootstrap_port)
     engine.start(Outbox(loop, backend.deliver))
     app = ApiApp(backend, ApiConfig.from_settings(settings), metrics)
     sc = settings.server

@@ -45,6 +45,7 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 DESCRIPTOR_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
+TRANSFER_FAILURE_REASONS = ("transfer_failed", "peer_dead", "kv_timeout", "bad_request")
 
 
 class Metrics:
@@ -114,6 +115,8 @@ class Metrics:
             self.queue_requests.labels(queue=queue)
         for reason in ABORT_REASONS:
             self.aborts.labels(reason=reason)
+        for reason in TRANSFER_FAILURE_REASONS:  # so rate() sees the very first failure
+            self.transfer_failures.labels(reason=reason)
         for status in REQUEST_STATUSES:
             self.requests.labels(status=status)
 

@@ -73,7 +73,7 @@ class Workers:
 
     def generate(self, pool: ThreadPoolExecutor, input_ids: list[int],
                  max_new: int) -> dict[str, Any]:
-        body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": {
+        body: dict[str, Any] = {"input_ids": input_ids, "return_logprob": True, "sampling_params": {
             "max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
         if self.router is not None:
             return dict(http_json(f"{self.router.url}/generate", body))

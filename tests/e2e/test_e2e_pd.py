@@ -23,11 +23,18 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def check_turns(turns: list[dict[str, Any]], reference: Callable[[list[int], int], list[int]],
-                max_new: int) -> None:
+Reference = Callable[[list[int], int], tuple[list[int], list[float]]]
+LOGPROB_TOL = 1e-4  # float32 on both sides; KV corruption moves logprobs well past this
+
+
+def check_turns(turns: list[dict[str, Any]], reference: Reference, max_new: int) -> None:
     for i, turn in enumerate(turns):
-        want = reference(turn["input_ids"], max_new)
+        want, want_lps = reference(turn["input_ids"], max_new)
         assert turn["output_ids"] == want, f"turn {i}: tokens differ from the reference"
+        got = turn["meta_info"]["output_token_logprobs"]
+        assert [t for _, t, _ in got] == want
+        worst = max(abs(lp - ref) for (lp, _, _), ref in zip(got, want_lps, strict=True))
+        assert worst < LOGPROB_TOL, f"turn {i}: logprobs off by {worst:.2e}"
         assert turn["meta_info"]["prompt_tokens"] == len(turn["input_ids"])
     cached = [t["meta_info"]["cached_tokens"] for t in turns]
     assert cached[0] == 0

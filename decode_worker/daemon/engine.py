@@ -38,6 +38,7 @@ from decode_worker.daemon.prefill_peer import model_compat, region_layouts
 from decode_worker.daemon.runtime import Runtime, build_runtime
 from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.sampler import Sampler
+from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import DecodeWorkerError
 from decode_worker.io.kv_receiver import KVReceiver
 from decode_worker.io.metrics import Metrics
@@ -90,14 +91,13 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
         self.drain_deadline: float | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._reported_stats = SchedulerStats()
 
     @classmethod
     def build(cls, settings: Settings, metrics: Metrics) -> DecodeEngine:
         return cls(settings, build_runtime(settings, use_cuda_graph=True), metrics)
 
     @property
-    def tokenizer(self):  # type: ignore[no-untyped-def]
+    def tokenizer(self) -> Tokenizer:
         return self.rt.tokenizer
 
     @property
@@ -133,10 +133,11 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
             self._close()
 
     def step(self, now: float) -> None:
+        """One iteration (see the module docstring); blocks up to `_IDLE_WAIT_S` when idle."""
         busy = bool(self.running or self.by_transfer or self.queue.num_queued)
         for cmd in self.inbox.get_all(0 if busy else _IDLE_WAIT_S):
-            self.handle(cmd, time.monotonic())
-        now = time.monotonic()
+            self.handle(cmd, now)
+        now = time.monotonic()  # the inbox wait may have blocked
         self.poll_transfers(now)
         self.admit(now)
         for ab in self.queue.expire(now):

@@ -10,4 +10,6 @@ if ! "$PY" -c 'import torch' 2>/dev/null; then
     || "$PY" -m pip install -q "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 fi
 "$PY" -m pip install -q -e ".[test]"
+# pyenv puts console scripts behind shims: make `decode-worker` visible at once
+if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi
 echo "decode-worker set up: $("$PY" -c 'import decode_worker; print(decode_worker.__version__)')"

@@ -12,6 +12,7 @@ from decode_worker.io.api import ApiApp, ApiConfig
 from decode_worker.io.http.parse import H2_PREFACE
 from decode_worker.io.metrics import Metrics
 from tests.fakes.fake_backend import FakeBackend, ServerThread
+from tests.waiting import wait_for
 
 
 def _post_raw(port: int, path: str, body: dict[str, object]) -> socket.socket:
@@ -20,16 +21,6 @@ def _post_raw(port: int, path: str, body: dict[str, object]) -> socket.socket:
     sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
     return sock
-
-
-def _wait_for(cond: object, timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
-
 
 def test_disconnect_mid_stream_aborts_the_request_on_every_endpoint() -> None:
     backend = FakeBackend(delay_s=0.1)
@@ -46,7 +37,7 @@ def test_disconnect_mid_stream_aborts_the_request_on_every_endpoint() -> None:
             while got.count(b"data: ") < 2:
                 got += sock.recv(4096)
             sock.close()
-            _wait_for(lambda n=n: len(backend.aborts) == n and len(backend.closed) == n)
+            wait_for(lambda n=n: len(backend.aborts) == n and len(backend.closed) == n)
             assert backend.aborts[-1] == (backend.inputs[-1].rid, "client_abort")
 
 
@@ -55,11 +46,11 @@ def test_disconnect_while_waiting_for_a_non_streaming_answer_aborts() -> None:
     with ServerThread(ApiApp(backend, ApiConfig())) as srv:
         sock = _post_raw(srv.port, "/generate", {"text": "a", "sampling_params": {
             "max_new_tokens": 100}})
-        _wait_for(lambda: len(backend.inputs) == 1)
+        wait_for(lambda: len(backend.inputs) == 1)
         time.sleep(0.2)
         sock.close()
-        _wait_for(lambda: backend.aborts == [(backend.inputs[0].rid, "client_abort")])
-        _wait_for(lambda: backend.closed == [backend.inputs[0].rid])
+        wait_for(lambda: backend.aborts == [(backend.inputs[0].rid, "client_abort")])
+        wait_for(lambda: backend.closed == [backend.inputs[0].rid])
 
 
 def test_health_answers_in_milliseconds_while_a_slow_stream_runs() -> None:

@@ -18,6 +18,7 @@ from decode_worker.io.http import HttpServer, Request, Response, ServerConfig, S
 from decode_worker.io.http.message import HttpError
 from decode_worker.io.http.parse import H2_PREFACE, H2Preface, body_length, parse_head
 from tests.fakes.fake_backend import ServerThread
+from tests.waiting import wait_for
 
 
 class Handler:
@@ -177,7 +178,7 @@ def test_client_disconnect_cancels_a_running_handler() -> None:
         sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
         time.sleep(0.2)
         sock.close()
-        _wait_for(lambda: handler.cancelled == ["/slow"])
+        wait_for(lambda: handler.cancelled == ["/slow"])
 
 
 def test_client_disconnect_mid_stream_closes_the_stream() -> None:
@@ -189,7 +190,7 @@ def test_client_disconnect_mid_stream_closes_the_stream() -> None:
         while b"data: 0" not in got:
             got += sock.recv(4096)
         sock.close()
-        _wait_for(lambda: handler.closed_streams == 1)
+        wait_for(lambda: handler.closed_streams == 1)
 
 
 def test_restarted_server_rebinds_the_same_port_at_once() -> None:
@@ -216,16 +217,6 @@ def test_close_waits_for_in_flight_stream_within_grace() -> None:
 
     text, waited = asyncio.run(main())
     assert text.endswith("data: 4\n\n") and waited < 2.5
-
-
-def _wait_for(cond: object, timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
-
 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300))

@@ -15,14 +15,9 @@ import logging
 import signal
 from pathlib import Path
 
-import torch
-
 from decode_worker.daemon.prefill_backend import PrefillBackend
 from decode_worker.daemon.prefill_peer import PrefillPeer
-from decode_worker.device.default_model import ensure_default_model
-from decode_worker.device.kv_pool import KVPools, KVSpec
-from decode_worker.device.layout import plan_cache_layout
-from decode_worker.device.model.weights import load_model
+from decode_worker.daemon.runtime import build_runtime
 from decode_worker.device.runner import ModelRunner
 from decode_worker.io.api.app import ApiApp
 from decode_worker.io.api.common import ApiConfig
@@ -31,28 +26,14 @@ from decode_worker.settings import LoadedSettings, Settings
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 def build_runner(settings: Settings) -> tuple[ModelRunner, str, Path]:
-    """Load the model and size pools for it; returns the runner, the model's name and dir.
+    """Load the model and size pools for it (the decode worker's own `build_runtime`, without
+    CUDA graphs); returns the runner, the model's name and dir.
 
     Raises ConfigError for a missing/broken model or pools that do not fit.
     """
-    ms = settings.model
-    model_dir = Path(ms.path) if ms.path else ensure_default_model(ms.cache_dir, ms.seed)
-    want_cuda = ms.device == "cuda" or (ms.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda" if want_cuda else "cpu")
-    auto = torch.bfloat16 if want_cuda else torch.float32
-    dtype = _DTYPES.get(ms.dtype, auto)
-    kv_dtype = _DTYPES.get(settings.cache.kv_dtype, dtype)
-    model = load_model(model_dir, device, dtype)
-    spec = KVSpec.from_config(model.cfg)
-    layout = plan_cache_layout(settings.cache, spec, device, kv_dtype)
-    pools = KVPools(spec, layout.num_full_pages, layout.num_swa_pages, layout.page_size,
-                    device, kv_dtype)  # fmt: skip
-    runner = ModelRunner(model, pools, use_cuda_graph=False, graph_batch_sizes=[1])
-    return runner, ms.served_model_name or model_dir.name, model_dir
+    rt = build_runtime(settings, use_cuda_graph=False)
+    return rt.runner, rt.model_name, rt.model_dir
 
 
 def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:

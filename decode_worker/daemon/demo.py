@@ -47,28 +47,35 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
     s = loaded.settings
     host = "127.0.0.1"
     decode_port = s.server.port if getattr(args, "port", None) else _free_port()
-    prefill_port, boot_port = _free_port(), args.bootstrap_port or _free_port()
+    prefill_port, boot_port, plain_port = _free_port(), args.bootstrap_port or _free_port(), \
+        _free_port()
     common = ["--set", f"cache.page_size={s.cache.page_size}"]
     if s.model.path is not None:
         common += ["--model", str(s.model.path)]
-    print(f"demo: starting prefill peer (:{prefill_port}, bootstrap :{boot_port}) and decode "
-          f"worker (:{decode_port}) on {host}", flush=True)
+    print(f"demo: starting a prefill peer (:{prefill_port}, bootstrap :{boot_port}), a decode "
+          f"worker (:{decode_port}) and, for comparison, one without the decode radix cache "
+          f"(:{plain_port}) on {host}", flush=True)
     with ServerProcess("prefill", ["prefill", "--port", str(prefill_port), "--bootstrap-port",
                                    str(boot_port), *common], prefill_port) as pre, \
          ServerProcess("decode", ["serve", "--port", str(decode_port), *common],
-                       decode_port) as dec:
-        pre.wait_ready(120.0)
-        dec.wait_ready(120.0)
-        report = _play(args, f"http://{host}:{prefill_port}", f"http://{host}:{decode_port}",
-                       host, boot_port)
+                       decode_port) as dec, \
+         ServerProcess("decode-nocache", ["serve", "--port", str(plain_port), *common,
+                                          "--set", "cache.decode_radix_cache=false"],
+                       plain_port) as plain:
+        for server in (pre, dec, plain):
+            server.wait_ready(120.0)
+        prefill = f"http://{host}:{prefill_port}"
+        report = _play(args, prefill, dec.url, host, boot_port, "with the cache")
+        # the same conversations again (greedy, so the same prompts) without the cache
+        _play(args, prefill, plain.url, host, boot_port, "without it")
         moved = scrape_metric(dec.url, "decode_worker_transfer_bytes_total")
-        info = http_json(f"{dec.url}/server_info")
-        _print_report(report, moved, info)
+        without = scrape_metric(plain.url, "decode_worker_transfer_bytes_total")
+        _print_report(report, moved, without)
     return 0
 
 
 def _play(args: argparse.Namespace, prefill: str, decode: str, boot_host: str,
-          boot_port: int) -> dict[str, Any]:
+          boot_port: int, label: str) -> dict[str, Any]:
     convs = [Conversation(i, [{"role": "system", "content": SYSTEM}])
              for i in range(args.conversations)]
     turns = [TurnStats() for _ in range(args.turns)]
@@ -86,7 +93,7 @@ def _play(args: argparse.Namespace, prefill: str, decode: str, boot_host: str,
                 usage = job.result()
                 _add(turns[turn], usage)
                 done += 1
-                _progress(done, total, time.monotonic() - t0)
+                _progress(label, done, total, time.monotonic() - t0)
     print(file=sys.stderr)
     return {"turns": turns, "elapsed_s": time.monotonic() - t0}
 
@@ -111,25 +118,26 @@ def _add(t: TurnStats, usage: dict[str, Any]) -> None:
     t.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
 
 
-def _progress(done: int, total: int, elapsed_s: float) -> None:
+def _progress(label: str, done: int, total: int, elapsed_s: float) -> None:
     width = 30
     filled = width * done // total
     bar = "#" * filled + "-" * (width - filled)
-    print(f"\r[{bar}] {done}/{total} requests  {elapsed_s:5.1f}s", end="", file=sys.stderr,
-          flush=True)
+    print(f"\r{label:>15} [{bar}] {done}/{total} requests  {elapsed_s:5.1f}s", end="",
+          file=sys.stderr, flush=True)
 
 
-def _print_report(report: dict[str, Any], moved_bytes: float, info: dict[str, Any]) -> None:
+def _print_report(report: dict[str, Any], moved_bytes: float, without: float) -> None:
     turns: list[TurnStats] = report["turns"]
     elapsed = report["elapsed_s"]
     reqs = sum(t.requests for t in turns)
     out_tok = sum(t.completion_tokens for t in turns)
     cached = sum(t.cached_tokens for t in turns)
-    per_token = float(info.get("kv_full_bytes_per_token", 0))
-    without = moved_bytes + cached * per_token
+    prompt = sum(t.prompt_tokens for t in turns)
     print("\n== decode-worker demo ==")
     print(f"requests: {reqs} in {elapsed:.1f}s  ({reqs / elapsed:.2f} req/s)")
     print(f"tokens:   {out_tok} generated, {out_tok / elapsed:.1f} tok/s end to end")
+    print(f"prefix reuse: {cached} of {prompt} prompt tokens held by the decode worker "
+          f"({cached / max(prompt, 1):.1%})")
     print("turn  prompt_tokens  cached_tokens  decode-side hit rate")
     for i, t in enumerate(turns, 1):
         rate = t.cached_tokens / t.prompt_tokens if t.prompt_tokens else 0.0

@@ -1,0 +1,30 @@
+"""README's main job: `decode-worker demo` runs both servers and reports what the cache saved."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_reports_reuse_and_bytes_saved(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DECODE_WORKER_")}
+    env["DECODE_WORKER_MODEL__CACHE_DIR"] = str(tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "decode_worker", "demo", "--turns", "3", "--conversations", "2",
+         "--max-new-tokens", "8"],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "== decode-worker demo ==" in out.stdout
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["requests"] == 6 and summary["tokens_per_s"] > 0
+    assert 0 < summary["kv_bytes_moved"] < summary["kv_bytes_without_cache"]
+    rates = [line.split()[-1] for line in out.stdout.splitlines()
+             if line.strip()[:1].isdigit() and line.strip().endswith("%")]
+    assert rates[0] == "0.0%" and all(r != "0.0%" for r in rates[1:]), rates

@@ -93,6 +93,10 @@ class SchedulerSettings(_Section):
     decode_reserve_tokens: int = Field(
         256, ge=0, description="Decode growth each admitted request keeps free pages for"
     )
+    integrity_check_interval_s: float = Field(
+        0.0, ge=0, description="Check pages and locks this often when no batch runs (0 = off); "
+        "a broken invariant stops the worker"
+    )
     cuda_graph: bool = Field(True, description="Capture the decode step in CUDA graphs (GPU)")
     cuda_graph_batch_sizes: list[int] = Field(
         [1, 2, 4, 8, 16, 24, 32, 48, 64], description="Graph buckets; eager above the largest"

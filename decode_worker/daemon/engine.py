@@ -90,6 +90,7 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
         self.running: list[LiveRequest] = []
         self.drain_deadline: float | None = None
         self._stopping = False
+        self._next_integrity_check = 0.0
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -149,6 +150,7 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
             self.decode_step(now)
         self.running = [lv for lv in self.running if lv.req.state is S.RUNNING]
         self.publish_gauges()
+        self._maybe_check_integrity(now)
         self.outbox.flush()
 
     # -- commands ----------------------------------------------------------------------------
@@ -250,6 +252,15 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
             return
         for live in list(self.lives.values()):
             self.cancel(live, "drain", now)
+
+    def _maybe_check_integrity(self, now: float) -> None:
+        """Between batches, every `integrity_check_interval_s`: pages and locks balance, or
+        FatalError ends the engine (the supervisor restarts a worker whose books are wrong)."""
+        interval = self.settings.scheduler.integrity_check_interval_s
+        if interval <= 0 or self.running or now < self._next_integrity_check:
+            return
+        self._next_integrity_check = now + interval
+        self.check_integrity()
 
     def _close(self) -> None:
         now = time.monotonic()

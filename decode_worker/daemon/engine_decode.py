@@ -7,29 +7,26 @@ sampler and allocators, and emits token events.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from decode_worker.core.request import RequestState
+from decode_worker.daemon.engine_state import EngineState
 from decode_worker.daemon.live import LiveRequest
 from decode_worker.device.runner import DecodeBatch
-
-if TYPE_CHECKING:
-    from decode_worker.daemon.engine import DecodeEngine
 
 log = logging.getLogger(__name__)
 
 
-class DecodeOps:
+class DecodeOps(EngineState):
     """Running-batch operations of the engine."""
 
-    def start_ready(self: DecodeEngine, live: LiveRequest, now: float) -> None:
+    def start_ready(self, live: LiveRequest, now: float) -> None:
         """READY -> RUNNING: insert the received prompt into the tree (dedup and repoint onto
         cache-owned pages), send the first token, and finish at once if it already ends."""
         self.decode_alloc.start_running(live.req, now)
         self.running.append(live)
         self._emit_progress(live, now)
 
-    def decode_step(self: DecodeEngine, now: float) -> None:
+    def decode_step(self, now: float) -> None:
         """One token for every running request (retracting some first if pages are short)."""
         batch_lives = self.plan_decode_pages(now)
         if not batch_lives:
@@ -42,7 +39,7 @@ class DecodeOps:
             live.logprobs.append(lp if lp is not None else 0.0)
             self._emit_progress(live, now)
 
-    def _emit_progress(self: DecodeEngine, live: LiveRequest, now: float) -> None:
+    def _emit_progress(self, live: LiveRequest, now: float) -> None:
         """Send new tokens; on a stop token / EOS / max_new_tokens end the request (its KV is
         cached in the tree)."""
         finish = live.finish_reason()

@@ -6,21 +6,19 @@ A mixin of `DecodeEngine` (compute thread only).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
+from decode_worker.core.pages import PoolStats
 from decode_worker.core.request import RequestState, held_page_ids
+from decode_worker.daemon.engine_state import EngineState
 from decode_worker.daemon.live import LiveRequest
-
-if TYPE_CHECKING:
-    from decode_worker.daemon.engine import DecodeEngine
 
 log = logging.getLogger(__name__)
 
 
-class PageOps:
+class PageOps(EngineState):
     """Page bookkeeping of the running batch."""
 
-    def plan_decode_pages(self: DecodeEngine, now: float) -> list[LiveRequest]:
+    def plan_decode_pages(self, now: float) -> list[LiveRequest]:
         """Give every running request the pages its next token needs (sliding SWA pages out of
         the window); requests retracted for pages go back to the prealloc queue, their
         computed KV cached. Returns the requests that run this step."""
@@ -35,7 +33,7 @@ class PageOps:
                 log.info("rid=%s retracted after %d tokens", req.rid, len(req.output_ids))
         return [by_rid[r.rid] for r in plan.runnable]
 
-    def publish_gauges(self: DecodeEngine) -> None:
+    def publish_gauges(self) -> None:
         """Pool and queue gauges, and the counters the core keeps (as deltas)."""
         stats = {"full": self._pool_stats("full"), "swa": self._pool_stats("swa")}
         for pool, st in stats.items():
@@ -47,7 +45,7 @@ class PageOps:
         self.metrics.update_queues(prealloc=self.queue.num_queued, transfer=in_transfer,
                                    running=len(self.running))
 
-    def check_integrity(self: DecodeEngine) -> None:
+    def check_integrity(self) -> None:
         """Every pool page is free, cached by the tree or held by exactly one live request."""
         held_full, held_swa = held_page_ids([lv.req for lv in self.lives.values()],
                                             self.page_size)
@@ -58,22 +56,20 @@ class PageOps:
             if self.swa is not None:
                 self.swa.check_integrity()
 
-    def snapshot(self: DecodeEngine) -> str:
+    def snapshot(self) -> str:
         """One line for the log when a step fails."""
         return (f"running={len(self.running)} queued={self.queue.num_queued} "
                 f"transfers={len(self.by_transfer)} lives={len(self.lives)} "
                 f"full_free={self.full.num_free} "
                 f"swa_free={self.swa.num_free if self.swa else 0}")
 
-    def _pool_stats(self: DecodeEngine, pool: str):  # type: ignore[no-untyped-def]
+    def _pool_stats(self, pool: str) -> PoolStats | None:
         if self.tree is not None:
             return self.tree.full_stats() if pool == "full" else (
                 self.tree.swa_stats() if self.swa is not None else None)
         alloc = self.full if pool == "full" else self.swa
         if alloc is None:
             return None
-        from decode_worker.core.pages import PoolStats
-
         held = alloc.num_total - alloc.num_free
         return PoolStats(total=alloc.num_total, available=alloc.num_free, evictable=0,
                          protected=0, held_by_requests=held)

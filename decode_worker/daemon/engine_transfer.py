@@ -7,25 +7,22 @@ A mixin of `DecodeEngine` (compute thread only; the receiver's NIXL agent has th
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from decode_worker.core.admission import Admit
 from decode_worker.core.request import RequestState
+from decode_worker.daemon.engine_state import EngineState
 from decode_worker.daemon.live import LiveRequest
 from decode_worker.io.kv_receiver import TransferEvent
-
-if TYPE_CHECKING:
-    from decode_worker.daemon.engine import DecodeEngine
 
 log = logging.getLogger(__name__)
 
 _STATUS = {"bad_request": 400, "kv_timeout": 504, "peer_dead": 502, "transfer_failed": 502}
 
 
-class TransferOps:
+class TransferOps(EngineState):
     """Transfer-side operations of the engine."""
 
-    def fetch_kv(self: DecodeEngine, live: LiveRequest, admit: Admit, now: float) -> None:
+    def fetch_kv(self, live: LiveRequest, admit: Admit, now: float) -> None:
         """The request holds its pages (RESERVED): ask its prefill peer for the missing KV, or
         compute it here when the client named no peer (or it is a resumed request)."""
         req = live.req
@@ -45,7 +42,7 @@ class TransferOps:
         self.by_transfer[live.transfer_id] = live
         req.transition(RequestState.RECEIVING, now)
 
-    def poll_transfers(self: DecodeEngine, now: float) -> None:
+    def poll_transfers(self, now: float) -> None:
         for event in self.receiver.poll():
             live = self.by_transfer.get(event.transfer_id)
             if live is None:
@@ -57,12 +54,12 @@ class TransferOps:
             else:
                 self._on_released(live, now)
 
-    def abort_transfer(self: DecodeEngine, live: LiveRequest) -> None:
+    def abort_transfer(self, live: LiveRequest) -> None:
         """Stop waiting for this request's KV; its pages come back on "released"."""
         if live.transfer_id is not None:
             self.receiver.abort(live.transfer_id)
 
-    def _on_done(self: DecodeEngine, live: LiveRequest, ev: TransferEvent, now: float) -> None:
+    def _on_done(self, live: LiveRequest, ev: TransferEvent, now: float) -> None:
         slot = live.aux_slot
         row = self.aux.check(slot, ev.room, ev.transfer_id) if slot is not None else None
         self._forget_transfer(live)
@@ -78,7 +75,7 @@ class TransferOps:
         live.logprobs.append(row.logprob)
         live.req.arrive(row.token_id, now)
 
-    def _on_failed(self: DecodeEngine, live: LiveRequest, ev: TransferEvent) -> None:
+    def _on_failed(self, live: LiveRequest, ev: TransferEvent) -> None:
         """Answer the client now; the pages stay held until the peer has stopped writing."""
         reason = ev.reason or "transfer_failed"
         self.metrics.inc_transfer_failure(reason)
@@ -89,14 +86,14 @@ class TransferOps:
                                              _STATUS.get(reason, 502), reason))
         live.req.reason = reason
 
-    def _on_released(self: DecodeEngine, live: LiveRequest, now: float) -> None:
+    def _on_released(self, live: LiveRequest, now: float) -> None:
         self._forget_transfer(live)
         reason = live.req.reason or "transfer_failed"
         if live.req.state in (RequestState.RESERVED, RequestState.RECEIVING):
             self.end(live, RequestState.FAILED if reason != "client_abort"
                      else RequestState.ABORTED, now, reason=reason)
 
-    def _forget_transfer(self: DecodeEngine, live: LiveRequest) -> None:
+    def _forget_transfer(self, live: LiveRequest) -> None:
         if live.transfer_id is not None:
             self.by_transfer.pop(live.transfer_id, None)
             live.transfer_id = None
@@ -104,7 +101,7 @@ class TransferOps:
             self.aux_slots.append(live.aux_slot)
             live.aux_slot = None
 
-    def _compute_locally(self: DecodeEngine, live: LiveRequest, prefix_len: int,
+    def _compute_locally(self, live: LiveRequest, prefix_len: int,
                          now: float) -> None:
         """Prefill here: positions from 0, writing full KV only past the tree-owned prefix (its
         pages are shared; page 0 is the dummy page) and SWA KV into the held tail."""

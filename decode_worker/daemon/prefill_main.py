@@ -61,11 +61,9 @@ async def _serve(server: HttpServer, settings: Settings, peer: PrefillPeer,
         loop.add_signal_handler(sig, stop.set)
     await server.start()
     t, pools = settings.transfer, runner.pools
-    log.info("prefill peer %s: http %s:%d, bootstrap %s:%d, page %d, %d full / %d swa pages",
+    log.info("prefill peer %s ready: http %s:%d, bootstrap %s:%d, page %d, %d full / %d swa pages",
              peer.agent.name, settings.server.host, server.port, t.bootstrap_host,
              t.bootstrap_port, pools.page_size, pools.num_pages["full"], pools.num_pages["swa"])
-    print(f"prefill peer ready on {t.bootstrap_host}:{t.bootstrap_port} "
-          f"http {settings.server.host}:{server.port}", flush=True)
     await stop.wait()
     log.info("prefill peer: stopping")
     await server.close(grace_s=settings.server.drain_grace_s)

@@ -54,7 +54,8 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics) -> 
     server = HttpServer(app, ServerConfig.from_settings(settings))
     await server.start()
     stop = _install_signals(loop)
-    print(f"decode worker ready on http://{sc.host}:{server.port}", flush=True)
+    log.info("decode worker ready on http://%s:%d (page %d, %d full pages)", sc.host,
+             server.port, engine.page_size, engine.full.num_total)
     stopper = asyncio.ensure_future(stop.wait())
     dead = asyncio.ensure_future(_wait_dead(backend))
     await asyncio.wait({stopper, dead}, return_when=asyncio.FIRST_COMPLETED)

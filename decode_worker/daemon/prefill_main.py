@@ -61,8 +61,8 @@ async def _serve(server: HttpServer, settings: Settings, peer: PrefillPeer,
         loop.add_signal_handler(sig, stop.set)
     await server.start()
     t, pools = settings.transfer, runner.pools
-    log.info("prefill peer %s ready: http %s:%d, bootstrap %s:%d, page %d, %d full / %d swa pages",
-             peer.agent.name, settings.server.host, server.port, t.bootstrap_host,
+    log.info("prefill peer ready: agent %s, http %s:%d, bootstrap %s:%d, page %d, %d full / %d "
+             "swa pages", peer.agent.name, settings.server.host, server.port, t.bootstrap_host,
              t.bootstrap_port, pools.page_size, pools.num_pages["full"], pools.num_pages["swa"])
     await stop.wait()
     log.info("prefill peer: stopping")

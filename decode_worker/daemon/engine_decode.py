@@ -62,5 +62,6 @@ def _build_batch(lives: list[LiveRequest]) -> DecodeBatch:
         tokens.append(live.req.output_ids[-1])
         positions.append(kv.seq_len)
         full.append(kv.full_page_ids)
-        swa.append(kv.swa_page_ids)
+        # a model without SWA layers holds no SWA pages: its (never read) table is all dummy
+        swa.append(kv.swa_page_ids or [0] * len(kv.full_page_ids))
     return DecodeBatch(tokens, positions, full, swa)

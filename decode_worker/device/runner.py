@@ -48,6 +48,7 @@ class ModelRunner:
         self.model = model
         self.pools = pools
         self.window = model.cfg.window
+        self.has_swa = pools.spec.num_swa_layers > 0  # else SWA tables are never read
         self.device = model.device
         self.graphs: CudaGraphDecoder | None = None
         if use_cuda_graph and self.device.type == "cuda":
@@ -93,7 +94,7 @@ class ModelRunner:
             raise PageError(f"prefill: {seq_len} tokens need {need} pages, got "
                             f"{len(full_page_ids)} full / {len(swa_page_ids)} swa")
         first_swa_read = max(0, start_pos - self.window) // ps
-        if start_pos and 0 in swa_page_ids[first_swa_read:cdiv(start_pos, ps)]:
+        if self.has_swa and start_pos and 0 in swa_page_ids[first_swa_read:cdiv(start_pos, ps)]:
             raise PageError(f"prefill: SWA pages of [{start_pos - self.window}, {start_pos}) "
                             "must be held to extend from start_pos")
         _check_ids(full_page_ids[:need], self.pools.num_pages["full"], "full")
@@ -114,7 +115,7 @@ class ModelRunner:
             if pos // ps >= min(len(full), len(swa)):
                 raise PageError(f"decode: position {pos} is beyond its page tables "
                                 f"({len(full)} full / {len(swa)} swa pages)")
-            if 0 in swa[max(0, pos - self.window) // ps:pos // ps + 1]:
+            if self.has_swa and 0 in swa[max(0, pos - self.window) // ps:pos // ps + 1]:
                 raise PageError(f"decode: position {pos} needs SWA pages of "
                                 f"[{max(0, pos - self.window)}, {pos}] held")
         dev = self.device

@@ -34,11 +34,11 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop.close()
 
 
-def make_engine(model_dir: Path, num_full_pages: int,
-                loop: asyncio.AbstractEventLoop) -> tuple[DecodeEngine, list[Event]]:
+def make_engine(model_dir: Path, num_full_pages: int, loop: asyncio.AbstractEventLoop,
+                num_swa_pages: int | None = 64) -> tuple[DecodeEngine, list[Event]]:
     settings = load_settings(overrides={
         "model.path": str(model_dir), "cache.page_size": 16,
-        "cache.num_full_pages": num_full_pages, "cache.num_swa_pages": 64,
+        "cache.num_full_pages": num_full_pages, "cache.num_swa_pages": num_swa_pages,
         # no growth reserve: admission overcommits, so decode must retract to make room
         "scheduler.decode_reserve_tokens": 0, "scheduler.cuda_graph": False,
     }, environ={}).settings
@@ -87,3 +87,18 @@ def test_retraction_under_page_pressure_keeps_greedy_tokens(
         engine.check_integrity()  # every page free or cached by the tree; no request holds any
         assert not engine.lives and not engine.running
         engine.receiver.close()
+
+
+def test_model_without_swa_layers_decodes_and_reuses_its_prefix(
+        tmp_path: Path, loop: asyncio.AbstractEventLoop) -> None:
+    dense = write_model(tmp_path / "dense", seed=0, layer_types=["full_attention"] * 4)
+    engine, events = make_engine(dense, 256, loop, num_swa_pages=None)
+    assert engine.swa is None
+    rng = random.Random(1)
+    prompt = [rng.randrange(3, 250) for _ in range(70)]
+    first = run_all(engine, events, [prompt], 12)["r0"]
+    again = run_all(engine, events, [prompt], 12)["r0"]
+    assert len(first) == 12 and again == first
+    assert engine.stats.prefix_hit_tokens_total >= 64  # the second run reused the cached pages
+    engine.check_integrity()
+    engine.receiver.close()

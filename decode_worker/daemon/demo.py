@@ -23,7 +23,10 @@ from decode_worker.daemon.procs import ServerProcess, http_json, scrape_metric
 from decode_worker.settings import LoadedSettings
 
 SYSTEM = ("You are a helpful assistant for a decode worker demo. Answer briefly and stay on "
-          "topic. The conversation below is between a user and you.")
+          "topic. The conversation below is between a user and you. You know how prefill and "
+          "decode are split across machines, how a KV cache is paged, how sliding-window "
+          "layers keep only their window, and why a radix tree lets later turns reuse what "
+          "earlier ones computed. Keep every answer to a sentence or two.")
 QUESTIONS = ["What is a KV cache?", "Why split prefill and decode?", "What does NIXL move?",
              "How does a sliding window help?", "What is a radix tree for?", "Say it shorter.",
              "Give an example.", "And the SWA tail?"]
@@ -87,10 +90,14 @@ def _play(args: argparse.Namespace, prefill: str, decode: str, boot_host: str,
         for turn in range(args.turns):
             for conv in convs:
                 conv.messages.append({"role": "user", "content": rng.choice(QUESTIONS)})
+            # the first conversation opens alone, so the others can reuse the shared system
+            # prompt from the decode side's tree (all at once, none would find it yet)
+            first = [_chat(pool, prefill, decode, convs[0], args.max_new_tokens, boot_host,
+                           boot_port)] if turn == 0 else []
             jobs = [pool.submit(_chat, pool, prefill, decode, conv, args.max_new_tokens,
-                                boot_host, boot_port) for conv in convs]
-            for job in jobs:
-                usage = job.result()
+                                boot_host, boot_port) for conv in convs[len(first):]]
+            for job in [*first, *jobs]:
+                usage = job if isinstance(job, dict) else job.result()
                 _add(turns[turn], usage)
                 done += 1
                 _progress(label, done, total, time.monotonic() - t0)

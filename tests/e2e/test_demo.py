@@ -27,4 +27,5 @@ def test_demo_reports_reuse_and_bytes_saved(tmp_path: Path) -> None:
     assert 0 < summary["kv_bytes_moved"] < summary["kv_bytes_without_cache"]
     rates = [line.split()[-1] for line in out.stdout.splitlines()
              if line.strip()[:1].isdigit() and line.strip().endswith("%")]
-    assert rates[0] == "0.0%" and all(r != "0.0%" for r in rates[1:]), rates
+    # the second conversation reuses the shared system prompt; later turns their own history
+    assert len(rates) == 3 and all(r != "0.0%" for r in rates), rates

@@ -10,6 +10,7 @@ traffic would move without the decode radix cache.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import socket
@@ -96,8 +97,7 @@ def _play(args: argparse.Namespace, prefill: str, decode: str, boot_host: str,
                            boot_port)] if turn == 0 else []
             jobs = [pool.submit(_chat, pool, prefill, decode, conv, args.max_new_tokens,
                                 boot_host, boot_port) for conv in convs[len(first):]]
-            for job in [*first, *jobs]:
-                usage = job if isinstance(job, dict) else job.result()
+            for usage in itertools.chain(first, (job.result() for job in jobs)):
                 _add(turns[turn], usage)
                 done += 1
                 _progress(label, done, total, time.monotonic() - t0)

@@ -33,7 +33,7 @@ from decode_worker.daemon.decode_backend import BackendInfo
 from decode_worker.daemon.engine_decode import DecodeOps
 from decode_worker.daemon.engine_pages import PageOps
 from decode_worker.daemon.engine_transfer import TransferOps
-from decode_worker.daemon.live import LiveRequest
+from decode_worker.daemon.live import LiveRequest, abort_status
 from decode_worker.daemon.prefill_peer import model_compat, region_layouts
 from decode_worker.daemon.runtime import Runtime, build_runtime
 from decode_worker.device.aux_buffer import AuxBuffer
@@ -232,7 +232,7 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
             self.metrics.inc_abort(reason or "internal")
         if not live.answered:
             self.outbox.put(live.error_event(req.message or f"aborted: {reason}",
-                                             _abort_status(reason), reason or "internal"))
+                                             abort_status(reason), reason or "internal"))
 
     def fail(self, live: LiveRequest, reason: str, message: str, now: float) -> None:
         live.req.message = message
@@ -245,7 +245,7 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
         if live.transfer_id is not None:  # backstop expiry during a transfer
             self.abort_transfer(live)
         self.metrics.inc_abort(ab.reason)
-        self.outbox.put(live.error_event(ab.message, _abort_status(ab.reason), ab.reason))
+        self.outbox.put(live.error_event(ab.message, abort_status(ab.reason), ab.reason))
 
     def _check_drain(self, now: float) -> None:
         if self.drain_deadline is None or now < self.drain_deadline:
@@ -273,8 +273,3 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
         self.rt.runner.destroy()
         self.receiver.close()
 
-
-def _abort_status(reason: str) -> int:
-    return {"too_large": 413, "bad_request": 400, "queue_timeout": 503, "drain": 503,
-            "kv_timeout": 504, "swa_reclaim_insufficient": 503, "client_abort": 499,
-            "queue_full": 503}.get(reason, 500)

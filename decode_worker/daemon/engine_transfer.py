@@ -11,12 +11,10 @@ import logging
 from decode_worker.core.admission import Admit
 from decode_worker.core.request import RequestState
 from decode_worker.daemon.engine_state import EngineState
-from decode_worker.daemon.live import LiveRequest
+from decode_worker.daemon.live import LiveRequest, abort_status
 from decode_worker.io.kv_receiver import TransferEvent
 
 log = logging.getLogger(__name__)
-
-_STATUS = {"bad_request": 400, "kv_timeout": 504, "peer_dead": 502, "transfer_failed": 502}
 
 
 class TransferOps(EngineState):
@@ -83,7 +81,7 @@ class TransferOps(EngineState):
                     ev.detail)
         if not live.answered:
             self.outbox.put(live.error_event(f"KV transfer failed ({reason}): {ev.detail}",
-                                             _STATUS.get(reason, 502), reason))
+                                             abort_status(reason), reason))
         live.req.reason = reason
 
     def _on_released(self, live: LiveRequest, now: float) -> None:

@@ -71,3 +71,16 @@ class LiveRequest:
         return TokenEvent(self.rid, OutputChunk(
             prompt_tokens=len(self.req.prompt_ids), cached_tokens=self.cached_tokens,
             error=message, error_status=status, error_code=code))
+
+
+# HTTP status a client gets for a request that ended early, by abort/failure reason
+_STATUS_BY_REASON = {
+    "bad_request": 400, "too_large": 413, "client_abort": 499, "queue_full": 503,
+    "queue_timeout": 503, "drain": 503, "swa_reclaim_insufficient": 503,
+    "transfer_failed": 502, "peer_dead": 502, "kv_timeout": 504,
+}
+
+
+def abort_status(reason: str) -> int:
+    """The HTTP status for an early end with `reason` (500 for anything unexpected)."""
+    return _STATUS_BY_REASON.get(reason, 500)

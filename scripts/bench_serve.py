@@ -22,8 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from decode_worker.daemon.demo import _free_port
-from decode_worker.daemon.procs import ServerProcess
+from decode_worker.daemon.procs import ServerProcess, free_port
 from decode_worker.device.default_model import write_model
 
 
@@ -66,7 +65,7 @@ def main() -> int:
     ap.add_argument("--max-new", type=int, default=64)
     args = ap.parse_args()
     model = write_model(Path(tempfile.mkdtemp()) / "tiny", seed=0)
-    port = _free_port()
+    port = free_port()
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 250) for _ in range(args.prompt_len)]
                for _ in range(args.requests)]

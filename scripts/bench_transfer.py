@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import socket
 import statistics
 import time
 from types import SimpleNamespace
@@ -28,6 +27,7 @@ import torch
 
 from decode_worker.core.pages import PageAllocator
 from decode_worker.daemon.prefill_peer import PrefillPeer, model_compat, region_layouts
+from decode_worker.daemon.procs import free_port
 from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.io.kv_receiver import KVReceiver, TransferEvent
@@ -60,11 +60,6 @@ def _peer_main(port: int, ready: Any, stop: Any) -> None:
     stop.wait(600)
     peer.close()
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Decode:
@@ -163,7 +158,7 @@ def main() -> None:
     # scheduler slice (ms), which would measure the scheduler, not the copy.
     torch.set_num_threads(1)
     ctx = mp.get_context("spawn")
-    port, ready, stop = _free_port(), ctx.Event(), ctx.Event()
+    port, ready, stop = free_port(), ctx.Event(), ctx.Event()
     peer = ctx.Process(target=_peer_main, args=(port, ready, stop), daemon=True)
     peer.start()
     if not ready.wait(120):

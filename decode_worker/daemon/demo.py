@@ -13,14 +13,13 @@ import argparse
 import itertools
 import json
 import random
-import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from decode_worker.daemon.procs import ServerProcess, http_json, scrape_metric
+from decode_worker.daemon.procs import ServerProcess, free_port, http_json, scrape_metric
 from decode_worker.settings import LoadedSettings
 
 SYSTEM = ("You are a helpful assistant for a decode worker demo. Answer briefly and stay on "
@@ -50,9 +49,9 @@ class Conversation:
 def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
     s = loaded.settings
     host = "127.0.0.1"
-    decode_port = s.server.port if getattr(args, "port", None) else _free_port()
-    prefill_port, boot_port, plain_port = _free_port(), args.bootstrap_port or _free_port(), \
-        _free_port()
+    decode_port = s.server.port if getattr(args, "port", None) else free_port()
+    prefill_port, boot_port, plain_port = free_port(), args.bootstrap_port or free_port(), \
+        free_port()
     common = ["--set", f"cache.page_size={s.cache.page_size}"]
     if s.model.path is not None:
         common += ["--model", str(s.model.path)]
@@ -155,8 +154,3 @@ def _print_report(report: dict[str, Any], moved_bytes: float, without: float) ->
     print(json.dumps({"requests": reqs, "tokens_per_s": round(out_tok / elapsed, 2),
                       "kv_bytes_moved": moved_bytes, "kv_bytes_without_cache": without}))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

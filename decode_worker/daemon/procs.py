@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -98,3 +99,10 @@ def scrape_metric(base_url: str, name: str, labels: str = "") -> float:
         if line.startswith(name) and (line[len(name)] in " {") and labels in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on `host` a moment ago (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
 import sys
 import time
 import urllib.request
@@ -19,15 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from decode_worker.daemon.procs import ServerProcess, http_json, scrape_metric
+from decode_worker.daemon.procs import ServerProcess, free_port, http_json, scrape_metric
 
 PAGE_SIZE = 16
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def conversation(turns: int, seed: int = 0) -> list[list[int]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -13,13 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from decode_worker.daemon.procs import free_port
+
 PEER_READY = "prefill peer ready"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PeerLaunch:

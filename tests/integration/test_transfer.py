@@ -17,13 +17,14 @@ import torch
 from decode_worker.core.pages import PageAllocator
 from decode_worker.daemon.prefill_main import build_runner
 from decode_worker.daemon.prefill_peer import model_compat, region_layouts
+from decode_worker.daemon.procs import free_port
 from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.runner import ModelRunner
 from decode_worker.io.kv_receiver import KVReceiver, TransferEvent
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import TransferSettings, load_settings
 from decode_worker.utils.mathx import align_down, cdiv
-from tests.integration.conftest import PeerLaunch, free_port, start_prefill_peer, stop
+from tests.integration.conftest import PeerLaunch, start_prefill_peer, stop
 
 pytestmark = pytest.mark.slow
 PS, WINDOW = 16, 127

@@ -101,6 +101,10 @@ class SchedulerSettings(_Section):
     cuda_graph_batch_sizes: list[int] = Field(
         [1, 2, 4, 8, 16, 24, 32, 48, 64], description="Graph buckets; eager above the largest"
     )
+    cuda_graph_capture_tokens: int = Field(
+        8192, ge=0, description="At start-up, capture the graphs of every batch bucket for "
+        "contexts up to this many tokens; longer ones are captured on first use (0 = all then)"
+    )
 
     @field_validator("cuda_graph_batch_sizes")
     @classmethod

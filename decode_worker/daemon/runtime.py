@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,6 +98,11 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool) -> Runtime:
     sched = settings.scheduler
     runner = ModelRunner(model, pools, use_cuda_graph=use_cuda_graph and sched.cuda_graph,
                          graph_batch_sizes=sched.cuda_graph_batch_sizes)
+    if runner.graphs is not None and sched.cuda_graph_capture_tokens:
+        t0 = time.perf_counter()
+        count = runner.capture_graphs(sched.cuda_graph_capture_tokens)
+        log.info("captured %d decode graphs (contexts up to %d tokens) in %.1f s", count,
+                 sched.cuda_graph_capture_tokens, time.perf_counter() - t0)
     log.info("runtime: %s on %s (%s), pools %d full / %d swa pages of %d tokens (%s)",
              model_dir, device, dtype, layout.num_full_pages, layout.num_swa_pages,
              layout.page_size, layout.source)

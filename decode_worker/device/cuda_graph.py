@@ -1,29 +1,150 @@
-"""CUDA graphs for the decode step, one per (batch-size bucket, page-table-width bucket).
+"""Graphs for the decode step, one per (batch-size bucket, page-table-width bucket).
 
 A batch of `bs` requests with tables `width` pages wide runs in the graph of the smallest bucket
 (B >= bs, P >= width). The extra rows are dummy requests: token 0 at position 0 with all-zero page
 tables, so they write to and read from the reserved dummy page 0 only. Width buckets are powers
-of two up to `max_pages`; graphs are captured lazily on first use and share one memory pool.
-Batches above the largest size bucket or wider than `max_pages` run eager (the runner decides
-with `can_run`). `destroy()` drops every graph and its memory pool.
+of two up to `max_pages`. Graphs are captured on first use or ahead of time (`capture_all`, which
+the daemon calls at start-up) and share one memory pool. Batches above the largest size bucket or
+wider than `max_pages` run eager (the runner decides with `can_run`). `destroy()` drops every
+graph and its memory pool.
+
+Capturing is split from the bucket logic: `CudaGraphBackend` captures real CUDA graphs;
+`FakeGraphBackend` (CPU, for tests) "replays" by re-running the step into the same static
+buffers, so the buckets, padding and static-buffer handling run on machines without a GPU.
+Before any capture the step runs once under `CaptureGuard`, which names every op that cannot
+live in a CUDA graph (host syncs, data-dependent shapes, host tensors, other devices).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from decode_worker.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Replay = Callable[[], object]
+
+# ops that read a tensor back to the host or whose output shape depends on tensor values: a
+# CUDA graph cannot contain them (they fail capture, or freeze one step's value into the graph)
+_UNCAPTURABLE = frozenset({
+    "aten::_local_scalar_dense",  # .item(), int(t), bool(t)
+    "aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2",
+    "aten::unique_dim", "aten::unique_consecutive", "aten::bincount", "aten::histc",
+    "aten::lift_fresh",  # torch.tensor(data) inside the step: a host copy frozen into the graph
+})
+_INDEX_OPS = frozenset({
+    "aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_",
+})
+
+
+class GraphCaptureError(ConfigError):
+    """The decode step contains ops that a CUDA graph cannot hold."""
+
+
+class CaptureGuard(TorchDispatchMode):
+    """Records every op of the guarded code that cannot run inside a CUDA graph on `device`."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+        self.problems: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        name = func._schema.name  # e.g. "aten::nonzero"
+        if name in _UNCAPTURABLE:
+            self.problems.append(name)
+        elif name in _INDEX_OPS and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                        for i in args[1]):
+            self.problems.append(f"{name} with a boolean mask")  # runs nonzero inside
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type != self.device.type:
+                self.problems.append(f"{name} -> a tensor on {t.device}")
+        return out
+
+
+def check_capturable(fn: Callable[[], object], device: torch.device) -> None:
+    """Run `fn` once under `CaptureGuard`; raise GraphCaptureError naming what it found."""
+    with CaptureGuard(device) as guard:
+        fn()
+    if guard.problems:
+        found = ", ".join(sorted(set(guard.problems)))
+        raise GraphCaptureError(f"the decode step cannot be captured in a CUDA graph ({found}); "
+                                "set scheduler.cuda_graph = false to run it eager")
+
+
+class GraphBackend(Protocol):
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Replay, torch.Tensor]:
+        """Capture `fn` (whose inputs are static buffers): (replay, static output)."""
+        ...
+
+    def release(self) -> None:
+        """Free every capture's memory (the graphs are no longer replayed)."""
+        ...
+
+
+class CudaGraphBackend:
+    """Real CUDA graphs sharing one memory pool (replays never overlap; only the static
+    inputs and outputs, which stay referenced, carry data between replays)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Replay, torch.Tensor]:
+        dev = self.device
+        stream = torch.cuda.Stream(device=dev)  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up: lazy inits and allocator state outside the graph
+                fn()
+        torch.cuda.current_stream(dev).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = fn()
+        torch.cuda.synchronize(dev)
+        self.graphs.append(graph)
+        return graph.replay, out
+
+    def release(self) -> None:
+        for g in self.graphs:
+            g.reset()
+        self.graphs.clear()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+
+
+@dataclass(slots=True)
+class FakeGraphBackend:
+    """CPU stand-in for tests: a 'replay' re-runs the step and writes into the same static
+    output, so everything around the capture (buckets, padding, static buffers) is exercised."""
+
+    captured: int = 0
+    released: bool = field(default=False)
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Replay, torch.Tensor]:
+        out = fn()
+        self.captured += 1
+        return (lambda: out.copy_(fn())), out
+
+    def release(self) -> None:
+        self.released = True
 
 
 @dataclass(slots=True)
 class _Graph:
-    graph: torch.cuda.CUDAGraph
+    replay: Replay
     tokens: torch.Tensor  # [B] i64
     positions: torch.Tensor  # [B] i64
     full_t: torch.Tensor  # [B, P] i64
@@ -47,13 +168,13 @@ class CudaGraphDecoder:
     """Captures and replays `step(tokens, positions, full_t, swa_t) -> logits`."""
 
     def __init__(self, step: StepFn, device: torch.device, batch_sizes: list[int],
-                 max_pages: int) -> None:
+                 max_pages: int, backend: GraphBackend | None = None) -> None:
         self.step = step
         self.device = device
         self.batch_sizes = sorted(set(batch_sizes))
         self.max_pages = max_pages
+        self.backend = backend if backend is not None else CudaGraphBackend(device)
         self.graphs: dict[tuple[int, int], _Graph] = {}
-        self.pool = torch.cuda.graph_pool_handle()
 
     def can_run(self, bs: int, width: int) -> bool:
         return bs <= self.batch_sizes[-1] and width <= self.max_pages
@@ -75,7 +196,7 @@ class CudaGraphDecoder:
         g.positions[:bs].copy_(positions)
         g.full_t[:bs, :width].copy_(full_t)
         g.swa_t[:bs, :width].copy_(swa_t)
-        g.graph.replay()
+        g.replay()
         return g.out[:bs].clone()  # [bs, V]; the static buffer is reused by the next replay
 
     def capture_all(self, widths: list[int]) -> None:
@@ -92,26 +213,18 @@ class CudaGraphDecoder:
         positions = torch.zeros(size, dtype=torch.long, device=dev)  # [B]
         full_t = torch.zeros(size, pages, dtype=torch.long, device=dev)  # [B, P]
         swa_t = torch.zeros(size, pages, dtype=torch.long, device=dev)  # [B, P]
-        stream = torch.cuda.Stream(device=dev)  # type: ignore[no-untyped-call]
-        stream.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: lazy inits and allocator state outside the graph
-                self.step(tokens, positions, full_t, swa_t)
-        torch.cuda.current_stream(dev).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = self.step(tokens, positions, full_t, swa_t)  # [B, V]
-        torch.cuda.synchronize(dev)
-        g = _Graph(graph, tokens, positions, full_t, swa_t, out)
+
+        def step() -> torch.Tensor:
+            return self.step(tokens, positions, full_t, swa_t)  # [B, V]
+
+        check_capturable(step, dev)
+        replay, out = self.backend.capture(step)
+        g = _Graph(replay, tokens, positions, full_t, swa_t, out)
         self.graphs[(size, pages)] = g
-        log.info("captured decode graph: batch %d, %d pages", size, pages)
+        log.debug("captured decode graph: batch %d, %d pages", size, pages)
         return g
 
     def destroy(self) -> None:
         """Drop every graph and static buffer; frees the graph memory pool."""
-        for g in self.graphs.values():
-            g.graph.reset()
         self.graphs.clear()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
+        self.backend.release()

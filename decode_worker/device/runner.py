@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from decode_worker.device.attention import DecodeAttention, PrefillAttention
-from decode_worker.device.cuda_graph import CudaGraphDecoder
+from decode_worker.device.cuda_graph import CudaGraphDecoder, GraphBackend
 from decode_worker.device.kv_pool import KVPools
 from decode_worker.device.model.gpt_oss import GptOssModel
 from decode_worker.errors import ClientError, PageError
@@ -42,20 +42,23 @@ class ModelRunner:
     """Runs `model` over `pools`; owns the CUDA graphs (if any)."""
 
     def __init__(self, model: GptOssModel, pools: KVPools, *, use_cuda_graph: bool,
-                 graph_batch_sizes: list[int], max_graph_pages: int | None = None) -> None:
+                 graph_batch_sizes: list[int], max_graph_pages: int | None = None,
+                 graph_backend: GraphBackend | None = None) -> None:
         """`max_graph_pages`: widest page table a graph is captured for (default: the
-        model's max_position_embeddings, capped at the full pool); wider batches run eager."""
+        model's max_position_embeddings, capped at the full pool); wider batches run eager.
+        Graphs are CUDA graphs on a CUDA device; `graph_backend` replaces them (tests run the
+        graph path on CPU with `FakeGraphBackend`)."""
         self.model = model
         self.pools = pools
         self.window = model.cfg.window
         self.has_swa = pools.spec.num_swa_layers > 0  # else SWA tables are never read
         self.device = model.device
         self.graphs: CudaGraphDecoder | None = None
-        if use_cuda_graph and self.device.type == "cuda":
+        if use_cuda_graph and (self.device.type == "cuda" or graph_backend is not None):
             max_pages = max_graph_pages or min(
                 cdiv(model.cfg.max_position_embeddings, pools.page_size), pools.num_pages["full"])
             self.graphs = CudaGraphDecoder(self._decode_step, self.device, graph_batch_sizes,
-                                           max_pages)
+                                           max_pages, graph_backend)
 
     @torch.inference_mode()
     def prefill(self, token_ids: list[int], full_page_ids: list[int], swa_page_ids: list[int],

@@ -14,8 +14,8 @@ from decode_worker.device.default_model import write_model
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.gpt_oss import GptOssModel
 from decode_worker.device.model.weights import load_model
-from decode_worker.device.runner import DecodeBatch, ModelRunner
-from decode_worker.utils.mathx import cdiv
+from decode_worker.device.runner import ModelRunner
+from tests.decode_steps import run_steps
 
 pytestmark = pytest.mark.gpu
 
@@ -34,26 +34,6 @@ def build(model: GptOssModel, graphs: bool) -> ModelRunner:
     pools = KVPools(KVSpec.from_config(model.cfg), 512, 512, PAGE, "cuda", torch.float32)
     return ModelRunner(model, pools, use_cuda_graph=graphs, graph_batch_sizes=BUCKETS,
                        max_graph_pages=32)
-
-
-def run_steps(runner: ModelRunner, lengths: list[int], steps: int) -> torch.Tensor:
-    """Prefill prompts of `lengths`, then `steps` greedy decode steps: logits [steps, bs, V]."""
-    gen = torch.Generator().manual_seed(0)
-    seqs, tables, next_page = [], [], 1
-    for n in lengths:
-        pages = list(range(next_page, next_page + cdiv(n + steps, PAGE)))
-        next_page += len(pages)
-        prompt = torch.randint(0, 256, (n,), generator=gen).tolist()
-        seqs.append([*prompt, int(runner.prefill(prompt, pages, pages).argmax())])
-        tables.append(pages)
-    out = []
-    for _ in range(steps):
-        batch = DecodeBatch([s[-1] for s in seqs], [len(s) - 1 for s in seqs], tables, tables)
-        logits = runner.decode(batch)  # [bs, V]
-        out.append(logits)
-        for s, row in zip(seqs, logits, strict=True):
-            s.append(int(row.argmax()))
-    return torch.stack(out)
 
 
 @pytest.mark.parametrize("bs", [1, 2, 3, 4, 7, 8])

@@ -63,3 +63,19 @@ def test_layout_takes_explicit_sizes_and_rejects_a_budget_too_small() -> None:
     with pytest.raises(ConfigError, match="cpu_pool_bytes"):
         plan_cache_layout(CacheSettings(cpu_pool_bytes=100), SPEC, torch.device("cpu"),
                           torch.float32)
+
+
+def test_cuda_budget_is_the_memory_fraction_minus_what_is_in_use(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the budget is measured after the weights are loaded: fraction x total - used."""
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (100 * gib, 140 * gib))
+    cache = CacheSettings(page_size=64, memory_fraction=0.85, swa_pool_share=0.15)
+    layout = plan_cache_layout(cache, SPEC, torch.device("cuda"), torch.bfloat16)
+    assert layout.budget_bytes == int(140 * gib * 0.85) - 40 * gib
+    full_b, swa_b = layout.pool_bytes(SPEC)
+    assert layout.budget_bytes - 4 * layout.page_bytes <= full_b + swa_b <= layout.budget_bytes
+    # weights already above the fraction: refused with the setting to raise
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * gib, 140 * gib))
+    with pytest.raises(ConfigError, match="memory_fraction"):
+        plan_cache_layout(cache, SPEC, torch.device("cuda"), torch.bfloat16)

@@ -22,6 +22,11 @@ from decode_worker.errors import ConfigError, TransferError
 log = logging.getLogger(__name__)
 
 Desc = tuple[int, int, int]  # (addr, length, device_id)
+_REGISTER_FIX = {
+    "VRAM": "GPU pools need a NIXL backend built with CUDA support (UCX with its cuda "
+            "transports; check `ucx_info -d`), or set model.device = 'cpu'",
+    "DRAM": "host memory must be lockable for RDMA (ulimit -l unlimited / LimitMEMLOCK=infinity)",
+}
 XferState = Literal["DONE", "PROC", "ERR"]
 
 
@@ -103,12 +108,22 @@ class NixlAgent:
         self._peers: set[str] = set()
 
     def register(self, regions: Sequence[MemoryRegion]) -> None:
-        """Register each region with the backend (one NIXL registration per memory kind)."""
+        """Register each region with the backend (one NIXL registration per memory kind).
+
+        Raises ConfigError naming the likely fix when the backend refuses (startup).
+        """
         with self._lock:
             for kind in ("DRAM", "VRAM"):
                 descs = [(r.addr, r.length, r.device_id, "") for r in regions if r.kind == kind]
-                if descs:
+                if not descs:
+                    continue
+                try:
                     self._registered.append(self._agent.register_memory(descs, kind))
+                except Exception as exc:  # NIXL raises plain errors (NIXL_ERR_BACKEND)
+                    raise ConfigError(
+                        f"transfer.backend={self.backend!r} cannot register {len(descs)} {kind} "
+                        f"regions ({sum(d[1] for d in descs)} B): {exc}; {_REGISTER_FIX[kind]}"
+                    ) from None
 
     def metadata(self) -> bytes:
         """This agent's metadata blob, to send to a peer (includes registered memory)."""

@@ -2,7 +2,8 @@
 
 The loop puts commands into the `Inbox`; the compute thread blocks on it when idle and drains it
 without blocking when busy. The compute thread hands a whole step's events to the loop with one
-`call_soon_threadsafe` (not one per token).
+`call_soon_threadsafe` (not one per token). Besides, once per step the engine publishes its
+`Load` (a frozen value, swapped in whole) for GET /get_load, which the loop reads without a lock.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.io.api.backend import OutputChunk
+from decode_worker.io.api.backend import FlushResult, OutputChunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,15 @@ class Shutdown:
     pass
 
 
-Command = AddRequest | AbortRequest | FinishRequest | Drain | Shutdown
+@dataclass(frozen=True, slots=True)
+class FlushCache:
+    """Evict every radix-tree entry no request holds, unless a request is running or waiting;
+    answered with one `CacheFlushed` carrying the same `token`."""
+
+    token: int
+
+
+Command = AddRequest | AbortRequest | FinishRequest | Drain | Shutdown | FlushCache
 
 
 @dataclass(slots=True)
@@ -72,7 +81,15 @@ class EngineDead:
     reason: str
 
 
-Event = TokenEvent | EngineDead
+@dataclass(slots=True)
+class CacheFlushed:
+    """The answer to `FlushCache(token)`."""
+
+    token: int
+    result: FlushResult
+
+
+Event = TokenEvent | EngineDead | CacheFlushed
 
 
 class Inbox:

@@ -2,29 +2,41 @@
 
 Runs on the event loop thread only. `generate` posts an `AddRequest` to the compute thread and
 yields the chunks that `deliver` routes to the request's queue; closing the iterator early
-aborts the request, so every request ends in the engine exactly once.
+aborts the request, so every request ends in the engine exactly once. `flush_cache` posts a
+`FlushCache` and awaits its `CacheFlushed`; `load` reads what the engine published last.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from decode_worker.daemon.bridge import (
     AbortRequest,
     AddRequest,
+    CacheFlushed,
     EngineDead,
     Event,
     FinishRequest,
+    FlushCache,
     Inbox,
 )
 from decode_worker.errors import ClientError, ServiceUnavailable
-from decode_worker.io.api.backend import GenerateInput, Health, OutputChunk, Tokenizer
+from decode_worker.io.api.backend import (
+    FlushResult,
+    GenerateInput,
+    Health,
+    Load,
+    OutputChunk,
+    Tokenizer,
+)
 
 log = logging.getLogger(__name__)
+FLUSH_WAIT_S = 10.0  # an engine that does not answer a flush within this is stuck: 503
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +57,18 @@ class DecodeBackend:
     """Bridges HTTP requests to the compute thread (see module docstring)."""
 
     def __init__(self, inbox: Inbox, tokenizer: Tokenizer, info: BackendInfo,
-                 max_queued: int, default_bootstrap_port: int) -> None:
+                 max_queued: int, default_bootstrap_port: int, *,
+                 load: Callable[[], Load]) -> None:
+        """`load` returns the engine's latest published `Load` (it must not block)."""
         self._inbox = inbox
         self.default_bootstrap_port = default_bootstrap_port
         self._tokenizer = tokenizer
         self.info = info
         self.max_queued = max_queued
+        self._load = load
         self._queues: dict[str, asyncio.Queue[OutputChunk]] = {}
+        self._flushes: dict[int, asyncio.Future[FlushResult]] = {}
+        self._flush_tokens = itertools.count(1)
         self.draining = False
         self.dead_reason: str | None = None
 
@@ -93,11 +110,35 @@ class DecodeBackend:
         if rid in self._queues:
             self._inbox.put(FinishRequest(rid))
 
+    def load(self) -> Load:
+        return self._load()
+
+    async def flush_cache(self) -> FlushResult:
+        """Raises ServiceUnavailable when the engine is dead or does not answer in time."""
+        if self.dead_reason is not None:
+            raise ServiceUnavailable(f"engine stopped: {self.dead_reason}")
+        token = next(self._flush_tokens)
+        done: asyncio.Future[FlushResult] = asyncio.get_running_loop().create_future()
+        self._flushes[token] = done
+        self._inbox.put(FlushCache(token))
+        try:
+            return await asyncio.wait_for(done, FLUSH_WAIT_S)
+        except TimeoutError:
+            raise ServiceUnavailable(f"the engine did not answer the flush in "
+                                     f"{FLUSH_WAIT_S:g}s") from None
+        finally:
+            self._flushes.pop(token, None)
+
     def deliver(self, events: list[Event]) -> None:
         """Called on the loop (via call_soon_threadsafe) with one engine step's events."""
         for event in events:
             if isinstance(event, EngineDead):
                 self._on_engine_dead(event.reason)
+                continue
+            if isinstance(event, CacheFlushed):
+                done = self._flushes.get(event.token)
+                if done is not None and not done.done():  # else: the caller gave up
+                    done.set_result(event.result)
                 continue
             queue = self._queues.get(event.rid)
             if queue is not None:  # else: the client left and the abort is on its way
@@ -141,6 +182,9 @@ class DecodeBackend:
 
     def _on_engine_dead(self, reason: str) -> None:
         self.dead_reason = reason
+        for done in self._flushes.values():
+            if not done.done():
+                done.set_exception(ServiceUnavailable(f"engine stopped: {reason}"))
         for rid, queue in self._queues.items():
             queue.put_nowait(OutputChunk(error=f"engine stopped: {reason}", error_status=503,
                                          error_code="internal"))

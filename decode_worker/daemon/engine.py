@@ -21,10 +21,12 @@ from decode_worker.core.stats import SchedulerStats
 from decode_worker.daemon.bridge import (
     AbortRequest,
     AddRequest,
+    CacheFlushed,
     Command,
     Drain,
     EngineDead,
     FinishRequest,
+    FlushCache,
     Inbox,
     Outbox,
     Shutdown,
@@ -164,6 +166,8 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
                 self.cancel(live, reason, now)
         elif isinstance(cmd, Drain):
             self.drain_deadline = now + cmd.grace_s
+        elif isinstance(cmd, FlushCache):
+            self.outbox.put(CacheFlushed(cmd.token, self.flush_cache()))
         elif isinstance(cmd, Shutdown):
             self._stopping = True
 

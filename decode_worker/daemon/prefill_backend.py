@@ -4,12 +4,15 @@
 The router sends the same body to prefill and decode; the prefill reply carries the first
 token only (`finish_reason` "length"), the decode worker streams the rest. A request without
 `bootstrap_room` is a client error here: this node only prefills for a decode worker.
+/get_load counts the requests whose reply is pending; /flush_cache succeeds with nothing to do
+(the peer keeps no prefix cache), as SGLang answers for a server without a radix cache.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ from decode_worker.daemon.prefill_peer import PrefillPeer
 from decode_worker.daemon.prefill_state import PrefillResult
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import ClientError
-from decode_worker.io.api.backend import GenerateInput, Health, OutputChunk
+from decode_worker.io.api.backend import FlushResult, GenerateInput, Health, Load, OutputChunk
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,7 @@ class PrefillBackend:
         self.model_dir = model_dir
         self.wait_s = wait_s
         self._tokenizer = Tokenizer.from_dir(model_dir)
+        self._pending_tokens: dict[str, int] = {}  # rid -> prompt tokens, until its reply
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -53,12 +57,15 @@ class PrefillBackend:
         self, inp: GenerateInput, done: asyncio.Future[PrefillResult]
     ) -> AsyncIterator[OutputChunk]:
         n = len(inp.input_ids)
+        self._pending_tokens[inp.rid] = n
         try:
             result = await asyncio.wait_for(done, self.wait_s)
         except TimeoutError:
             yield OutputChunk(prompt_tokens=n, error="no transfer request for this room in time",
                               error_status=504, error_code="kv_timeout")  # fmt: skip
             return
+        finally:
+            self._pending_tokens.pop(inp.rid, None)
         if result.error is not None or result.token_id is None:
             yield OutputChunk(prompt_tokens=n, error=result.error or "prefill failed",
                               error_status=502, error_code="transfer_failed")  # fmt: skip
@@ -76,6 +83,16 @@ class PrefillBackend:
 
     def health(self) -> Health:
         return Health()
+
+    def load(self) -> Load:
+        """Every pending request counts as running: the peer does not tell waiting from
+        prefilling on this side."""
+        return Load(num_running_reqs=len(self._pending_tokens),
+                    num_tokens=sum(self._pending_tokens.values()), measured_at=time.perf_counter())
+
+    async def flush_cache(self) -> FlushResult:
+        log.info("cache flush: the prefill peer keeps no prefix cache, nothing to flush")
+        return FlushResult(True)
 
     def server_info(self) -> dict[str, Any]:
         return {"model_path": str(self.model_dir), "tp_size": 1, "dp_size": 1,

@@ -44,7 +44,7 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics) -> 
     loop = asyncio.get_running_loop()
     backend = DecodeBackend(engine.inbox, engine.tokenizer, engine.info,
                             settings.scheduler.max_queued_requests,
-                            settings.transfer.bootstrap_port)
+                            settings.transfer.bootstrap_port, load=lambda: engine.load)
     engine.start(Outbox(loop, backend.deliver))
     app = ApiApp(backend, ApiConfig.from_settings(settings), metrics)
     sc = settings.server

@@ -3,7 +3,8 @@
 Run as a script (the router test runs it inside a loopback-only network namespace):
     python -m tests.e2e.driver --model DIR --out result.json [--router]
 It writes, per turn, the prompt ids sent, the output ids and meta_info received, the decode
-worker's transfer bytes after the turn, and a final /metrics scrape.
+worker's transfer bytes after the turn, and a final /metrics scrape; with the router, also its
+answer to a /flush_cache after the last turn.
 """
 
 from __future__ import annotations
@@ -139,8 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     extra = [x for s in args.set for x in ("--set", s)]
     with Workers(args.model, args.router, extra) as w:
         results = play(w, args.turns, args.max_new)
-        metrics = get_text(f"{w.decode.url}/metrics")
-        args.out.write_text(json.dumps({"turns": results, "metrics": metrics}))
+        out: dict[str, Any] = {"turns": results}
+        if w.router is not None:  # the router sends its /flush_cache on to every worker
+            out["router_flush"] = http_json(f"{w.router.url}/flush_cache", {})
+        out["metrics"] = get_text(f"{w.decode.url}/metrics")
+        args.out.write_text(json.dumps(out))
     return 0
 
 

@@ -89,3 +89,7 @@ def test_multi_turn_through_sglang_router(
     result = json.loads(out.read_text())
     check_turns(result["turns"], reference_greedy, 8)
     assert _metric(result["metrics"], "decode_worker_prefix_cache_hit_tokens_total") > 0
+    # the router's /flush_cache reached the prefill peer and the decode worker; both said 200
+    assert result["router_flush"]["workers_flushed"] == 2, result["router_flush"]
+    flushed = 'decode_worker_http_requests_total{code="200",endpoint="flush_cache"} 1.0'
+    assert flushed in result["metrics"].splitlines()

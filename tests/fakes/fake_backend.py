@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from decode_worker.io.api.backend import GenerateInput, Health, OutputChunk
+from decode_worker.io.api.backend import FlushResult, GenerateInput, Health, Load, OutputChunk
 from decode_worker.io.http.message import Handler
 from decode_worker.io.http.server import HttpServer, ServerConfig
 
@@ -41,7 +41,9 @@ class FakeBackend:
 
     Ends with "length" at max_new_tokens, or, with `eos_at_end`, emits EOS after the reply and
     ends with "stop". `error_after` tokens -> an error chunk. `start_error` is raised by
-    generate(). Records inputs, aborts, finishes and closed iterators.
+    generate(). Records inputs, aborts, finishes and closed iterators. `load_state` is what
+    /get_load reports; `flush_results` are the answers of successive flushes (the last one
+    repeats; empty: success), `flushes` counts them.
     """
 
     reply: bytes = b"Hello, world!"
@@ -52,6 +54,9 @@ class FakeBackend:
     error_after: int | None = None
     start_error: Exception | None = None
     health_state: Health = field(default_factory=Health)
+    load_state: Load = field(default_factory=Load)
+    flush_results: list[FlushResult] = field(default_factory=list)
+    flushes: int = 0
     model_path: str = "/nonexistent"
     tokenizer: ByteTokenizer = field(default_factory=ByteTokenizer)
     inputs: list[GenerateInput] = field(default_factory=list)
@@ -100,6 +105,15 @@ class FakeBackend:
 
     def health(self) -> Health:
         return self.health_state
+
+    def load(self) -> Load:
+        return self.load_state
+
+    async def flush_cache(self) -> FlushResult:
+        self.flushes += 1
+        if not self.flush_results:
+            return FlushResult(True)
+        return self.flush_results.pop(0) if len(self.flush_results) > 1 else self.flush_results[0]
 
     def server_info(self) -> dict[str, Any]:
         return {"model_path": self.model_path, "tp_size": 1, "dp_size": 1,

@@ -4,6 +4,7 @@
   POST /generate, /v1/completions, /v1/chat/completions     (generation; auth; 503 when draining)
   GET  /health, /health_generate                            (200, or 503 + Retry-After)
   GET  /server_info, /get_server_info, /model_info, /get_model_info, /v1/models, /metrics
+  GET  /get_load; GET or POST /flush_cache (auth)            (router and operators: `admin.py`)
 Every error is `{"error": {"message", "type", "code", "reason"}}` with a matching status.
 `/health_generate` reports backend health without generating (a decode worker cannot
 generate without a prefill peer).
@@ -20,6 +21,7 @@ from typing import Any
 
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.errors import AdmissionRejected, ClientError, ServiceUnavailable
+from decode_worker.io.api.admin import handle_flush_cache, handle_get_load
 from decode_worker.io.api.backend import GenerateBackend, GenerateInput
 from decode_worker.io.api.common import ApiConfig, error_obj, new_rid, now_s
 from decode_worker.io.api.generate import handle_generate
@@ -32,6 +34,8 @@ from decode_worker.io.metrics import Metrics
 log = logging.getLogger(__name__)
 Reply = Response | StreamResponse
 Route = Callable[["ApiApp", Request], Awaitable[Reply]]
+GENERATION = frozenset({"generate", "completions", "chat_completions"})  # 503 while draining
+AUTHED = GENERATION | {"models", "flush_cache"}  # need the API key when one is set
 
 
 class ApiApp:
@@ -44,18 +48,21 @@ class ApiApp:
         self.config = config
         self.metrics = metrics
         self._live: set[str] = set()  # internal rids of runs in flight (kept unique)
-        self._routes: dict[str, tuple[str, str, Route]] = {
-            "/generate": ("POST", "generate", handle_generate),
-            "/v1/completions": ("POST", "completions", handle_completions),
-            "/v1/chat/completions": ("POST", "chat_completions", handle_chat),
-            "/health": ("GET", "health", ApiApp._health),
-            "/health_generate": ("GET", "health_generate", ApiApp._health),
-            "/server_info": ("GET", "server_info", ApiApp._server_info),
-            "/get_server_info": ("GET", "server_info", ApiApp._server_info),
-            "/model_info": ("GET", "model_info", ApiApp._model_info),
-            "/get_model_info": ("GET", "model_info", ApiApp._model_info),
-            "/v1/models": ("GET", "models", ApiApp._models),
-            "/metrics": ("GET", "metrics", ApiApp._metrics),
+        # path -> (methods, endpoint name for metrics, handler); a GET-only route takes HEAD too
+        self._routes: dict[str, tuple[tuple[str, ...], str, Route]] = {
+            "/generate": (("POST",), "generate", handle_generate),
+            "/v1/completions": (("POST",), "completions", handle_completions),
+            "/v1/chat/completions": (("POST",), "chat_completions", handle_chat),
+            "/health": (("GET",), "health", ApiApp._health),
+            "/health_generate": (("GET",), "health_generate", ApiApp._health),
+            "/server_info": (("GET",), "server_info", ApiApp._server_info),
+            "/get_server_info": (("GET",), "server_info", ApiApp._server_info),
+            "/model_info": (("GET",), "model_info", ApiApp._model_info),
+            "/get_model_info": (("GET",), "model_info", ApiApp._model_info),
+            "/v1/models": (("GET",), "models", ApiApp._models),
+            "/metrics": (("GET",), "metrics", ApiApp._metrics),
+            "/get_load": (("GET",), "get_load", handle_get_load),
+            "/flush_cache": (("GET", "POST"), "flush_cache", handle_flush_cache),
         }
 
     async def __call__(self, req: Request) -> Reply:
@@ -69,17 +76,19 @@ class ApiApp:
             self.metrics.inc_http(endpoint, reply.status)
         return reply
 
-    async def _route(self, req: Request, route: tuple[str, str, Route] | None) -> Reply:
+    async def _route(
+        self, req: Request, route: tuple[tuple[str, ...], str, Route] | None
+    ) -> Reply:
         if route is None:
             return _json_error(404, f"no route for {req.path[:200]}", "not_found")
-        method, endpoint, handler = route
-        allowed = (method, "HEAD") if method == "GET" else (method,)
+        methods, endpoint, handler = route
+        allowed = (*methods, "HEAD") if methods == ("GET",) else methods
         if req.method not in allowed:
             return _json_error(405, f"{req.method} not allowed on {req.path}", "bad_request",
                                [("allow", ", ".join(allowed))])
-        if method == "POST" or endpoint == "models":
+        if endpoint in AUTHED:
             self._check_auth(req)
-        if method == "POST":
+        if endpoint in GENERATION:
             self._check_serving()
         return await handler(self, req)
 

@@ -85,6 +85,29 @@ class OutputChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class Load:
+    """A worker's load for GET /get_load (one data-parallel rank): requests decoding, requests
+    waiting (queued for pages or waiting for their KV), and tokens in use or asked for.
+    `measured_at` is the `time.perf_counter()` of the measurement (reported as `ts_tic`)."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    num_tokens: int = 0
+    measured_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    """What a cache flush did. `ok` False: refused (requests running or waiting; `message` says
+    how many), nothing changed. `num_*_pages`: pages that went back to each pool."""
+
+    ok: bool
+    message: str = ""
+    num_full_pages: int = 0
+    num_swa_pages: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Health:
     """`ok` serves; `draining` answers 503 + Retry-After to new work; `unhealthy` answers 503."""
 
@@ -132,6 +155,15 @@ class GenerateBackend(Protocol):
         ...
 
     def health(self) -> Health: ...
+
+    def load(self) -> Load:
+        """For GET /get_load: the latest figures, at once (never waits on the compute side)."""
+        ...
+
+    async def flush_cache(self) -> FlushResult:
+        """For /flush_cache: drop every cached prefix no request holds, or refuse (`ok` False)
+        while requests run or wait. May raise `ServiceUnavailable` (no engine to ask)."""
+        ...
 
     def server_info(self) -> dict[str, Any]:
         """For GET /server_info. Must hold `model_path`: a local directory with tokenizer.json

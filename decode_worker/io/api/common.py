@@ -22,8 +22,8 @@ class ApiConfig:
     """What the API layer needs from settings (the daemon builds it; see `from_settings`).
 
     `api_key`, when set, is required as `Authorization: Bearer <key>` on the generation
-    endpoints and /v1/models; health, info and metrics stay open (the router and Prometheus
-    probe them without credentials).
+    endpoints, /v1/models and /flush_cache; health, info, load and metrics stay open (the
+    router and Prometheus probe them without credentials).
     """
 
     served_model_name: str | None = None

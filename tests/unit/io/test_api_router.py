@@ -3,7 +3,8 @@
 Checks the seams the router depends on: registration (incl. its HTTP/2 gRPC probe), the same
 body with bootstrap fields to both workers, the decode answer relayed for all three endpoints,
 SSE relayed, a 400 passed through with our message, a client leaving mid-stream aborts the
-decode request. Runs in a loopback-only user+network
+decode request, the router's /flush_cache fans out to both workers, and its /get_loads reads
+our /get_load. Runs in a loopback-only user+network
 namespace (`unshare -rn`), so the router can reach nothing else.
 
 Run by hand: `unshare -rn python -m tests.unit.io.test_api_router` prints the results.
@@ -67,6 +68,12 @@ def test_router_pd_mode_drives_our_api_unchanged() -> None:
     assert res["aborts"] == ["client_abort"]  # the router closed its decode connection
     status, text = res["boom"]  # an error after the stream started: a relayed SSE error event
     assert status == 200 and '"reason":"kv_timeout"' in text and text.endswith("data: [DONE]\n\n")
+    status, text = res["flush"]  # the router's /flush_cache reached both workers, both said 200
+    assert status == 200 and json.loads(text)["workers_flushed"] == 2, text
+    assert res["flushes"] == {"prefill": 1, "decode": 1}
+    status, text = res["loads"]  # the router parsed our /get_load: the sum of num_tokens
+    loads = {w["worker"].rsplit(":", 1)[1]: w["load"] for w in json.loads(text)["workers"]}
+    assert status == 200 and loads == {str(PREFILL): 11, str(DECODE): 7}, text
 
 
 # -- driver (runs inside the namespace) ------------------------------------------------------
@@ -97,12 +104,20 @@ def _stub(port: int, role: str, model_dir: str, log_path: str) -> None:
                 f.write(json.dumps({"abort": reason}) + "\n")
             super().abort(rid, reason)
 
+        async def flush_cache(self) -> Any:
+            with open(log_path, "a") as f:
+                f.write(json.dumps({"flush": True}) + "\n")
+            return await super().flush_cache()
+
     async def main() -> None:
+        from decode_worker.io.api.backend import Load
+
         if role == "prefill":  # answers at once, as a prefill peer should (the router
             # relays the decode stream only after the prefill response is complete)
             be = Logged(chunk_tokens=1 << 20, cached_tokens=2, model_path=model_dir)
         else:
             be = Logged(delay_s=0.01, cached_tokens=2, model_path=model_dir)
+        be.load_state = Load(num_running_reqs=1, num_tokens=11 if role == "prefill" else 7)
         server = HttpServer(ApiApp(be, ApiConfig()), ServerConfig(port=port))
         await server.start()
         await asyncio.Event().wait()
@@ -170,10 +185,15 @@ def _exercise(c: Any, tmp: Path) -> dict[str, Any]:
                                              "sampling_params": {"max_new_tokens": 2000}}) as r:
         next(r.iter_bytes())  # then the client goes away mid-stream
     time.sleep(1.5)
+    flushed = c.post("/flush_cache")  # the router sends it on to every worker
+    res["flush"] = [flushed.status_code, flushed.text]
+    loads = c.get("/get_loads")  # the router asks every worker's /get_load
+    res["loads"] = [loads.status_code, loads.text]
     seen = {role: [json.loads(x) for x in (tmp / f"{role}.log").read_text().splitlines()]
             for role in ("prefill", "decode")}
     res["seen"] = {role: [e for e in v if "room" in e][:5] for role, v in seen.items()}
     res["aborts"] = [e["abort"] for e in seen["decode"] if "abort" in e]
+    res["flushes"] = {role: sum("flush" in e for e in v) for role, v in seen.items()}
     return res
 
 

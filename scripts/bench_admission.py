@@ -14,6 +14,7 @@ import time
 
 from decode_worker.core.admission import PreallocQueue, QueueLimits
 from decode_worker.core.decode_alloc import DecodeAllocator
+from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
 from decode_worker.core.request import DecodeRequest, held_page_ids
@@ -35,9 +36,8 @@ def _setup(  # type: ignore[no-untyped-def]
     full, swa = PageAllocator(full_pages, "full"), PageAllocator(swa_pages, "swa")
     tree = UnifiedRadixTree(PS, WIN, full, swa)
     lim = QueueLimits(max_queued=n_queued + n_running, max_active=None)
-    kw = dict(page_size=PS, window=WIN, radix_cache=True)
-    q = PreallocQueue(tree, full, swa, limits=lim, **kw)  # type: ignore[arg-type]
-    dec = DecodeAllocator(tree, full, swa, stats=q.stats, **kw)  # type: ignore[arg-type]
+    ctx = KVContext(tree, full, swa, page_size=PS, window=WIN, radix_cache=True)
+    q, dec = PreallocQueue(ctx, lim), DecodeAllocator(ctx)
     for i in range(n_running):
         q.add(DecodeRequest(f"run{i}", i, _prompt(rng, families, i), 256), 0.0)
     for d in q.pop_admitted(0.0):
@@ -71,7 +71,7 @@ def main() -> None:
         blocked.append((time.perf_counter() - t0) / 100 * 1e6)
         tree.check_integrity(*held_page_ids(q.active_requests(), PS))
     print(f"admitted {len(got)} of {a.queued} queued with {a.running} running "
-          f"(page {PS}, window {WIN}, {q.stats.prefix_hit_tokens_total} prefix-hit tokens)")
+          f"(page {PS}, window {WIN}, {q.ctx.stats.prefix_hit_tokens_total} prefix-hit tokens)")
     print(f"admitting pass: {min(per_pass):.0f} us/pass, {min(per_req):.1f} us/admitted request")
     print(f"blocked pass (head waits): {min(blocked):.1f} us/pass")
 

@@ -20,19 +20,13 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from decode_worker.core.pages import PageAllocator
+from decode_worker.core.kv_context import KVContext
 from decode_worker.core.radix_node import page_keys
-from decode_worker.core.radix_tree import MatchMode, UnifiedRadixTree
+from decode_worker.core.radix_tree import MatchMode
 from decode_worker.core.req_kv import ReqKV
-from decode_worker.core.request import HOLDS_KV, DecodeRequest, KVReleaser, RequestState
-from decode_worker.core.stats import SchedulerStats
-from decode_worker.core.window import (
-    max_full_pages,
-    max_reuse_len,
-    swa_peak_pages,
-    swa_window_start,
-)
-from decode_worker.errors import ConfigError, ServiceUnavailable
+from decode_worker.core.request import HOLDS_KV, DecodeRequest, RequestState
+from decode_worker.core.window import max_full_pages, swa_peak_pages
+from decode_worker.errors import ServiceUnavailable
 from decode_worker.utils.mathx import cdiv
 
 S = RequestState
@@ -80,32 +74,16 @@ class PreallocQueue:
 
     Owns the order of waiting requests and their QUEUED -> RESERVED / ABORTED transitions; keeps
     a reference to each admitted request until it stops holding pages (finished, aborted,
-    retracted), to count its growth reserve. Not thread-safe (the compute thread owns it).
+    retracted), to count its growth reserve. Not thread-safe (the compute thread owns it and
+    `ctx`'s tree and pools).
     """
 
-    def __init__(
-        self,
-        tree: UnifiedRadixTree | None,
-        full: PageAllocator,
-        swa: PageAllocator | None,
-        *,
-        page_size: int,
-        window: int,
-        radix_cache: bool,
-        limits: QueueLimits | None = None,
-        stats: SchedulerStats | None = None,
-    ) -> None:
-        """`tree` is None iff `radix_cache` is off; `swa` is None for a model without SWA layers.
-        Raises `ConfigError` on an inconsistent combination."""
-        if radix_cache != (tree is not None):
-            raise ConfigError("prealloc queue: a tree is needed iff the decode radix cache is on")
-        self.tree, self.full, self.swa = tree, full, swa
-        self.page_size, self.window, self.radix_cache = page_size, window, radix_cache
+    def __init__(self, ctx: KVContext, limits: QueueLimits | None = None) -> None:
+        self.ctx = ctx
         self.limits = limits or QueueLimits()
-        self.stats = stats or SchedulerStats()
-        self.releaser = KVReleaser(tree, full, swa, page_size)
-        self._reserve_pages = cdiv(self.limits.decode_reserve_tokens, page_size)
-        self._swa_peak = swa_peak_pages(window, page_size, radix_cache) if swa else 0
+        self._reserve_pages = cdiv(self.limits.decode_reserve_tokens, ctx.page_size)
+        self._swa_peak = (swa_peak_pages(ctx.window, ctx.page_size, ctx.radix_cache)
+                          if ctx.swa is not None else 0)
         self._waiting: deque[DecodeRequest] = deque()  # new arrivals, by arrival
         self._retracted: deque[DecodeRequest] = deque()  # readmitted first
         self._queued: dict[str, DecodeRequest] = {}  # membership (deques skip stale entries)
@@ -185,7 +163,7 @@ class PreallocQueue:
         """One admission pass: admit waiting requests in order while both budgets allow; stop at
         the first that does not fit (it waits). An SWA reclaim failure aborts only that request
         and the pass goes on. Returned Admits are RESERVED; Aborts are ABORTED."""
-        self.stats.admission_passes_total += 1
+        self.ctx.stats.admission_passes_total += 1
         self._pass_res = None  # growth reserves of this pass, summed on first need
         out: list[Decision] = []
         while (req := self._head()) is not None:
@@ -224,10 +202,11 @@ class PreallocQueue:
               [ matched, locked | new full pages ......................... ]
                                           [ new SWA pages (tail, rounded up) ]
         ```"""
-        ps, tree, fill = self.page_size, self.tree, req.fill_len
-        swa_start = self._swa_start(fill)
+        ctx, fill = self.ctx, req.fill_len
+        ps, tree, swa = ctx.page_size, ctx.tree, ctx.swa
+        swa_start = ctx.swa_start(fill)
         prefix, prefix_full, lock = 0, [], None
-        cap = self._reuse_cap(req)
+        cap = ctx.max_reuse_len(fill)
         fill_ids = req.fill_ids
         keys = page_keys(fill_ids, ps) if tree is not None else []  # once: match + ReqKV
         if tree is not None and cap > 0:
@@ -236,22 +215,24 @@ class PreallocQueue:
                 prefix, prefix_full = m.prefix_len, m.full_page_ids
                 lock = tree.lock(m.node, swa=False)  # the SWA tail arrives fresh
         need_full = cdiv(fill, ps) - prefix // ps
-        need_swa = cdiv(fill - swa_start, ps) if self.swa is not None else 0
+        need_swa = cdiv(fill - swa_start, ps) if swa is not None else 0
         if not self._fits(req, need_full, need_swa, swa_start):
             if lock is not None and tree is not None:
                 tree.unlock(lock)
             return None
-        shortfall = self._reclaim(need_full, need_swa)
-        if shortfall:
+        # a full shortfall cannot remain (the full budget counted only evictable pages); were it
+        # to, `full.alloc` below raises `OutOfPages`: a broken invariant, not this request's fault
+        if ctx.evict_for(need_full, need_swa) == "swa" and swa is not None:
             if lock is not None and tree is not None:
                 tree.unlock(lock)
-            return self._abort(req, now, "swa_reclaim_insufficient", f"{shortfall}, req={req.rid}")
-        new_full = self.full.alloc(need_full)
-        new_swa = self.swa.alloc(need_swa) if self.swa is not None else []
-        swa_ids = [0] * (swa_start // ps) + new_swa if self.swa is not None else []
+            msg = f"SWA eviction insufficient: needed={need_swa}, available={swa.num_free}"
+            return self._abort(req, now, "swa_reclaim_insufficient", f"{msg}, req={req.rid}")
+        new_full = ctx.full.alloc(need_full)
+        new_swa = swa.alloc(need_swa) if swa is not None else []
+        swa_ids = [0] * (swa_start // ps) + new_swa if swa is not None else []
         kv = ReqKV(fill_ids, prefix_full + new_full, swa_ids, swa_start, prefix, lock, keys)
         req.transition(S.RESERVED, now, kv=kv)
-        st = self.stats
+        st = ctx.stats
         st.admissions_total += 1
         st.resumed_admissions_total += req.is_resumed
         st.prefix_query_tokens_total += fill
@@ -262,33 +243,19 @@ class PreallocQueue:
         """Both budgets hold `req`'s new pages plus its growth reserve (after its prefix lock,
         so the locked prefix no longer counts as evictable). The O(active) reserve sum is taken
         only if the request would fit without it (a full pool stays cheap to poll)."""
-        tree, ps = self.tree, self.page_size
+        ctx = self.ctx
+        tree, ps, swa = ctx.tree, ctx.page_size, ctx.swa
         max_full = self._max_full(req)
         full_want = need_full + max(0, min(self._reserve_pages, max_full - cdiv(req.fill_len, ps)))
-        full_room = self.full.num_free + (tree.full_stats().evictable if tree is not None else 0)
+        full_room = ctx.full.num_free + (tree.full_stats().evictable if tree is not None else 0)
         swa_want = swa_room = 0
-        if self.swa is not None:
+        if swa is not None:
             swa_want = need_swa + max(0, min(self._swa_peak, max_full - swa_start // ps) - need_swa)
-            swa_room = self.swa.num_free + (tree.swa_stats().evictable if tree is not None else 0)
+            swa_room = swa.num_free + (tree.swa_stats().evictable if tree is not None else 0)
         if full_want > full_room or swa_want > swa_room:
             return False
         full_res, swa_res = self._pass_reserves()
         return full_want <= full_room - full_res and swa_want <= swa_room - swa_res
-
-    def _reclaim(self, need_full: int, need_swa: int) -> str:
-        """Evict from the tree for the exact page shortfall of each pool; '' when both pools
-        now hold the need, else the SWA failure text (a full shortfall cannot remain: the full
-        budget counted only evictable pages)."""
-        tree, st = self.tree, self.stats
-        if tree is not None and self.full.num_free < need_full:
-            st.evicted_full_pages_total += len(tree.evict_full(need_full - self.full.num_free))
-        if self.swa is None:
-            return ""
-        if tree is not None and self.swa.num_free < need_swa:
-            st.evicted_swa_pages_total += len(tree.evict_swa(need_swa - self.swa.num_free))
-        if self.swa.num_free < need_swa:
-            return f"SWA eviction insufficient: needed={need_swa}, available={self.swa.num_free}"
-        return ""
 
     # -- reserves ------------------------------------------------------------------------------
     def _reserves(self) -> tuple[int, int]:
@@ -310,44 +277,33 @@ class PreallocQueue:
     def _reserve(self, r: DecodeRequest, kv: ReqKV) -> tuple[int, int]:
         """Full and SWA pages kept free for `r` to grow: full pages for the next
         `decode_reserve_tokens` (none past its longest), SWA pages up to its lifetime peak."""
-        ps = self.page_size
+        ps = self.ctx.page_size
         max_full = (len(r.prompt_ids) + max(r.max_new_tokens - 1, 0) + ps - 1) // ps
         full = max(0, min(self._reserve_pages, max_full - len(kv.full_page_ids)))
-        if self.swa is None:
+        if self.ctx.swa is None:
             return full, 0
         ids, first = kv.swa_page_ids, kv.swa_start // ps
         live = len(ids) - first - ids[first:].count(0)
         return full, max(0, min(self._swa_peak, max_full - first) - live)
 
     def _max_full(self, req: DecodeRequest) -> int:
-        return max_full_pages(len(req.prompt_ids), req.max_new_tokens, self.page_size)
+        return max_full_pages(len(req.prompt_ids), req.max_new_tokens, self.ctx.page_size)
 
     def _never_fits(self, req: DecodeRequest) -> str:
         """Why `req` can never fit the pools even alone ('' if it can)."""
-        need = self._max_full(req)
-        if need > self.full.num_total:
+        need, full, swa = self._max_full(req), self.ctx.full, self.ctx.swa
+        if need > full.num_total:
             return (f"request needs {need} full pages at its longest, the pool has "
-                    f"{self.full.num_total}, req={req.rid}")
-        if self.swa is not None and self._swa_peak > self.swa.num_total:
+                    f"{full.num_total}, req={req.rid}")
+        if swa is not None and self._swa_peak > swa.num_total:
             return (f"request needs {self._swa_peak} SWA pages, the pool has "
-                    f"{self.swa.num_total}, req={req.rid}")
+                    f"{swa.num_total}, req={req.rid}")
         return ""
 
     # -- plumbing ------------------------------------------------------------------------------
-    def _swa_start(self, fill_len: int) -> int:
-        """Window start of a request of `fill_len` tokens; 0 without SWA layers (no SWA tail)."""
-        if self.swa is None:
-            return 0
-        return swa_window_start(fill_len, self.window, self.page_size, self.radix_cache)
-
-    def _reuse_cap(self, req: DecodeRequest) -> int:
-        return max_reuse_len(
-            req.fill_len, self.window, self.page_size, self.radix_cache, self.swa is not None
-        )
-
     def _abort(self, req: DecodeRequest, now: float, reason: str, message: str) -> Abort:
-        req.transition(S.ABORTED, now, releaser=self.releaser, reason=reason, message=message)
-        self.stats.count_abort(reason)
+        req.transition(S.ABORTED, now, releaser=self.ctx, reason=reason, message=message)
+        self.ctx.stats.count_abort(reason)
         return Abort(req, reason, message)
 
     def _head(self) -> DecodeRequest | None:

@@ -23,12 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from decode_worker.core.pages import PageAllocator
-from decode_worker.core.radix_tree import UnifiedRadixTree
+from decode_worker.core.kv_context import KVContext
 from decode_worker.core.req_kv import ReqKV
-from decode_worker.core.request import DecodeRequest, KVReleaser, RequestState
-from decode_worker.core.stats import SchedulerStats
-from decode_worker.core.window import swa_window_start
+from decode_worker.core.request import DecodeRequest, RequestState
 from decode_worker.errors import InvalidTransition
 
 S = RequestState
@@ -47,41 +44,27 @@ class StepPlan:
 class DecodeAllocator:
     """Gives running requests their decode pages; owns READY -> RUNNING -> FINISHED/RETRACTED.
 
-    Not thread-safe (the compute thread owns it). `tree` is None without the decode radix cache;
-    `swa` is None for a model without SWA layers.
+    Not thread-safe (the compute thread owns it and `ctx`'s tree and pools).
     """
 
-    def __init__(
-        self,
-        tree: UnifiedRadixTree | None,
-        full: PageAllocator,
-        swa: PageAllocator | None,
-        *,
-        page_size: int,
-        window: int,
-        radix_cache: bool,
-        stats: SchedulerStats | None = None,
-    ) -> None:
-        self.tree, self.full, self.swa = tree, full, swa
-        self.page_size, self.window, self.radix_cache = page_size, window, radix_cache
-        self.stats = stats or SchedulerStats()
-        self.releaser = KVReleaser(tree, full, swa, page_size)
+    def __init__(self, ctx: KVContext) -> None:
+        self.ctx = ctx
 
     def start_running(self, req: DecodeRequest, now: float) -> None:
         """READY -> RUNNING: insert the received prompt KV into the tree (the one place a
         prompt enters the cache), moving the request's lock onto it."""
         req.transition(S.RUNNING, now)
-        if self.tree is not None and req.kv is not None:
-            self.tree.cache_unfinished_req(req.kv)
+        if self.ctx.tree is not None and req.kv is not None:
+            self.ctx.tree.cache_unfinished_req(req.kv)
 
     def finish(self, req: DecodeRequest, now: float) -> None:
         """RUNNING -> FINISHED: cache the computed KV, return the rest, drop the lock."""
-        req.transition(S.FINISHED, now, releaser=self.releaser)
+        req.transition(S.FINISHED, now, releaser=self.ctx)
 
     def fail(self, req: DecodeRequest, now: float, reason: str, message: str = "") -> None:
         """Abort (`reason` a label) or fail (`reason == "internal"`) a request holding KV."""
         to = S.FAILED if reason == "internal" else S.ABORTED
-        req.transition(to, now, releaser=self.releaser, reason=reason, message=message)
+        req.transition(to, now, releaser=self.ctx, reason=reason, message=message)
 
     def prepare_step(self, running: Sequence[DecodeRequest], now: float) -> StepPlan:
         """Slide every request's SWA window, then give each the page its next position needs,
@@ -92,12 +75,12 @@ class DecodeAllocator:
                 raise InvalidTransition(f"req={req.rid}: prepare_step in {req.state.value}")
             self._slide_window(req.kv)
         plan = StepPlan(runnable=list(running))
-        while not self._reclaim(plan.runnable):
+        while self.ctx.evict_for(*self._needs(plan.runnable)):  # a pool is still short
             victim = min(plan.runnable, key=_retract_order)
             plan.runnable.remove(victim)
-            victim.transition(S.RETRACTED, now, releaser=self.releaser)
+            victim.transition(S.RETRACTED, now, releaser=self.ctx)
             plan.retracted.append(victim)
-            self.stats.retractions_total += 1
+            self.ctx.stats.retractions_total += 1
         for req in plan.runnable:
             self._grow(req.kv)  # type: ignore[arg-type]  # RUNNING requests hold kv
         return plan
@@ -105,46 +88,34 @@ class DecodeAllocator:
     # -- internals -----------------------------------------------------------------------------
     def _needs(self, reqs: Sequence[DecodeRequest]) -> tuple[int, int]:
         """Full and SWA pages the next step of `reqs` needs."""
-        ps, n_full, n_swa = self.page_size, 0, 0
+        ps, has_swa, n_full, n_swa = self.ctx.page_size, self.ctx.swa is not None, 0, 0
         for req in reqs:
             kv = req.kv
             assert kv is not None  # RUNNING holds kv (checked in prepare_step)
             idx = kv.seq_len // ps
             n_full += idx >= len(kv.full_page_ids)
-            n_swa += self.swa is not None and idx >= len(kv.swa_page_ids)
+            n_swa += has_swa and idx >= len(kv.swa_page_ids)
         return n_full, n_swa
 
-    def _reclaim(self, reqs: Sequence[DecodeRequest]) -> bool:
-        """Evict from the tree for the exact shortfall; True when both pools hold the need."""
-        n_full, n_swa = self._needs(reqs)
-        tree, st = self.tree, self.stats
-        if tree is not None and self.full.num_free < n_full:
-            st.evicted_full_pages_total += len(tree.evict_full(n_full - self.full.num_free))
-        if self.full.num_free < n_full:
-            return False
-        if self.swa is None:
-            return True
-        if tree is not None and self.swa.num_free < n_swa:
-            st.evicted_swa_pages_total += len(tree.evict_swa(n_swa - self.swa.num_free))
-        return self.swa.num_free >= n_swa
-
     def _grow(self, kv: ReqKV) -> None:
-        idx = kv.seq_len // self.page_size
+        ctx = self.ctx
+        idx = kv.seq_len // ctx.page_size
         if idx >= len(kv.full_page_ids):
-            kv.full_page_ids += self.full.alloc(1)
-            self.stats.decode_pages_allocated_total += 1
-        if self.swa is not None and idx >= len(kv.swa_page_ids):
-            kv.swa_page_ids += [0] * (idx - len(kv.swa_page_ids)) + self.swa.alloc(1)
-            self.stats.decode_pages_allocated_total += 1
+            kv.full_page_ids += ctx.full.alloc(1)
+            ctx.stats.decode_pages_allocated_total += 1
+        if ctx.swa is not None and idx >= len(kv.swa_page_ids):
+            kv.swa_page_ids += [0] * (idx - len(kv.swa_page_ids)) + ctx.swa.alloc(1)
+            ctx.stats.decode_pages_allocated_total += 1
 
     def _slide_window(self, kv: ReqKV) -> None:
         """Drop SWA below the frontier F = swa_window_start(seq_len): free the request's own
         pages there; once F passes the tree-owned prefix, release the SWA part of the prefix lock
         (early release) and forget those tree pages (the tree may tombstone them)."""
-        if self.swa is None:
+        ctx = self.ctx
+        if ctx.swa is None:
             return
-        ps = self.page_size
-        frontier = swa_window_start(kv.seq_len, self.window, ps, self.radix_cache)
+        ps = ctx.page_size
+        frontier = ctx.swa_start(kv.seq_len)
         prot = kv.cache_protected_len
         if frontier <= kv.swa_start or frontier < prot:
             return  # nothing new out of the window, or the lock still covers it
@@ -152,11 +123,11 @@ class DecodeAllocator:
         lo, hi = max(kv.swa_start, prot) // ps, frontier // ps
         own = [p for p in ids[lo:hi] if p]
         if own:
-            self.swa.free(own)
-            self.stats.swa_pages_released_total += len(own)
+            ctx.swa.free(own)
+            ctx.stats.swa_pages_released_total += len(own)
         ids[:hi] = [0] * hi
-        if self.tree is not None and kv.lock is not None:
-            self.tree.release_swa_lock(kv.lock)  # a no-op once released
+        if ctx.tree is not None and kv.lock is not None:
+            ctx.tree.release_swa_lock(kv.lock)  # a no-op once released
         kv.swa_start = frontier
 
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from decode_worker.core.pages import PageAllocator
-from decode_worker.core.radix_tree import UnifiedRadixTree
 from decode_worker.core.req_kv import ReqKV
 from decode_worker.errors import InvalidTransition
 
@@ -53,34 +52,13 @@ _ALLOWED: dict[RequestState, frozenset[RequestState]] = {
 }
 
 
-class KVReleaser:
-    """Returns what a request's `ReqKV` holds: through the tree when there is one
-    (`cache_finished_req`: insert or not, free the rest, unlock), else straight to the
-    allocators (no decode radix cache: the request owns every page it references)."""
-
-    def __init__(
-        self,
-        tree: UnifiedRadixTree | None,
-        full: PageAllocator,
-        swa: PageAllocator | None,
-        page_size: int,
-    ) -> None:
-        self.tree = tree
-        self.full = full
-        self.swa = swa
-        self.page_size = page_size
+class KVReleaser(Protocol):
+    """Returns what a request's `ReqKV` holds when it leaves the states that hold KV; the one
+    implementation is `core.kv_context.KVContext.release`."""
 
     def release(self, kv: ReqKV, *, insert: bool) -> None:
         """Give back everything `kv` holds; with `insert`, the tree keeps its page-aligned KV
         (valid KV only). Empties `kv`'s page tables."""
-        if self.tree is not None:
-            self.tree.cache_finished_req(kv, insert=insert)
-            return
-        self.full.free(kv.owned_full_page_ids(self.page_size))
-        if self.swa is not None:
-            self.swa.free(kv.owned_swa_page_ids(self.page_size))
-        kv.full_page_ids = []
-        kv.swa_page_ids = []
 
 
 @dataclass(slots=True, eq=False)

@@ -14,9 +14,10 @@ import time
 
 from decode_worker.core.admission import Abort, Admit, PreallocQueue, QueueLimits
 from decode_worker.core.decode_alloc import DecodeAllocator
+from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
-from decode_worker.core.request import TERMINAL, DecodeRequest, KVReleaser, RequestState
+from decode_worker.core.request import TERMINAL, DecodeRequest, RequestState
 from decode_worker.core.stats import SchedulerStats
 from decode_worker.daemon.bridge import (
     AbortRequest,
@@ -65,20 +66,19 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
         self.tree = (UnifiedRadixTree(self.page_size, self.window, self.full, self.swa)
                      if c.decode_radix_cache else None)
         self.stats = SchedulerStats()
-        self.releaser = KVReleaser(self.tree, self.full, self.swa, self.page_size)
+        # one context for the queue, the decode allocator and the terminal transitions in `end`
+        self.kv_ctx = KVContext(self.tree, self.full, self.swa, page_size=self.page_size,
+                                window=self.window, radix_cache=c.decode_radix_cache,
+                                stats=self.stats)
         quiesce = settings.transfer.abort_quiesce_s
-        self.queue = PreallocQueue(
-            self.tree, self.full, self.swa, page_size=self.page_size, window=self.window,
-            radix_cache=c.decode_radix_cache, stats=self.stats, limits=QueueLimits(
-                max_queued=sched.max_queued_requests, queue_timeout_s=sched.queue_timeout_s,
-                # backstop only: the receiver times transfers out first and returns pages
-                # once the peer stopped writing
-                kv_timeout_s=sched.kv_timeout_s + quiesce + 5.0,
-                max_active=sched.max_running_requests,
-                decode_reserve_tokens=sched.decode_reserve_tokens))
-        self.decode_alloc = DecodeAllocator(
-            self.tree, self.full, self.swa, page_size=self.page_size, window=self.window,
-            radix_cache=c.decode_radix_cache, stats=self.stats)
+        self.queue = PreallocQueue(self.kv_ctx, QueueLimits(
+            max_queued=sched.max_queued_requests, queue_timeout_s=sched.queue_timeout_s,
+            # backstop only: the receiver times transfers out first and returns pages
+            # once the peer stopped writing
+            kv_timeout_s=sched.kv_timeout_s + quiesce + 5.0,
+            max_active=sched.max_running_requests,
+            decode_reserve_tokens=sched.decode_reserve_tokens))
+        self.decode_alloc = DecodeAllocator(self.kv_ctx)
         num_aux = sched.max_running_requests + 64
         self.aux = AuxBuffer(num_aux)
         self.aux_slots = list(range(num_aux - 1, -1, -1))
@@ -226,7 +226,7 @@ class DecodeEngine(DecodeOps, TransferOps, PageOps):
         if req.state is S.QUEUED:  # the queue owns QUEUED requests
             self.queue.abort(req.rid, now, reason or "internal")
         elif req.state not in TERMINAL:
-            req.transition(to, now, releaser=self.releaser, reason=reason)
+            req.transition(to, now, releaser=self.kv_ctx, reason=reason)
         self.lives.pop(req.rid, None)
         if to is S.FINISHED:
             self.metrics.inc_request("finished")

@@ -198,7 +198,7 @@ def test_retracted_requests_are_readmitted_before_new_ones() -> None:
     a.arrive(3, 0.5)
     rig.dec.start_running(a, 0.5)
     rig.queue.add(req("new", 50, base=7), 0.6)
-    a.transition(RequestState.RETRACTED, 1.0, releaser=rig.dec.releaser)
+    a.transition(RequestState.RETRACTED, 1.0, releaser=rig.ctx)
     rig.queue.requeue([a], 1.0)
     got = rig.queue.pop_admitted(1.0)
     assert [d.req.rid for d in got] == ["a", "new"]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from decode_worker.core.admission import Admit, PreallocQueue, QueueLimits
 from decode_worker.core.decode_alloc import DecodeAllocator
+from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
 from decode_worker.core.request import DecodeRequest, held_page_ids
@@ -16,16 +17,29 @@ PS, WIN = 64, 127
 
 @dataclass
 class Rig:
-    full: PageAllocator
-    swa: PageAllocator | None
-    tree: UnifiedRadixTree | None
+    ctx: KVContext
     queue: PreallocQueue
     dec: DecodeAllocator
-    stats: SchedulerStats
+
+    @property
+    def full(self) -> PageAllocator:
+        return self.ctx.full
+
+    @property
+    def swa(self) -> PageAllocator | None:
+        return self.ctx.swa
+
+    @property
+    def tree(self) -> UnifiedRadixTree | None:
+        return self.ctx.tree
+
+    @property
+    def stats(self) -> SchedulerStats:
+        return self.ctx.stats
 
     def check(self, reqs: list[DecodeRequest]) -> None:
         """Pages and lock refs balance: the tree's integrity with every request-held page."""
-        held_full, held_swa = held_page_ids(reqs, self.queue.page_size)
+        held_full, held_swa = held_page_ids(reqs, self.ctx.page_size)
         if self.tree is not None:
             self.tree.check_integrity(held_full, held_swa)
             return
@@ -49,12 +63,9 @@ def make_rig(
     full = PageAllocator(full_pages, "full")
     swa = PageAllocator(swa_pages, "swa") if swa_pages is not None else None
     tree = tree_cls(page_size, window, full, swa) if radix else None
-    stats = SchedulerStats()
-    lim = QueueLimits(**limits)  # type: ignore[arg-type]
-    kw = dict(page_size=page_size, window=window, radix_cache=radix, stats=stats)
-    queue = PreallocQueue(tree, full, swa, limits=lim, **kw)  # type: ignore[arg-type]
-    dec = DecodeAllocator(tree, full, swa, **kw)  # type: ignore[arg-type]
-    return Rig(full, swa, tree, queue, dec, stats)
+    ctx = KVContext(tree, full, swa, page_size=page_size, window=window, radix_cache=radix)
+    queue = PreallocQueue(ctx, QueueLimits(**limits))  # type: ignore[arg-type]
+    return Rig(ctx, queue, DecodeAllocator(ctx))
 
 
 def req(rid: str, n: int, *, base: int = 0, max_new: int = 8) -> DecodeRequest:

@@ -76,8 +76,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         cand = [r for r in self.reqs if r.state in (S.RESERVED, S.RECEIVING)]
         if cand:
             r = cand[pick % len(cand)]
-            r.transition(S.FAILED, self.now, releaser=self.rig.queue.releaser,
-                         reason="transfer_failed")
+            r.transition(S.FAILED, self.now, releaser=self.rig.ctx, reason="transfer_failed")
 
     @rule()
     def join_batch(self) -> None:

@@ -44,7 +44,7 @@ def test_abort_before_arrival_frees_without_caching() -> None:
     r = req("a", 300)
     admit_one(rig, r)
     r.transition(S.RECEIVING, 0.5)
-    r.transition(S.ABORTED, 1.0, releaser=rig.queue.releaser, reason="peer_dead")
+    r.transition(S.ABORTED, 1.0, releaser=rig.ctx, reason="peer_dead")
     assert rig.tree is not None
     assert rig.tree.full_stats().evictable == 0  # nothing cached from a half-written transfer
     assert rig.full.num_free == rig.full.num_total
@@ -55,7 +55,7 @@ def test_failed_transfer_frees_everything() -> None:
     rig = make_rig(radix=False)
     r = req("a", 300)
     admit_one(rig, r)
-    r.transition(S.FAILED, 1.0, releaser=rig.queue.releaser, reason="transfer_failed")
+    r.transition(S.FAILED, 1.0, releaser=rig.ctx, reason="transfer_failed")
     assert r.kv is None and r.reason == "transfer_failed"
     rig.check([])
 

@@ -7,7 +7,8 @@ A row with `seed` draws its noise from its own generator seeded by (seed, step),
 gives the same tokens whatever the batch around it; other rows share the sampler's generator.
 
 Logprobs (on request) are those of the chosen token under the model's raw distribution
-(log_softmax of the unscaled logits, before temperature and filters).
+(log_softmax of the unscaled logits, before temperature and filters); `top_logprobs` > 0 asks for
+that many most likely tokens of the same distribution too, most likely first.
 """
 
 from __future__ import annotations
@@ -25,17 +26,22 @@ _SEED_MIX = 1_000_003
 @dataclass(frozen=True, slots=True)
 class SampleRow:
     """One request of the batch: its params, how many tokens it produced so far (the seed's
-    step), and whether it wants the chosen token's logprob."""
+    step), whether it wants the chosen token's logprob, and how many top alternatives."""
 
     params: SamplingParams
     step: int = 0
     return_logprob: bool = False
+    top_logprobs: int = 0
+
+
+TopLogprobs = list[tuple[int, float]]  # (token id, logprob), most likely first
 
 
 @dataclass(frozen=True, slots=True)
 class SampleOutput:
     token_ids: list[int]
     logprobs: list[float | None]
+    top_logprobs: list[TopLogprobs | None]
 
 
 class Sampler:
@@ -56,7 +62,8 @@ class Sampler:
         greedy = [r.params.is_greedy for r in rows]
         # all-greedy batches take the argmax path only; chosen: [bs]
         chosen = logits.argmax(dim=-1) if all(greedy) else self._sample(logits, rows, greedy)
-        return SampleOutput(chosen.tolist(), _logprobs(logits, chosen, rows))
+        logprobs, top = _logprobs(logits, chosen, rows)
+        return SampleOutput(chosen.tolist(), logprobs, top)
 
     def _sample(self, logits: torch.Tensor, rows: Sequence[SampleRow],
                 greedy: list[bool]) -> torch.Tensor:
@@ -108,10 +115,20 @@ def _filter_sorted(sorted_p: torch.Tensor, rows: Sequence[SampleRow], vocab: int
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
-def _logprobs(logits: torch.Tensor, chosen: torch.Tensor,
-              rows: Sequence[SampleRow]) -> list[float | None]:
-    if not any(r.return_logprob for r in rows):
-        return [None] * len(rows)
-    lp = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]  # [bs]
-    return [float(v) if r.return_logprob else None
-            for v, r in zip(lp.tolist(), rows, strict=True)]
+def _logprobs(logits: torch.Tensor, chosen: torch.Tensor, rows: Sequence[SampleRow]
+              ) -> tuple[list[float | None], list[TopLogprobs | None]]:
+    """The chosen tokens' logprobs and the top-N lists, for the rows that asked."""
+    max_top = min(max(r.top_logprobs for r in rows), logits.shape[1])
+    if not max_top and not any(r.return_logprob for r in rows):
+        return [None] * len(rows), [None] * len(rows)
+    lp_all = torch.log_softmax(logits, dim=-1)  # [bs, V]
+    lp = lp_all.gather(1, chosen[:, None])[:, 0].tolist()  # [bs]
+    chosen_lp = [float(v) if r.return_logprob else None for v, r in zip(lp, rows, strict=True)]
+    if not max_top:
+        return chosen_lp, [None] * len(rows)
+    top_v, top_i = lp_all.topk(max_top, dim=-1)  # [bs, N] each, most likely first
+    tops: list[TopLogprobs | None] = [
+        list(zip(ids[:r.top_logprobs], vals[:r.top_logprobs], strict=True))
+        if r.top_logprobs else None
+        for r, ids, vals in zip(rows, top_i.tolist(), top_v.tolist(), strict=True)]
+    return chosen_lp, tops

@@ -79,3 +79,29 @@ def test_logprob_of_chosen_token_on_request() -> None:
     expected = torch.log_softmax(logits[0], -1)[out.token_ids[0]].item()
     assert out.logprobs[1] is None
     assert math.isclose(out.logprobs[0] or 0.0, expected, rel_tol=1e-6)
+
+
+def test_top_logprobs_are_the_most_likely_tokens_of_the_raw_distribution() -> None:
+    logits = logits_batch(bs=3)
+    rows = [SampleRow(GREEDY, top_logprobs=3),
+            SampleRow(SamplingParams(temperature=0.7, seed=1), return_logprob=True,
+                      top_logprobs=5),
+            SampleRow(GREEDY, return_logprob=True)]
+    out = Sampler(seed=0).sample(logits, rows)
+    assert out.logprobs[0] is None and out.top_logprobs[2] is None  # only what was asked
+    for i, n in ((0, 3), (1, 5)):
+        top = out.top_logprobs[i]
+        assert top is not None and len(top) == n
+        ref_v, ref_i = torch.log_softmax(logits[i], -1).topk(n)  # before temperature
+        assert [t for t, _ in top] == ref_i.tolist()
+        assert all(math.isclose(lp, r, rel_tol=1e-6)
+                   for (_, lp), r in zip(top, ref_v.tolist(), strict=True))
+    top0 = out.top_logprobs[0]
+    assert top0 is not None and top0[0][0] == out.token_ids[0]  # greedy picks the first
+
+
+def test_top_logprobs_larger_than_the_vocabulary_return_all_of_it() -> None:
+    out = Sampler().sample(logits_batch(bs=1, vocab=7), [SampleRow(GREEDY, top_logprobs=20)])
+    top = out.top_logprobs[0]
+    assert top is not None and sorted(t for t, _ in top) == list(range(7))
+    assert math.isclose(sum(math.exp(lp) for _, lp in top), 1.0, rel_tol=1e-5)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from decode_worker.core.admission_budget import AdmissionBudget
 from decode_worker.core.kv_context import KVContext
+from decode_worker.core.radix_locks import LockRef
 from decode_worker.core.radix_node import page_keys
 from decode_worker.core.radix_tree import MatchMode
 from decode_worker.core.req_kv import ReqKV
@@ -192,14 +193,12 @@ class PreallocQueue:
         need_full = cdiv(fill, ps) - prefix // ps
         need_swa = cdiv(fill - swa_start, ps) if swa is not None else 0
         if not self._budget.fits(req, need_full, need_swa, swa_start):
-            if lock is not None and tree is not None:
-                tree.unlock(lock)
+            self._unlock(lock)
             return None
         # a full shortfall cannot remain (the full budget counted only evictable pages); were it
         # to, `full.alloc` below raises `OutOfPages`: a broken invariant, not this request's fault
         if ctx.evict_for(need_full, need_swa) == "swa" and swa is not None:
-            if lock is not None and tree is not None:
-                tree.unlock(lock)
+            self._unlock(lock)
             msg = f"SWA eviction insufficient: needed={need_swa}, available={swa.num_free}"
             return self._abort(req, now, "swa_reclaim_insufficient", f"{msg}, req={req.rid}")
         new_full = ctx.full.alloc(need_full)
@@ -219,6 +218,11 @@ class PreallocQueue:
         req.transition(S.ABORTED, now, releaser=self.ctx, reason=reason, message=message)
         self.ctx.stats.count_abort(reason)
         return Abort(req, reason, message)
+
+    def _unlock(self, lock: LockRef | None) -> None:
+        """Drop the prefix lock a failed admission took (nothing else is held yet)."""
+        if lock is not None and self.ctx.tree is not None:
+            self.ctx.tree.unlock(lock)
 
     def _head(self) -> DecodeRequest | None:
         for q in (self._retracted, self._waiting):

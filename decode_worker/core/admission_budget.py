@@ -131,7 +131,7 @@ class AdmissionBudget:
         """Full and SWA pages kept free for `r` to grow: full pages for the next
         `decode_reserve_tokens` (none past its longest), SWA pages up to its lifetime peak."""
         ps = self.ctx.page_size
-        max_full = (len(r.prompt_ids) + max(r.max_new_tokens - 1, 0) + ps - 1) // ps
+        max_full = max_full_pages(len(r.prompt_ids), r.max_new_tokens, ps)
         full = max(0, min(self.reserve_pages, max_full - len(kv.full_page_ids)))
         if self.ctx.swa is None:
             return full, 0

@@ -4,14 +4,10 @@ Core decides, the shell acts: `pop_admitted` returns `Admit` (pages reserved, th
 transfer) or `Abort` (the shell answers the client and tells the peer). Page units throughout;
 `window` = earlier tokens a query sees (127 for gpt-oss, HF `sliding_window` 128).
 
-Budget of one pass, per pool (protected pages are never counted):
-```
-budget = available + evictable - sum(growth reserve of every request holding pages)
-admit r  iff  new_pages(r) + reserve(r) <= budget      (else r waits: FIFO head-of-line)
-```
-`reserve(r)` keeps room for a request to grow while decoding: full pages for the next
-`decode_reserve_tokens` tokens (capped at its `max_new_tokens`), SWA pages up to its steady-state
-peak. Retracted requests are readmitted before new ones, so a retraction cannot starve.
+A request is admitted while the full and the SWA budget hold its new pages plus its growth
+reserve beside those of the requests already admitted (`core/admission_budget.py`), else it
+waits (FIFO head-of-line). Retracted requests are readmitted before new ones, so a retraction
+cannot starve.
 """
 
 from __future__ import annotations
@@ -20,12 +16,13 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from decode_worker.core.admission_budget import AdmissionBudget
 from decode_worker.core.kv_context import KVContext
+from decode_worker.core.radix_locks import LockRef
 from decode_worker.core.radix_node import page_keys
 from decode_worker.core.radix_tree import MatchMode
 from decode_worker.core.req_kv import ReqKV
-from decode_worker.core.request import HOLDS_KV, DecodeRequest, RequestState
-from decode_worker.core.window import max_full_pages, swa_peak_pages
+from decode_worker.core.request import DecodeRequest, RequestState
 from decode_worker.errors import ServiceUnavailable
 from decode_worker.utils.mathx import cdiv
 
@@ -72,23 +69,19 @@ class QueueLimits:
 class PreallocQueue:
     """Requests waiting for pages, and the ledger of the requests admitted from here.
 
-    Owns the order of waiting requests and their QUEUED -> RESERVED / ABORTED transitions; keeps
-    a reference to each admitted request until it stops holding pages (finished, aborted,
-    retracted), to count its growth reserve. Not thread-safe (the compute thread owns it and
-    `ctx`'s tree and pools).
+    Owns the order of waiting requests and their QUEUED -> RESERVED / ABORTED transitions; its
+    `AdmissionBudget` keeps a reference to each admitted request until it stops holding pages
+    (finished, aborted, retracted), to count its growth reserve. Not thread-safe (the compute
+    thread owns it and `ctx`'s tree and pools).
     """
 
     def __init__(self, ctx: KVContext, limits: QueueLimits | None = None) -> None:
         self.ctx = ctx
         self.limits = limits or QueueLimits()
-        self._reserve_pages = cdiv(self.limits.decode_reserve_tokens, ctx.page_size)
-        self._swa_peak = (swa_peak_pages(ctx.window, ctx.page_size, ctx.radix_cache)
-                          if ctx.swa is not None else 0)
+        self._budget = AdmissionBudget(ctx, self.limits.decode_reserve_tokens)  # the ledger
         self._waiting: deque[DecodeRequest] = deque()  # new arrivals, by arrival
         self._retracted: deque[DecodeRequest] = deque()  # readmitted first
         self._queued: dict[str, DecodeRequest] = {}  # membership (deques skip stale entries)
-        self._active: dict[str, DecodeRequest] = {}
-        self._pass_res: list[int] | None = None
 
     # -- queries -------------------------------------------------------------------------------
     @property
@@ -97,14 +90,13 @@ class PreallocQueue:
 
     def active_requests(self) -> list[DecodeRequest]:
         """Requests admitted from here that still hold pages (RESERVED .. RUNNING)."""
-        self._prune_active()
-        return list(self._active.values())
+        return self._budget.requests()
 
     def num_in_transfer(self) -> int:
         return sum(r.state in (S.RESERVED, S.RECEIVING, S.READY) for r in self.active_requests())
 
     def get(self, rid: str) -> DecodeRequest | None:
-        return self._queued.get(rid) or self._active.get(rid)
+        return self._queued.get(rid) or self._budget.get(rid)
 
     # -- arrivals ------------------------------------------------------------------------------
     def add(self, req: DecodeRequest, now: float) -> Abort | None:
@@ -112,7 +104,7 @@ class PreallocQueue:
         (`too_large`, returned); a full queue raises `ServiceUnavailable` (nothing changes)."""
         if len(self._queued) >= self.limits.max_queued:
             raise ServiceUnavailable(f"prealloc queue full ({self.limits.max_queued} requests)")
-        why = self._never_fits(req)
+        why = self._budget.never_fits(req)
         if why:
             return self._abort(req, now, "too_large", why)
         req.entered_at[S.QUEUED] = now
@@ -125,7 +117,7 @@ class PreallocQueue:
         never refused by the queue bound."""
         for req in reqs:
             req.transition(S.QUEUED, now)
-            self._active.pop(req.rid, None)
+            self._budget.pop(req.rid)
             self._queued[req.rid] = req
             self._retracted.append(req)
 
@@ -133,7 +125,7 @@ class PreallocQueue:
         """Abort a request queued here or admitted from here (in any non-terminal state),
         returning its pages; None if unknown or already done. The shell tells the peer, and must
         not free pages a transfer may still write: call this once the peer has drained."""
-        req = self._queued.pop(rid, None) or self._active.pop(rid, None)
+        req = self._queued.pop(rid, None) or self._budget.pop(rid)
         if req is None or req.is_done:
             return None
         return self._abort(req, now, reason, message or reason)
@@ -152,7 +144,7 @@ class PreallocQueue:
         for req in self.active_requests():
             late = now - req.entered_at.get(S.RESERVED, now) > lim.kv_timeout_s
             if late and req.state in (S.RESERVED, S.RECEIVING):
-                del self._active[req.rid]
+                self._budget.remove(req.rid)
                 msg = f"KV did not arrive in {lim.kv_timeout_s:g}s, req={req.rid}"
                 out.append(self._abort(req, now, "kv_timeout", msg))
         self._compact()
@@ -164,10 +156,10 @@ class PreallocQueue:
         the first that does not fit (it waits). An SWA reclaim failure aborts only that request
         and the pass goes on. Returned Admits are RESERVED; Aborts are ABORTED."""
         self.ctx.stats.admission_passes_total += 1
-        self._pass_res = None  # growth reserves of this pass, summed on first need
+        self._budget.begin_pass()  # growth reserves of this pass, summed on first need
         out: list[Decision] = []
         while (req := self._head()) is not None:
-            if not self._has_slot():
+            if not self._budget.has_slot(self.limits.max_active):
                 break
             d = self._try_admit(req, now)
             if d is None:
@@ -175,24 +167,8 @@ class PreallocQueue:
             self._pop_head()
             out.append(d)
             if isinstance(d, Admit):
-                self._active[req.rid] = req
-                res = self._pass_reserves()
-                f, w = self._reserve(req, req.kv)  # type: ignore[arg-type]  # RESERVED: kv set
-                res[0] += f
-                res[1] += w
+                self._budget.add(req, req.kv)  # type: ignore[arg-type]  # RESERVED: kv set
         return out
-
-    def _has_slot(self) -> bool:
-        cap = self.limits.max_active
-        if cap is None or len(self._active) < cap:
-            return True
-        self._prune_active()
-        return len(self._active) < cap
-
-    def _pass_reserves(self) -> list[int]:
-        if self._pass_res is None:
-            self._pass_res = list(self._reserves())
-        return self._pass_res
 
     def _try_admit(self, req: DecodeRequest, now: float) -> Decision | None:
         """Admit, abort (SWA reclaim failed) or None (does not fit now; nothing held).
@@ -216,15 +192,13 @@ class PreallocQueue:
                 lock = tree.lock(m.node, swa=False)  # the SWA tail arrives fresh
         need_full = cdiv(fill, ps) - prefix // ps
         need_swa = cdiv(fill - swa_start, ps) if swa is not None else 0
-        if not self._fits(req, need_full, need_swa, swa_start):
-            if lock is not None and tree is not None:
-                tree.unlock(lock)
+        if not self._budget.fits(req, need_full, need_swa, swa_start):
+            self._unlock(lock)
             return None
         # a full shortfall cannot remain (the full budget counted only evictable pages); were it
         # to, `full.alloc` below raises `OutOfPages`: a broken invariant, not this request's fault
         if ctx.evict_for(need_full, need_swa) == "swa" and swa is not None:
-            if lock is not None and tree is not None:
-                tree.unlock(lock)
+            self._unlock(lock)
             msg = f"SWA eviction insufficient: needed={need_swa}, available={swa.num_free}"
             return self._abort(req, now, "swa_reclaim_insufficient", f"{msg}, req={req.rid}")
         new_full = ctx.full.alloc(need_full)
@@ -239,72 +213,16 @@ class PreallocQueue:
         st.prefix_hit_tokens_total += prefix
         return Admit(req, prefix, swa_start, new_full, new_swa)
 
-    def _fits(self, req: DecodeRequest, need_full: int, need_swa: int, swa_start: int) -> bool:
-        """Both budgets hold `req`'s new pages plus its growth reserve (after its prefix lock,
-        so the locked prefix no longer counts as evictable). The O(active) reserve sum is taken
-        only if the request would fit without it (a full pool stays cheap to poll)."""
-        ctx = self.ctx
-        tree, ps, swa = ctx.tree, ctx.page_size, ctx.swa
-        max_full = self._max_full(req)
-        full_want = need_full + max(0, min(self._reserve_pages, max_full - cdiv(req.fill_len, ps)))
-        full_room = ctx.full.num_free + (tree.full_stats().evictable if tree is not None else 0)
-        swa_want = swa_room = 0
-        if swa is not None:
-            swa_want = need_swa + max(0, min(self._swa_peak, max_full - swa_start // ps) - need_swa)
-            swa_room = swa.num_free + (tree.swa_stats().evictable if tree is not None else 0)
-        if full_want > full_room or swa_want > swa_room:
-            return False
-        full_res, swa_res = self._pass_reserves()
-        return full_want <= full_room - full_res and swa_want <= swa_room - swa_res
-
-    # -- reserves ------------------------------------------------------------------------------
-    def _reserves(self) -> tuple[int, int]:
-        """Drop requests that no longer hold pages; sum the growth reserves of the rest (it runs
-        over every active request each pass, so it stays one call per request)."""
-        full_res = swa_res = 0
-        gone: list[str] = []
-        for rid, r in self._active.items():
-            if r.kv is None or r.state not in HOLDS_KV:
-                gone.append(rid)
-                continue
-            f, w = self._reserve(r, r.kv)
-            full_res += f
-            swa_res += w
-        for rid in gone:
-            del self._active[rid]
-        return full_res, swa_res
-
-    def _reserve(self, r: DecodeRequest, kv: ReqKV) -> tuple[int, int]:
-        """Full and SWA pages kept free for `r` to grow: full pages for the next
-        `decode_reserve_tokens` (none past its longest), SWA pages up to its lifetime peak."""
-        ps = self.ctx.page_size
-        max_full = (len(r.prompt_ids) + max(r.max_new_tokens - 1, 0) + ps - 1) // ps
-        full = max(0, min(self._reserve_pages, max_full - len(kv.full_page_ids)))
-        if self.ctx.swa is None:
-            return full, 0
-        ids, first = kv.swa_page_ids, kv.swa_start // ps
-        live = len(ids) - first - ids[first:].count(0)
-        return full, max(0, min(self._swa_peak, max_full - first) - live)
-
-    def _max_full(self, req: DecodeRequest) -> int:
-        return max_full_pages(len(req.prompt_ids), req.max_new_tokens, self.ctx.page_size)
-
-    def _never_fits(self, req: DecodeRequest) -> str:
-        """Why `req` can never fit the pools even alone ('' if it can)."""
-        need, full, swa = self._max_full(req), self.ctx.full, self.ctx.swa
-        if need > full.num_total:
-            return (f"request needs {need} full pages at its longest, the pool has "
-                    f"{full.num_total}, req={req.rid}")
-        if swa is not None and self._swa_peak > swa.num_total:
-            return (f"request needs {self._swa_peak} SWA pages, the pool has "
-                    f"{swa.num_total}, req={req.rid}")
-        return ""
-
     # -- plumbing ------------------------------------------------------------------------------
     def _abort(self, req: DecodeRequest, now: float, reason: str, message: str) -> Abort:
         req.transition(S.ABORTED, now, releaser=self.ctx, reason=reason, message=message)
         self.ctx.stats.count_abort(reason)
         return Abort(req, reason, message)
+
+    def _unlock(self, lock: LockRef | None) -> None:
+        """Drop the prefix lock a failed admission took (nothing else is held yet)."""
+        if lock is not None and self.ctx.tree is not None:
+            self.ctx.tree.unlock(lock)
 
     def _head(self) -> DecodeRequest | None:
         for q in (self._retracted, self._waiting):
@@ -317,11 +235,6 @@ class PreallocQueue:
     def _pop_head(self) -> None:
         q = self._retracted if self._retracted else self._waiting
         del self._queued[q.popleft().rid]
-
-    def _prune_active(self) -> None:
-        gone = [rid for rid, r in self._active.items() if r.state not in HOLDS_KV]
-        for rid in gone:
-            del self._active[rid]
 
     def _compact(self) -> None:
         for q in (self._retracted, self._waiting):

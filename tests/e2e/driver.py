@@ -142,10 +142,22 @@ def main(argv: list[str] | None = None) -> int:
         results = play(w, args.turns, args.max_new)
         out: dict[str, Any] = {"turns": results}
         if w.router is not None:  # the router sends its /flush_cache on to every worker
+            wait_idle(w.decode.url)  # a flush is refused while the last turn still winds down
             out["router_flush"] = http_json(f"{w.router.url}/flush_cache", {})
         out["metrics"] = get_text(f"{w.decode.url}/metrics")
         args.out.write_text(json.dumps(out))
     return 0
+
+
+def wait_idle(url: str, timeout_s: float = 30.0) -> None:
+    """Until the worker's /get_load shows nothing running or waiting."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        load = http_json(f"{url}/get_load")[0]
+        if not load["num_reqs"] and not load["num_waiting_reqs"]:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} not idle after {timeout_s}s")
 
 
 def get_text(url: str) -> str:

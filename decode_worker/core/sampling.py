@@ -6,6 +6,18 @@ from dataclasses import dataclass, field
 
 from decode_worker.errors import ClientError
 
+MAX_TOP_LOGPROBS = 20  # most alternatives a request may ask for per token (OpenAI's bound)
+TopLogprobs = list[tuple[int, float]]  # (token id, logprob), most likely first
+
+
+def check_top_logprobs(n: int | None, field_name: str) -> int:
+    """`n` as a count of alternatives per token; ClientError outside [0, MAX_TOP_LOGPROBS]."""
+    if n is None:
+        return 0
+    if not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise ClientError(f"{field_name} must be in [0, {MAX_TOP_LOGPROBS}], got {n}")
+    return n
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:

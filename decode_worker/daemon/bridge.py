@@ -29,6 +29,7 @@ class AddRequest:
     bootstrap_port: int | None
     bootstrap_room: int | None
     received_at: float
+    top_logprobs: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,9 +34,10 @@ class DecodeOps(EngineState):
         batch = _build_batch(batch_lives)
         logits = self.rt.runner.decode(batch)  # [bs, V] f32
         out = self.sampler.sample(logits, [lv.sample_row() for lv in batch_lives])
-        for live, token, lp in zip(batch_lives, out.token_ids, out.logprobs, strict=True):
+        for live, token, lp, top in zip(batch_lives, out.token_ids, out.logprobs,
+                                        out.top_logprobs, strict=True):
             live.req.append_token(token)
-            live.logprobs.append(lp if lp is not None else 0.0)
+            live.record_logprobs(lp, top)
             self._emit_progress(live, now)
 
     def _emit_progress(self, live: LiveRequest, now: float) -> None:

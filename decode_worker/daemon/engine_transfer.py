@@ -70,7 +70,7 @@ class TransferOps(EngineState):
         received = live.req.fill_len - live.cached_tokens
         self.metrics.observe_transfer(ev.num_bytes, ev.duration_s, ev.num_descriptors,
                                       num_tokens=received)
-        live.logprobs.append(row.logprob)
+        live.record_logprobs(row.logprob, row.top_logprobs)
         live.req.arrive(row.token_id, now)
 
     def _on_failed(self, live: LiveRequest, ev: TransferEvent) -> None:
@@ -113,6 +113,5 @@ class TransferOps(EngineState):
             req.arrive(req.output_ids[-1], now)
             return
         out = self.sampler.sample(logits[None], [live.sample_row()])
-        lp = out.logprobs[0]
-        live.logprobs.append(lp if lp is not None else 0.0)
+        live.record_logprobs(out.logprobs[0], out.top_logprobs[0])
         req.arrive(out.token_ids[0], now)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from decode_worker.core.request import DecodeRequest
+from decode_worker.core.sampling import TopLogprobs
 from decode_worker.daemon.bridge import AddRequest, TokenEvent
 from decode_worker.device.sampler import SampleRow
 from decode_worker.io.api.backend import FinishReason, OutputChunk
@@ -27,6 +28,7 @@ class LiveRequest:
     answered: bool = False
     emitted: int = 0  # output tokens already sent to the client
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)  # when cmd.top_logprobs
 
     @property
     def rid(self) -> str:
@@ -38,7 +40,14 @@ class LiveRequest:
 
     def sample_row(self) -> SampleRow:
         return SampleRow(self.cmd.sampling, step=len(self.req.output_ids),
-                         return_logprob=self.cmd.return_logprob)
+                         return_logprob=self.cmd.return_logprob,
+                         top_logprobs=self.cmd.top_logprobs)
+
+    def record_logprobs(self, logprob: float | None, top: TopLogprobs | None) -> None:
+        """Keep the new token's logprob (and its alternatives when asked for)."""
+        self.logprobs.append(logprob if logprob is not None else 0.0)
+        if self.cmd.top_logprobs:
+            self.top_logprobs.append(top or [])
 
     def finish_reason(self) -> tuple[FinishReason, int | None] | None:
         """("stop", token) / ("length", None) when the last output token ends the request."""
@@ -60,11 +69,13 @@ class LiveRequest:
         start, self.emitted = self.emitted, len(out)
         ids = out[start:] if self.req.max_new_tokens else []
         lps = self.logprobs[start:len(out)] if self.cmd.return_logprob else None
+        tops = self.top_logprobs[start:len(out)] if self.cmd.top_logprobs else None
         reason, matched = finish if finish is not None else (None, None)
         if finish is not None:
             self.answered = True
         return TokenEvent(self.rid, OutputChunk(
-            ids, lps, reason, matched, len(self.req.prompt_ids), self.cached_tokens))
+            ids, lps, reason, matched, len(self.req.prompt_ids), self.cached_tokens,
+            top_logprobs=tops))
 
     def error_event(self, message: str, status: int, code: str) -> TokenEvent:
         self.answered = True

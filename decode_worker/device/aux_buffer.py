@@ -1,13 +1,15 @@
 """The aux buffer: small host rows of per-request transfer metadata (the first output token).
 
-One row is 64 bytes (the RDMA minimum) of eight int64 slots:
+One row is 384 bytes: 48 int64 slots.
 
     slot  0: room echo (the corruption check: the row must name the room that owns it)
           1: first output token id
           2: its logprob (a float64 stored bit for bit)
           3: ready flag (1 once the prefill side wrote the row)
           4: transfer id
-          5..7: reserved (0)
+          5: how many top logprobs follow (0..MAX_TOP_LOGPROBS)
+          6..7: reserved (0)
+          8 + 2i, 9 + 2i: the i-th most likely token id and its logprob (float64 bits)
 
 The prefill side fills a row of its own buffer and WRITEs it over the decode side's row in the
 same NIXL transfer group as the KV, so the row lands before that transfer's notification.
@@ -16,15 +18,18 @@ Always in DRAM, even when the pools are on a GPU.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from decode_worker.core.sampling import MAX_TOP_LOGPROBS, TopLogprobs
 from decode_worker.core.types import MemoryRegion
 
-ROW_SLOTS = 8
+_HEAD = 8
+ROW_SLOTS = _HEAD + 2 * MAX_TOP_LOGPROBS
 ROW_BYTES = ROW_SLOTS * 8
-_ROOM, _TOKEN, _LOGPROB, _READY, _TRANSFER = range(5)
+_ROOM, _TOKEN, _LOGPROB, _READY, _TRANSFER, _NUM_TOP = range(6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +39,7 @@ class AuxRow:
     logprob: float
     ready: bool
     transfer_id: int
+    top_logprobs: TopLogprobs
 
 
 class AuxBuffer:
@@ -43,30 +49,39 @@ class AuxBuffer:
         if num_rows <= 0:
             raise ValueError("num_rows must be positive")
         self.num_rows = num_rows
-        self.rows = torch.zeros(num_rows, ROW_SLOTS, dtype=torch.int64)  # rows: [n, 8] i64
+        self.rows = torch.zeros(num_rows, ROW_SLOTS, dtype=torch.int64)  # rows: [n, 48] i64
 
     def memory_region(self) -> MemoryRegion:
         return MemoryRegion(self.rows.data_ptr(), self.num_rows * ROW_BYTES, 0, "DRAM")
 
-    def write(self, slot: int, room: int, token_id: int, logprob: float, transfer_id: int) -> None:
-        """Fill row `slot` (room wrapped to int64) and set its ready flag."""
-        lp = torch.tensor([logprob], dtype=torch.float64).view(torch.int64)  # lp: [1] i64
-        self.rows[slot] = 0
-        self.rows[slot, _ROOM] = _to_i64(room)
-        self.rows[slot, _TOKEN] = token_id
-        self.rows[slot, _LOGPROB] = lp[0]
-        self.rows[slot, _TRANSFER] = transfer_id
-        self.rows[slot, _READY] = 1
+    def write(self, slot: int, room: int, token_id: int, logprob: float, transfer_id: int,
+              top_logprobs: Sequence[tuple[int, float]] = ()) -> None:
+        """Fill row `slot` (room wrapped to int64) and set its ready flag; at most
+        MAX_TOP_LOGPROBS alternatives are kept."""
+        top = list(top_logprobs)[:MAX_TOP_LOGPROBS]
+        row = torch.zeros(ROW_SLOTS, dtype=torch.int64)  # row: [48] i64
+        row[_ROOM], row[_TOKEN], row[_TRANSFER] = _to_i64(room), token_id, transfer_id
+        row[_LOGPROB] = _f64_bits([logprob])[0]
+        row[_NUM_TOP] = len(top)
+        if top:
+            row[_HEAD:_HEAD + 2 * len(top):2] = torch.tensor([t for t, _ in top])
+            row[_HEAD + 1:_HEAD + 2 * len(top):2] = _f64_bits([lp for _, lp in top])
+        row[_READY] = 1
+        self.rows[slot] = row
 
     def read(self, slot: int) -> AuxRow:
-        row = self.rows[slot].clone()  # row: [8] i64
-        logprob = float(row[_LOGPROB : _LOGPROB + 1].view(torch.float64)[0])
+        row = self.rows[slot].clone()  # row: [48] i64
+        n = min(max(int(row[_NUM_TOP]), 0), MAX_TOP_LOGPROBS)  # a corrupt count reads as <= max
+        pairs = row[_HEAD:_HEAD + 2 * n].view(n, 2)  # [n, 2]: token id, logprob bits
+        top = list(zip(pairs[:, 0].tolist(),
+                       pairs[:, 1].contiguous().view(torch.float64).tolist(), strict=True))
         return AuxRow(
             room=int(row[_ROOM]) & (2**64 - 1),
             token_id=int(row[_TOKEN]),
-            logprob=logprob,
+            logprob=float(row[_LOGPROB:_LOGPROB + 1].view(torch.float64)[0]),
             ready=bool(row[_READY]),
             transfer_id=int(row[_TRANSFER]),
+            top_logprobs=top,
         )
 
     def check(self, slot: int, room: int, transfer_id: int) -> AuxRow | None:
@@ -79,6 +94,11 @@ class AuxBuffer:
     def clear(self, slot: int) -> None:
         """Zero a row before handing its slot to a new transfer."""
         self.rows[slot] = 0
+
+
+def _f64_bits(values: list[float]) -> torch.Tensor:
+    """float64 values as their int64 bit patterns (stored bit for bit)."""
+    return torch.tensor(values, dtype=torch.float64).view(torch.int64)
 
 
 def _to_i64(value: int) -> int:

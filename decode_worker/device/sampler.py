@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from decode_worker.core.sampling import SamplingParams
+from decode_worker.core.sampling import SamplingParams, TopLogprobs
 
 _SEED_MIX = 1_000_003
 
@@ -32,9 +32,6 @@ class SampleRow:
     step: int = 0
     return_logprob: bool = False
     top_logprobs: int = 0
-
-
-TopLogprobs = list[tuple[int, float]]  # (token id, logprob), most likely first
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,23 +16,43 @@ def e2e_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def reference_greedy(e2e_model_dir: Path):  # type: ignore[no-untyped-def]
-    """input_ids, max_new -> the reference implementation's greedy output ids and their
-    logprobs (float32)."""
+def reference_run(e2e_model_dir: Path):  # type: ignore[no-untyped-def]
+    """input_ids, max_new -> the reference implementation's greedy output ids and, per output
+    token, the log-softmax of its raw logits ([V] float32)."""
     transformers = pytest.importorskip("transformers")
     model = transformers.GptOssForCausalLM.from_pretrained(e2e_model_dir, dtype=torch.float32)
     model.eval()
 
-    def generate(input_ids: list[int], max_new: int) -> tuple[list[int], list[float]]:
-        """Greedy tokens and each one's logprob under the raw logits."""
+    def run(input_ids: list[int], max_new: int) -> tuple[list[int], list[torch.Tensor]]:
         ids = torch.tensor([input_ids])
         with torch.no_grad():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                  max_new_tokens=max_new, min_new_tokens=max_new,
                                  output_logits=True, return_dict_in_generate=True)
         tokens = [int(t) for t in out.sequences[0, len(input_ids):]]
-        logprobs = [float(torch.log_softmax(step[0].float(), -1)[t])
-                    for step, t in zip(out.logits, tokens, strict=True)]
-        return tokens, logprobs
+        return tokens, [torch.log_softmax(step[0].float(), -1) for step in out.logits]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def reference_greedy(reference_run):  # type: ignore[no-untyped-def]
+    """input_ids, max_new -> the reference's greedy output ids and their logprobs (float32)."""
+
+    def generate(input_ids: list[int], max_new: int) -> tuple[list[int], list[float]]:
+        tokens, lps = reference_run(input_ids, max_new)
+        return tokens, [float(lp[t]) for lp, t in zip(lps, tokens, strict=True)]
 
     return generate
+
+
+def check_top_logprobs(got: list[list[list[float]]], want: list[torch.Tensor], n: int,
+                       tol: float) -> None:
+    """SGLang's `output_top_logprobs` against the reference's per-token log-softmax: the same
+    n token ids in the same order, logprobs within `tol`."""
+    assert len(got) == len(want)
+    for i, (top, lp) in enumerate(zip(got, want, strict=True)):
+        ref_v, ref_i = lp.topk(n)
+        assert [int(t) for _, t, _ in top] == ref_i.tolist(), f"token {i}: other alternatives"
+        worst = max(abs(v - r) for (v, _, _), r in zip(top, ref_v.tolist(), strict=True))
+        assert worst < tol, f"token {i}: top logprobs off by {worst:.2e}"

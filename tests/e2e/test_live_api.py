@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from decode_worker.device.tokenizer import Tokenizer
+from tests.e2e.conftest import check_top_logprobs
 from tests.e2e.live_fixtures import DONE, Live, gen_body, live_server
 
 pytestmark = pytest.mark.slow
@@ -176,6 +177,16 @@ def test_greedy_tokens_equal_the_reference_implementation(api: Live, reference_g
     out = api.post(GEN, gen_body(BATCH_PROMPTS[k], 16)).json()
     tokens, _ = reference_greedy(BATCH_PROMPTS[k], 16)
     assert out["output_ids"] == tokens
+
+
+def test_top_logprobs_equal_the_reference_implementation(api: Live, reference_run: Any) -> None:
+    """Every token's 5 most likely alternatives (the first from the local prefill) against
+    transformers' log-softmax of the same step."""
+    out = api.post(GEN, gen_body(BATCH_PROMPTS[3], 6, return_logprob=True,
+                                 top_logprobs_num=5)).json()
+    tokens, lps = reference_run(BATCH_PROMPTS[3], 6)
+    assert out["output_ids"] == tokens
+    check_top_logprobs(out["meta_info"]["output_top_logprobs"], lps, 5, tol=1e-4)
 
 
 # -- info endpoints ------------------------------------------------------------------------

@@ -93,7 +93,9 @@ class FakeBackend:
                     token_ids=ids, logprobs=[-0.5] * len(ids) if inp.return_logprob else None,
                     finish_reason=reason if last else None,  # type: ignore[arg-type]
                     matched_stop=matched if last else None, prompt_tokens=len(inp.input_ids),
-                    cached_tokens=self.cached_tokens)
+                    cached_tokens=self.cached_tokens,
+                    top_logprobs=[[(t + k, -0.5 - k) for k in range(inp.top_logprobs)]
+                                  for t in ids] if inp.top_logprobs else None)
         finally:
             self.closed.append(inp.rid)
 

@@ -18,7 +18,7 @@ from decode_worker.core.pages import PageAllocator
 from decode_worker.daemon.prefill_main import build_runner
 from decode_worker.daemon.prefill_peer import model_compat, region_layouts
 from decode_worker.daemon.procs import free_port
-from decode_worker.device.aux_buffer import AuxBuffer
+from decode_worker.device.aux_buffer import ROW_BYTES, AuxBuffer
 from decode_worker.device.runner import ModelRunner
 from decode_worker.io.kv_receiver import KVReceiver, TransferEvent
 from decode_worker.io.metrics import Metrics
@@ -132,7 +132,7 @@ def test_cold_request_lands_exactly_the_prefill_kv(decode: DecodeSide, prefill_p
     assert torch.equal(tokens(pools.swa, tail(s, swa), s, 300), tokens(pools.swa, ref_swa, s, 300))
     row = decode.aux.check(1, room=11, transfer_id=tid)
     assert row is not None and row.token_id == token
-    assert done.num_bytes == (2 * n + 2 * len(swa)) * decode.page_bytes() + 64
+    assert done.num_bytes == (2 * n + 2 * len(swa)) * decode.page_bytes() + ROW_BYTES
     assert done.num_descriptors == 5  # one run per layer (2 full + 2 swa) + the aux row
     assert done.num_tokens == 300
     assert decode.rx.metrics is not None
@@ -165,7 +165,7 @@ def test_second_turn_moves_only_the_suffix_and_swa_tail(
     (done,) = decode.wait(tid, "done")
     pools = decode.runner.pools
     assert torch.equal(pools.full[:, kept], before)  # the reused prefix was not written
-    assert done.num_bytes == 2 * (len(new_full) + len(swa2)) * decode.page_bytes() + 64
+    assert done.num_bytes == 2 * (len(new_full) + len(swa2)) * decode.page_bytes() + ROW_BYTES
     ref_full, ref_swa, token = decode.reference(turn2)
     table = kept + new_full
     assert torch.equal(tokens(pools.full, table, reused, 500),
@@ -189,7 +189,7 @@ def test_full_hit_sends_first_token_and_swa_tail_only(
                            reused_len=256, swa_window_start=s, full_page_ids=[],
                            swa_page_ids=swa, aux_slot=4, prompt_ids=prompt)  # fmt: skip
     (done,) = decode.wait(tid, "done")
-    assert done.num_bytes == 2 * len(swa) * decode.page_bytes() + 64
+    assert done.num_bytes == 2 * len(swa) * decode.page_bytes() + ROW_BYTES
     _, ref_swa, token = decode.reference(prompt)
     pools = decode.runner.pools
     assert torch.equal(tokens(pools.swa, tail(s, swa), s, 256), tokens(pools.swa, ref_swa, s, 256))

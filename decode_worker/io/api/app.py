@@ -112,6 +112,7 @@ class ApiApp:
     def make_input(
         self, rid: str | None, ids: list[int], sampling: SamplingParams, boot: Bootstrap,
         *, stream: bool, return_logprob: bool, endpoint: str, received_at: float = 0.0,
+        top_logprobs: int = 0,
     ) -> GenerateInput:
         """A GenerateInput whose `rid` is unique among live runs (the client's rid if free:
         router retries resend the same rid while the first attempt may still wait for KV)."""
@@ -119,7 +120,8 @@ class ApiApp:
         internal = client_rid if client_rid not in self._live else f"{client_rid}-{new_rid()[:8]}"
         return GenerateInput(
             rid=internal, input_ids=ids, sampling=sampling, stream=stream,
-            return_logprob=return_logprob, bootstrap_host=boot.bootstrap_host,
+            return_logprob=return_logprob, top_logprobs=top_logprobs if return_logprob else 0,
+            bootstrap_host=boot.bootstrap_host,
             bootstrap_port=boot.bootstrap_port, bootstrap_room=boot.bootstrap_room,
             received_at=received_at or time.monotonic(), endpoint=endpoint,
             extra={"client_rid": client_rid},

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from decode_worker.core.sampling import SamplingParams
+from decode_worker.core.sampling import SamplingParams, TopLogprobs
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -53,6 +53,7 @@ class GenerateInput:
     sampling: SamplingParams
     stream: bool = False
     return_logprob: bool = False
+    top_logprobs: int = 0  # alternatives per token (with return_logprob)
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
@@ -65,7 +66,8 @@ class GenerateInput:
 class OutputChunk:
     """New tokens for one request since the previous chunk.
 
-    `logprobs[i]` is the logprob of `token_ids[i]` (only when `return_logprob`).
+    `logprobs[i]` is the logprob of `token_ids[i]` (only when `return_logprob`);
+    `top_logprobs[i]` its most likely alternatives (only when `top_logprobs` was asked for).
     `prompt_tokens` / `cached_tokens` (prompt tokens whose KV was reused from the prefix cache)
     are totals, repeated on every chunk. `finish_reason` is set on the last chunk only;
     `matched_stop` is the stop token id that ended it (or None for EOS / length).
@@ -82,6 +84,7 @@ class OutputChunk:
     error: str | None = None
     error_status: int = 500
     error_code: str = "internal"
+    top_logprobs: list[TopLogprobs] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
+from decode_worker.core.sampling import check_top_logprobs
 from decode_worker.errors import ClientError
 from decode_worker.io.api.common import (
     SSE_DONE,
@@ -46,7 +47,9 @@ async def handle_generate(app: ApiApp, req: Request) -> Response | StreamRespons
     sampling = sampling_from_generate(body.sampling_params, app.config.default_max_new_tokens)
     inp = app.make_input(body.rid, ids, sampling, body, stream=body.stream,
                          return_logprob=body.return_logprob, endpoint="generate",
-                         received_at=req.received_at)
+                         received_at=req.received_at,
+                         top_logprobs=check_top_logprobs(body.top_logprobs_num,
+                                                         "top_logprobs_num"))
     run = await app.start_run(inp)
     if body.stream:
         return StreamResponse(200, RunStream(_stream(run), run))
@@ -68,6 +71,8 @@ def _meta(run: GenerationRun) -> dict[str, Any]:
     }
     if run.inp.return_logprob:
         meta["output_token_logprobs"] = run.output_token_logprobs()
+    if run.inp.top_logprobs:
+        meta["output_top_logprobs"] = run.output_top_logprobs()
     return meta
 
 

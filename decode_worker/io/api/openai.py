@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
+from decode_worker.core.sampling import TopLogprobs, check_top_logprobs
 from decode_worker.errors import ClientError
 from decode_worker.io.api.common import (
     SSE_DONE,
@@ -44,8 +45,8 @@ async def handle_completions(app: ApiApp, req: Request) -> Response | StreamResp
     if body.echo:
         raise ClientError("echo=true is not supported")
     ids = _prompt_ids(app, body.prompt)
-    logprobs = body.logprobs is not None and body.logprobs > 0
-    return await _serve(app, body, ids, logprobs, chat=False, received_at=req.received_at)
+    top = check_top_logprobs(body.logprobs, "logprobs")  # completions: logprobs=N alternatives
+    return await _serve(app, body, ids, top > 0, top, chat=False, received_at=req.received_at)
 
 
 async def handle_chat(app: ApiApp, req: Request) -> Response | StreamResponse:
@@ -54,19 +55,23 @@ async def handle_chat(app: ApiApp, req: Request) -> Response | StreamResponse:
         raise ClientError("messages must be a non-empty list")
     prompt = app.backend.tokenizer.apply_chat_template([_message(m) for m in body.messages])
     ids = app.backend.tokenizer.encode(prompt)
-    return await _serve(app, body, ids, body.logprobs, chat=True, received_at=req.received_at)
+    top = check_top_logprobs(body.top_logprobs, "top_logprobs")
+    if top and not body.logprobs:
+        raise ClientError("top_logprobs needs logprobs=true")
+    return await _serve(app, body, ids, body.logprobs, top, chat=True,
+                        received_at=req.received_at)
 
 
 async def _serve(
-    app: ApiApp, body: OpenAIBase, ids: list[int], logprobs: bool, chat: bool,
-    received_at: float,
+    app: ApiApp, body: OpenAIBase, ids: list[int], logprobs: bool, top_logprobs: int,
+    chat: bool, received_at: float,
 ) -> Response | StreamResponse:
     check_bootstrap(body)
     ids = check_prompt(ids, app.config.max_prompt_tokens, vocab_size_of(app.backend.tokenizer))
     sampling = sampling_from_openai(body, app.config.default_max_new_tokens)
     inp = app.make_input(body.rid, ids, sampling, body, stream=body.stream,
                          return_logprob=logprobs, endpoint="chat" if chat else "completions",
-                         received_at=received_at)
+                         received_at=received_at, top_logprobs=top_logprobs)
     run = await app.start_run(inp)
     shape = _Shape(app.model_name(body.model), run, chat)
     if body.stream:
@@ -125,15 +130,23 @@ class _Shape:
                 "total_tokens": run.prompt_tokens + done,
                 "prompt_tokens_details": {"cached_tokens": run.cached_tokens}}
 
-    def logprobs(self, ids: list[int], lps: list[float]) -> dict[str, Any] | None:
+    def logprobs(self, ids: list[int], lps: list[float],
+                 tops: list[TopLogprobs]) -> dict[str, Any] | None:
+        """OpenAI's logprobs object for `ids` (and their alternatives when asked for)."""
         if not self.run.inp.return_logprob:
             return None
         tok = self.run.backend.tokenizer
         tokens = [tok.decode([t]) for t in ids]
+        alts = [[(tok.decode([t]), lp) for t, lp in top] for top in tops] or [[]] * len(ids)
         if self.chat:
-            return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()),
-                                 "top_logprobs": []} for t, lp in zip(tokens, lps, strict=False)]}
-        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": None, "text_offset": []}
+            return {"content": [
+                {"token": t, "logprob": lp, "bytes": list(t.encode()),
+                 "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())}
+                                  for a, alp in alt]}
+                for t, lp, alt in zip(tokens, lps, alts, strict=False)]}
+        top_dicts = [dict(alt) for alt in alts] if self.run.inp.top_logprobs else None
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": top_dicts,
+                "text_offset": []}
 
     def choice(self, text: str, fin: Finish | None, lp: dict[str, Any] | None,
                delta: bool) -> dict[str, Any]:
@@ -150,7 +163,7 @@ class _Shape:
 
     def full(self) -> dict[str, Any]:
         run = self.run
-        lp = self.logprobs(run.output_ids, run.logprobs)
+        lp = self.logprobs(run.output_ids, run.logprobs, run.top_logprobs)
         body = self._envelope([self.choice(run.text.text, run.finish, lp, delta=False)], False)
         body["usage"] = self.usage()
         return body
@@ -169,6 +182,7 @@ async def _stream(shape: _Shape, include_usage: bool) -> AsyncGenerator[bytes, N
         yield shape.chunk(first)
     ids: list[int] = []  # tokens (and logprobs) not yet sent: their text is still held back
     lps: list[float] = []
+    tops: list[TopLogprobs] = []
     async with contextlib.aclosing(shape.run.steps()) as steps:
         async for step in steps:
             fin = step.finish
@@ -178,9 +192,10 @@ async def _stream(shape: _Shape, include_usage: bool) -> AsyncGenerator[bytes, N
                 return
             ids += step.token_ids
             lps += step.logprobs
+            tops += step.top_logprobs
             if step.text or fin is not None:
-                lp = shape.logprobs(ids, lps)
-                ids, lps = [], []
+                lp = shape.logprobs(ids, lps, tops)
+                ids, lps, tops = [], [], []
                 yield shape.chunk(shape.choice(step.text, fin, lp, delta=True))
     if include_usage:
         yield shape.chunk(None, usage=True)

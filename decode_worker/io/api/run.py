@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from decode_worker.core.sampling import TopLogprobs
 from decode_worker.errors import DecodeWorkerError
 from decode_worker.io.api.backend import GenerateBackend, GenerateInput, OutputChunk
 from decode_worker.io.api.textgen import TextStream
@@ -51,6 +52,7 @@ class Step:
     token_ids: list[int]
     logprobs: list[float] = field(default_factory=list)
     finish: Finish | None = None
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)
 
 
 class BackendEnded(DecodeWorkerError):
@@ -80,6 +82,7 @@ class GenerationRun:
                                sp.skip_special_tokens)
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
+        self.top_logprobs: list[TopLogprobs] = []  # when inp.top_logprobs
         self.prompt_tokens = len(inp.input_ids)
         self.cached_tokens = 0
         self.finish: Finish | None = None
@@ -159,6 +162,7 @@ class GenerationRun:
         self._observe_tokens(len(ids))
         self.output_ids += ids
         self.logprobs += list(chunk.logprobs or ())
+        self.top_logprobs += list(chunk.top_logprobs or ())
         text = self.text.push(self._text_ids(chunk, ids))
         if self.text.stopped:
             self.backend.finish(self.inp.rid)
@@ -167,7 +171,7 @@ class GenerationRun:
             text += self.text.finish()
             end = Finish(chunk.finish_reason, matched=chunk.matched_stop, code="abort")
             return self._finished(text, ids, chunk, end)
-        return Step(text, ids, list(chunk.logprobs or ()))
+        return _step(text, ids, chunk)
 
     def _text_ids(self, chunk: OutputChunk, ids: list[int]) -> list[int]:
         """Token ids to render: a matched stop token is not shown unless `no_stop_trim`."""
@@ -181,7 +185,7 @@ class GenerationRun:
     def _finished(self, text: str, ids: list[int], chunk: OutputChunk, end: Finish) -> Step:
         if self.metrics is not None and self.inp.received_at:
             self.metrics.observe_e2e(time.monotonic() - self.inp.received_at)
-        return Step(text, ids, list(chunk.logprobs or ()), finish=end)
+        return _step(text, ids, chunk, end)
 
     def _observe_tokens(self, n: int) -> None:
         if self.metrics is None or n == 0:
@@ -199,3 +203,11 @@ class GenerationRun:
     def output_token_logprobs(self) -> list[list[Any]]:
         """SGLang's `[logprob, token_id, null]` triples."""
         return [[lp, tid, None] for lp, tid in zip(self.logprobs, self.output_ids, strict=False)]
+
+    def output_top_logprobs(self) -> list[list[list[Any]]]:
+        """SGLang's per-token lists of `[logprob, token_id, null]`, most likely first."""
+        return [[[lp, tid, None] for tid, lp in top] for top in self.top_logprobs]
+
+
+def _step(text: str, ids: list[int], chunk: OutputChunk, end: Finish | None = None) -> Step:
+    return Step(text, ids, list(chunk.logprobs or ()), end, list(chunk.top_logprobs or ()))

@@ -49,6 +49,7 @@ class GenerateReq(Bootstrap):
     stream: bool = False
     rid: str | None = None
     return_logprob: bool = False
+    top_logprobs_num: int | None = None
 
 
 class StreamOptions(msgspec.Struct):

@@ -202,3 +202,19 @@ def test_duplicate_live_rid_gets_a_unique_internal_rid(backend: FakeBackend) -> 
             assert b"[DONE]" in b"".join(chunks)
     rids = [inp.rid for inp in backend.inputs]
     assert rids[0] == "same" and rids[1].startswith("same-") and len(set(rids)) == 2
+
+
+def test_generate_top_logprobs_per_token(client: httpx.Client, backend: FakeBackend) -> None:
+    r = client.post("/generate", json={"text": "a", "return_logprob": True, "top_logprobs_num": 2,
+                                       "sampling_params": {"max_new_tokens": 2}})
+    meta = r.json()["meta_info"]
+    assert meta["output_top_logprobs"] == [[[-0.5, 72, None], [-1.5, 73, None]],
+                                           [[-0.5, 101, None], [-1.5, 102, None]]]
+    assert backend.inputs[-1].top_logprobs == 2
+    # without return_logprob the alternatives are not asked for (as SGLang)
+    r = client.post("/generate", json={"text": "a", "top_logprobs_num": 2})
+    assert "output_top_logprobs" not in r.json()["meta_info"]
+    assert backend.inputs[-1].top_logprobs == 0
+    bad = client.post("/generate", json={"text": "a", "return_logprob": True,
+                                         "top_logprobs_num": 21})
+    assert bad.status_code == 400 and "top_logprobs_num" in bad.text

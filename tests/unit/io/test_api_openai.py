@@ -139,3 +139,28 @@ def test_streamed_logprobs_cover_tokens_whose_text_was_held(client: httpx.Client
     assert texts == ["é", "€", "x"]
     counts = [len(c["choices"][0]["logprobs"]["token_logprobs"]) for c in chunks]  # type: ignore[index]
     assert counts == [2, 3, 1]
+
+
+def test_completions_logprobs_n_gives_n_alternatives_per_token(client: httpx.Client) -> None:
+    r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "logprobs": 2})
+    lp = r.json()["choices"][0]["logprobs"]
+    assert lp["top_logprobs"] == [{"H": -0.5, "I": -1.5}, {"e": -0.5, "f": -1.5}]
+
+
+def test_chat_top_logprobs_streamed_and_whole(client: httpx.Client) -> None:
+    req = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+           "logprobs": True, "top_logprobs": 2}
+    content = client.post("/v1/chat/completions", json=req).json()["choices"][0]["logprobs"][
+        "content"]
+    assert content[0]["top_logprobs"] == [
+        {"token": "H", "logprob": -0.5, "bytes": [72]},
+        {"token": "I", "logprob": -1.5, "bytes": [73]}]
+    assert [len(c["top_logprobs"]) for c in content] == [2, 2]
+    chunks = [e for e in sse_events(client.post("/v1/chat/completions",
+                                                json={**req, "stream": True}).text)
+              if e != "[DONE]"]
+    streamed = [c for ch in chunks if (ch["choices"] and ch["choices"][0]["logprobs"])  # type: ignore[index]
+                for c in ch["choices"][0]["logprobs"]["content"]]  # type: ignore[index]
+    assert [c["top_logprobs"] for c in streamed] == [c["top_logprobs"] for c in content]
+    no_lp = client.post("/v1/chat/completions", json={**req, "logprobs": False})
+    assert no_lp.status_code == 400 and "logprobs=true" in no_lp.text

@@ -33,6 +33,7 @@ from decode_worker.io import protocol as p
 from decode_worker.io.bootstrap import BootstrapServer
 from decode_worker.io.kv_sender import KVSender, SourcePages, plan_writes
 from decode_worker.io.nixl_agent import NixlAgent, XferHandle, unique_agent_name
+from decode_worker.io.protocol_check import check_compat, validate_request
 from decode_worker.settings import TransferSettings
 from decode_worker.utils.mathx import cdiv
 
@@ -155,7 +156,7 @@ class PrefillPeer:
 
     def _hello(self, peer: bytes, msg: p.Hello, now: float) -> p.Message:
         try:
-            p.check_compat(msg.compat, self.compat, msg.version)
+            check_compat(msg.compat, self.compat, msg.version)
             regions: dict[str, p.RegionLayout] = {r.name: r for r in msg.regions}
             if set(regions) != {"full", "swa", "aux"}:
                 raise TransferError(f"regions {sorted(regions)}: need full, swa and aux")
@@ -175,7 +176,7 @@ class PrefillPeer:
         try:
             if dec is None:
                 raise TransferError("no handshake from this peer")
-            p.validate_request(req, self.compat.page_size, dec.regions)
+            validate_request(req, self.compat.page_size, dec.regions)
         except TransferError as exc:
             return [p.TransferFailed(req.transfer_id, req.room, str(exc))]
         with self._lock:

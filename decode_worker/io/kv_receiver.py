@@ -30,6 +30,7 @@ from decode_worker.io import protocol as p
 from decode_worker.io.kv_peer import Peer, ReceiverStats, Transfer, TransferEvent, transfer_bytes
 from decode_worker.io.metrics import Metrics
 from decode_worker.io.nixl_agent import NixlAgent, unique_agent_name
+from decode_worker.io.protocol_check import check_compat, validate_request
 
 if TYPE_CHECKING:  # io/ takes the settings object but does not import pydantic at run time
     from decode_worker.settings import TransferSettings
@@ -108,7 +109,7 @@ class KVReceiver:
         xfer = Transfer(req, f"{host}:{port}", now, now + req.deadline_s)
         self._transfers[tid] = xfer
         try:
-            p.validate_request(req, self.compat.page_size, self.regions)
+            validate_request(req, self.compat.page_size, self.regions)
         except PageError as exc:
             self._fail(xfer, "bad_request", str(exc), now)
             return tid
@@ -187,7 +188,7 @@ class KVReceiver:
 
     def _on_welcome(self, peer: Peer, msg: p.Welcome, now: float) -> None:
         try:
-            p.check_compat(self.compat, msg.compat, msg.version)
+            check_compat(self.compat, msg.compat, msg.version)
         except TransferError as exc:
             self._drop_peer(peer, "transfer_failed", str(exc), now)
             return

@@ -8,7 +8,8 @@ pools, writes the first token into an aux row, WRITEs the requested pages (full 
 `TransferDone` (or `TransferFailed`). Unmatched halves expire after `match_timeout_s`.
 
 Threads: the bootstrap thread runs `_on_message`; the compute thread owns torch, the pools and
-the page free lists; `_lock` guards the matching tables shared by both.
+the page free lists (the pipeline of `prefill_push.PushPipeline`); `_lock` guards the matching
+tables shared by both.
 """
 
 from __future__ import annotations
@@ -18,23 +19,19 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-
-import torch
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.daemon.prefill_state import Half, Job, Matcher, PageFreeList, PrefillResult
+from decode_worker.daemon.prefill_push import PushPipeline
+from decode_worker.daemon.prefill_state import Decoder, Half, Job, Matcher, PrefillResult
 from decode_worker.device.aux_buffer import ROW_BYTES, AuxBuffer
 from decode_worker.device.kv_pool import KVPools
 from decode_worker.device.runner import ModelRunner
-from decode_worker.device.sampler import Sampler, SampleRow
-from decode_worker.errors import DecodeWorkerError, OutOfPages, TransferError
+from decode_worker.errors import DecodeWorkerError, TransferError
 from decode_worker.io import protocol as p
 from decode_worker.io.bootstrap import BootstrapServer
-from decode_worker.io.kv_sender import KVSender, SourcePages, plan_writes
-from decode_worker.io.nixl_agent import NixlAgent, XferHandle, unique_agent_name
+from decode_worker.io.nixl_agent import NixlAgent, unique_agent_name
+from decode_worker.io.protocol_check import check_compat, validate_request
 from decode_worker.settings import TransferSettings
-from decode_worker.utils.mathx import cdiv
 
 log = logging.getLogger(__name__)
 
@@ -63,26 +60,6 @@ def model_compat(runner: ModelRunner, model_name: str) -> p.ModelCompat:
     )  # fmt: skip
 
 
-@dataclass
-class _Push:
-    """A job whose WRITEs are in flight; its source pages stay held until they are done."""
-
-    job: Job
-    handles: list[XferHandle]
-    src: SourcePages
-    result: PrefillResult
-    done: p.TransferDone
-    deadline: float
-
-
-@dataclass
-class _Decoder:
-    agent_name: str
-    regions: dict[str, p.RegionLayout]
-    last_seen: float
-    rooms: set[int] = field(default_factory=set)
-
-
 class PrefillPeer:
     """Serve prefill-and-push on `settings.bootstrap_host:bootstrap_port` until `close()`.
 
@@ -99,13 +76,9 @@ class PrefillPeer:
         self.regions = region_layouts(runner.pools, self.aux)
         self.agent = NixlAgent(unique_agent_name("prefill"), settings.backend)
         self.agent.register([*runner.pools.memory_regions(), self.aux.memory_region()])
-        self.sender = KVSender(self.agent)
-        self.sampler = Sampler(runner.device)
-        self._free = PageFreeList(runner.pools.num_pages["full"], runner.pools.num_pages["swa"])
-        self._aux_rows = list(range(num_aux_rows))
-        self._pushes: list[_Push] = []  # compute thread only
+        self._push = PushPipeline(runner, self.aux, self.regions, self.agent, self._finish)
         self._lock = threading.Lock()
-        self._decoders: dict[bytes, _Decoder] = {}
+        self._decoders: dict[bytes, Decoder] = {}
         self._matcher = Matcher(match_timeout_s)
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._stop = threading.Event()
@@ -155,7 +128,7 @@ class PrefillPeer:
 
     def _hello(self, peer: bytes, msg: p.Hello, now: float) -> p.Message:
         try:
-            p.check_compat(msg.compat, self.compat, msg.version)
+            check_compat(msg.compat, self.compat, msg.version)
             regions: dict[str, p.RegionLayout] = {r.name: r for r in msg.regions}
             if set(regions) != {"full", "swa", "aux"}:
                 raise TransferError(f"regions {sorted(regions)}: need full, swa and aux")
@@ -164,7 +137,7 @@ class PrefillPeer:
             log.warning("refused decode peer %s: %s", msg.agent_name, exc)
             return p.Refused(str(exc))
         with self._lock:
-            self._decoders[peer] = _Decoder(name, regions, now)
+            self._decoders[peer] = Decoder(name, regions, now)
         log.info("decode peer %s connected", name)
         return p.Welcome(p.PROTOCOL_VERSION, self.compat, self.agent.name,
                          self.settings.heartbeat_interval_s)  # fmt: skip
@@ -175,7 +148,7 @@ class PrefillPeer:
         try:
             if dec is None:
                 raise TransferError("no handshake from this peer")
-            p.validate_request(req, self.compat.page_size, dec.regions)
+            validate_request(req, self.compat.page_size, dec.regions)
         except TransferError as exc:
             return [p.TransferFailed(req.transfer_id, req.room, str(exc))]
         with self._lock:
@@ -190,21 +163,18 @@ class PrefillPeer:
     # -- compute thread ----------------------------------------------------------------------
 
     def _compute_loop(self) -> None:
-        """Prefill one job, post its WRITEs, and while they fly take the next job; `_reap`
+        """Prefill one job, post its WRITEs, and while they fly take the next job; `reap`
         frees a job's pages only once its WRITEs are DONE (or failed)."""
         while not self._stop.is_set():
             try:
-                job = self._jobs.get(timeout=0.0005 if self._pushes else 0.2)
+                job = self._jobs.get(timeout=0.0005 if self._push.is_busy() else 0.2)
             except queue.Empty:
                 job = None
             if job is not None:
                 self._start(job)
-            self._reap(time.monotonic())
+            self._push.reap(time.monotonic())
             self._sweep(time.monotonic())
-        deadline = time.monotonic() + 10.0  # let posted WRITEs land before memory goes away
-        while self._pushes and time.monotonic() < deadline:
-            self._reap(time.monotonic())
-            time.sleep(0.001)
+        self._push.drain(timeout_s=10.0)  # let posted WRITEs land before memory goes away
 
     def _start(self, job: Job) -> None:
         req = job.req
@@ -220,72 +190,18 @@ class PrefillPeer:
                 raise TransferError(
                     f"prompt has {len(job.prompt)} tokens, request says {req.prompt_len}"
                 )
-            self._pushes.append(self._prefill_and_post(job, dec))
+            self._push.post(job, dec)
         except DecodeWorkerError as exc:
             self._finish(job, PrefillResult(req.room, None, 0.0, 0, str(exc)))
 
-    def _take_pages(self, n_pages: int) -> tuple[list[int], list[int]]:
-        """Pages for a prompt, waiting for in-flight pushes to return theirs if needed.
-        Raises OutOfPages when even an idle peer has too few."""
-        while True:
-            try:
-                return self._free.take(n_pages)
-            except OutOfPages:
-                if not self._pushes:
-                    raise
-                self._reap(time.monotonic())
-                time.sleep(0.0005)
-
-    def _prefill_and_post(self, job: Job, dec: _Decoder) -> _Push:
-        req, ps = job.req, self.runner.pools.page_size
-        full_ids, swa_ids = self._take_pages(cdiv(req.prompt_len, ps))
-        row = self._aux_rows.pop()
-        try:
-            logits = self.runner.prefill(job.prompt, full_ids, swa_ids)  # logits: [V] f32
-            token, logprob = self._first_token(logits, job.sampling)
-            self.aux.write(row, req.room, token, logprob, req.transfer_id)
-            if self.runner.device.type == "cuda":
-                torch.cuda.synchronize(self.runner.device)
-            src = SourcePages(full_ids, swa_ids, row)
-            plan = plan_writes(req, ps, self.regions, dec.regions, src)
-            handles = self.sender.post(dec.agent_name, req, plan)
-        except BaseException:
-            self._free.give(full_ids, swa_ids)
-            self._aux_rows.append(row)
-            raise
-        result = PrefillResult(req.room, token, logprob, plan.num_bytes, None)
-        done = p.TransferDone(req.transfer_id, req.room, plan.num_bytes, plan.num_descriptors)
-        deadline = time.monotonic() + req.deadline_s
-        return _Push(job, handles, src, result, done, deadline)
-
-    def _first_token(
-        self, logits: torch.Tensor, sampling: SamplingParams | None
-    ) -> tuple[int, float]:
-        """The first output token and its logprob under the raw distribution."""
-        row = SampleRow(sampling or SamplingParams(temperature=0.0), step=0, return_logprob=True)
-        out = self.sampler.sample(logits[None], [row])  # logits[None]: [1, V]
-        return out.token_ids[0], float(out.logprobs[0] or 0.0)
-
-    def _reap(self, now: float) -> None:
-        """Finish every push whose WRITEs are all DONE, failed, or past the request deadline."""
-        for push in list(self._pushes):
-            state = self.sender.check(push.handles)
-            if state == "PROC" and now < push.deadline:
-                continue
-            self._pushes.remove(push)
-            self.sender.release(push.handles)
-            self._free.give(push.src.full_page_ids, push.src.swa_page_ids)
-            self._aux_rows.append(push.src.aux_row)
-            if state == "DONE":
-                self.server.send(push.job.peer, push.done)
-                self._finish(push.job, push.result)
-            else:
-                error = "NIXL WRITE failed" if state == "ERR" else "WRITEs past the deadline"
-                self._finish(push.job, PrefillResult(push.job.req.room, None, 0.0, 0, error))
-
-    def _finish(self, job: Job, result: PrefillResult) -> None:
-        """Answer the decode peer (failure, abort ack) and the HTTP side for one job."""
+    def _finish(
+        self, job: Job, result: PrefillResult, done: p.TransferDone | None = None
+    ) -> None:
+        """Answer the decode peer (`done` once the WRITEs landed, failure, abort ack) and the
+        HTTP side for one job."""
         req = job.req
+        if done is not None:
+            self.server.send(job.peer, done)
         if result.error is not None:
             log.warning("room %d rid=%s: %s", req.room, req.rid, result.error)
             self.server.send(job.peer, p.TransferFailed(req.transfer_id, req.room, result.error))

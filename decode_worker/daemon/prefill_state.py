@@ -1,4 +1,5 @@
-"""Book-keeping of the prefill peer: matching a room's two halves, and its page free lists.
+"""Book-keeping of the prefill peer: its decode peers, matching a room's two halves, and its page
+free lists.
 
 Plain records; the caller (`PrefillPeer`) holds its lock around every `Matcher` call.
 """
@@ -6,11 +7,11 @@ Plain records; the caller (`PrefillPeer`) holds its lock around every `Matcher` 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.errors import FatalError, OutOfPages
-from decode_worker.io.protocol import TransferRequest
+from decode_worker.io.protocol import RegionLayout, TransferRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,17 @@ class PrefillResult:
 
 
 OnDone = Callable[[PrefillResult], None]
+
+
+@dataclass
+class Decoder:
+    """A decode peer that completed the handshake: its NIXL agent, its regions, when it was last
+    heard from, and the rooms it asked for."""
+
+    agent_name: str
+    regions: dict[str, RegionLayout]
+    last_seen: float
+    rooms: set[int] = field(default_factory=set)
 
 
 @dataclass(slots=True)

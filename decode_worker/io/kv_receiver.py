@@ -12,6 +12,9 @@ at least every ~100 ms. Every failure fails only its own transfer. Per transfer 
 Failure reasons are the abort labels of docs/CONTRACTS.md: transfer_failed (peer-reported
 error, refused handshake, NIXL error), peer_dead (no heartbeat answer for `peer_dead_after_s`),
 kv_timeout (the transfer's deadline passed), bad_request (invalid page ids).
+
+The per-transfer book (deadlines, quiesce, events, stats) is `kv_transfers.TransferBook`; this
+module is the plumbing around it: the NIXL agent, the peers' ZMQ sockets, handshakes, heartbeats.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import zmq
@@ -27,9 +29,11 @@ import zmq
 from decode_worker.core.types import MemoryRegion
 from decode_worker.errors import PageError, TransferError
 from decode_worker.io import protocol as p
-from decode_worker.io.kv_peer import Peer, ReceiverStats, Transfer, TransferEvent, transfer_bytes
+from decode_worker.io.kv_peer import Peer, ReceiverStats, Transfer, TransferEvent
+from decode_worker.io.kv_transfers import TransferBook
 from decode_worker.io.metrics import Metrics
 from decode_worker.io.nixl_agent import NixlAgent, unique_agent_name
+from decode_worker.io.protocol_check import check_compat, validate_request
 
 if TYPE_CHECKING:  # io/ takes the settings object but does not import pydantic at run time
     from decode_worker.settings import TransferSettings
@@ -69,11 +73,9 @@ class KVReceiver:
         )  # fmt: skip
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._peers: dict[str, Peer] = {}
-        self._transfers: dict[int, Transfer] = {}
-        self._finished: OrderedDict[int, None] = OrderedDict()  # recent ids, for late notifs
-        self._events: list[TransferEvent] = []
+        self._book = TransferBook(regions, settings.abort_quiesce_s, self._send_abort, metrics)
         self._next_id = 1
-        self.stats = ReceiverStats()
+        self.stats = self._book.stats
 
     # -- owner API -------------------------------------------------------------------------
 
@@ -105,17 +107,16 @@ class KVReceiver:
             list(swa_page_ids), aux_slot, timeout_s or self.kv_timeout_s, prompt_ids,
         )  # fmt: skip
         now = time.monotonic()
-        xfer = Transfer(req, f"{host}:{port}", now, now + req.deadline_s)
-        self._transfers[tid] = xfer
+        xfer = self._book.add(req, f"{host}:{port}", now)
         try:
-            p.validate_request(req, self.compat.page_size, self.regions)
+            validate_request(req, self.compat.page_size, self.regions)
         except PageError as exc:
-            self._fail(xfer, "bad_request", str(exc), now)
+            self._book.fail(xfer, "bad_request", str(exc), now)
             return tid
         try:
             peer = self._peers.get(xfer.peer_key) or self._connect(host, port, now)
         except TransferError as exc:
-            self._fail(xfer, "bad_request", str(exc), now)
+            self._book.fail(xfer, "bad_request", str(exc), now)
             return tid
         if peer.ready:
             self._send_request(peer, xfer, now)
@@ -125,14 +126,14 @@ class KVReceiver:
 
     def abort(self, transfer_id: int) -> None:
         """Stop waiting for this transfer. Its pages come back with a later "released" event."""
-        xfer = self._transfers.get(transfer_id)
+        xfer = self._book.get(transfer_id)
         if xfer is None or xfer.phase == "aborting":
             return
         now = time.monotonic()
         if xfer.phase == "queued":
-            self._release(xfer, now)
+            self._book.release(xfer, now)
             return
-        self._start_abort(xfer, now)
+        self._book.start_abort(xfer, now)
 
     def poll(self) -> list[TransferEvent]:
         """Do all pending work without blocking; returns the events since the last call."""
@@ -141,12 +142,11 @@ class KVReceiver:
             self._read_peer(peer, now)
         self._read_notifs(now)
         self._check_liveness(now)
-        self._check_deadlines(now)
-        events, self._events = self._events, []
-        return events
+        self._book.check_deadlines(now)
+        return self._book.take_events()
 
     def num_in_flight(self) -> int:
-        return len(self._transfers)
+        return len(self._book)
 
     def close(self) -> None:
         for peer in self._peers.values():
@@ -173,13 +173,9 @@ class KVReceiver:
                     self._drop_peer(peer, "transfer_failed", f"peer refused: {reason}", now)
                     return
                 case p.TransferFailed(transfer_id=tid, reason=reason):
-                    xfer = self._transfers.get(tid)
-                    if xfer is not None and xfer.phase == "aborting":
-                        self._release(xfer, now)  # it stopped: the pages are quiet
-                    elif xfer is not None:
-                        self._fail(xfer, "transfer_failed", f"peer: {reason}", now, acked=True)
+                    self._book.on_peer_failed(tid, reason, now)
                 case p.AbortAck(transfer_id=tid) | p.TransferDone(transfer_id=tid):
-                    self._on_peer_stopped(tid, now)
+                    self._book.on_peer_stopped(tid, now)
                 case p.Pong():
                     pass
                 case _:
@@ -187,13 +183,13 @@ class KVReceiver:
 
     def _on_welcome(self, peer: Peer, msg: p.Welcome, now: float) -> None:
         try:
-            p.check_compat(self.compat, msg.compat, msg.version)
+            check_compat(self.compat, msg.compat, msg.version)
         except TransferError as exc:
             self._drop_peer(peer, "transfer_failed", str(exc), now)
             return
         peer.agent_name, peer.ready = msg.agent_name, True
         for tid in peer.waiting:
-            if (xfer := self._transfers.get(tid)) is not None and xfer.phase == "queued":
+            if (xfer := self._book.get(tid)) is not None and xfer.phase == "queued":
                 self._send_request(peer, xfer, now)
         peer.waiting.clear()
 
@@ -201,7 +197,7 @@ class KVReceiver:
         try:
             peer.client.send(xfer.req)
         except TransferError as exc:
-            self._fail(xfer, "transfer_failed", str(exc), now, acked=True)
+            self._book.fail(xfer, "transfer_failed", str(exc), now, acked=True)
             return
         xfer.phase = "sent"
 
@@ -212,10 +208,11 @@ class KVReceiver:
         peer.client.close()
         if peer.agent_name:
             self.agent.remove_peer(peer.agent_name)
-        for xfer in [x for x in self._transfers.values() if x.peer_key == peer.key]:
+        for xfer in self._book.of_peer(peer.key):
             if xfer.phase == "aborting":
                 continue  # its quiesce deadline still runs
-            self._fail(xfer, reason, f"{peer.key}: {detail}", now, acked=xfer.phase == "queued")
+            acked = xfer.phase == "queued"  # never asked: nothing to quiesce
+            self._book.fail(xfer, reason, f"{peer.key}: {detail}", now, acked=acked)
 
     def _check_liveness(self, now: float) -> None:
         dead_after = self.settings.peer_dead_after_s
@@ -226,7 +223,7 @@ class KVReceiver:
             elif now >= peer.next_ping:
                 peer.ping(now, self.settings.heartbeat_interval_s)
 
-    # -- transfers -------------------------------------------------------------------------
+    # -- notifications, aborts -------------------------------------------------------------
 
     def _read_notifs(self, now: float) -> None:
         for sender, raw in self.agent.drain_notifs():
@@ -236,83 +233,15 @@ class KVReceiver:
                 self.stats.unknown_notifs += 1
                 log.warning("notification from %s: %s", sender, exc)
                 continue
-            xfer = self._transfers.get(notif.transfer_id)
-            if xfer is None or xfer.req.room != notif.room:
-                late = notif.transfer_id in self._finished
-                self.stats.late_notifs += late
-                self.stats.unknown_notifs += not late
-                log.info("%s notification %s from %s", "late" if late else "unknown", notif, sender)
-                continue
-            if xfer.add_part(notif):
-                self._complete(xfer, now)
+            self._book.on_notif(notif, sender, now)
 
-    def _complete(self, xfer: Transfer, now: float) -> None:
-        if xfer.phase == "aborting":
-            self._release(xfer, now)  # the peer finished writing: the pages are quiet
-            return
-        self._forget(xfer)
-        r = xfer.req
-        ev = TransferEvent(
-            "done", r.transfer_id, r.rid, r.room, num_bytes=transfer_bytes(r, self.regions),
-            num_descriptors=xfer.num_descriptors, num_tokens=r.prompt_len - r.reused_len,
-            duration_s=now - xfer.started_at,
-        )  # fmt: skip
-        self.stats.done += 1
-        self.stats.bytes_received += ev.num_bytes
-        if self.metrics is not None:
-            self.metrics.observe_transfer(ev.num_bytes, ev.duration_s, ev.num_descriptors,
-                                          ev.num_tokens)  # fmt: skip
-        self._events.append(ev)
-
-    def _on_peer_stopped(self, tid: int, now: float) -> None:
-        xfer = self._transfers.get(tid)
-        if xfer is not None and xfer.phase == "aborting":
-            self._release(xfer, now)
-
-    def _check_deadlines(self, now: float) -> None:
-        for xfer in list(self._transfers.values()):
-            if xfer.phase == "aborting":
-                if now >= xfer.release_at:
-                    self._release(xfer, now)
-            elif now >= xfer.deadline:
-                detail = f"KV did not arrive within {xfer.req.deadline_s:.1f} s"
-                self._fail(xfer, "kv_timeout", detail, now)
-
-    def _fail(
-        self, xfer: Transfer, reason: str, detail: str, now: float, acked: bool = False
-    ) -> None:
-        """Fail one transfer. Unless the peer cannot be writing (`acked`, or never asked), its
-        pages wait for an ack, the last notification, or `abort_quiesce_s`."""
-        r = xfer.req
-        log.warning("transfer %d rid=%s room=%d failed (%s): %s", r.transfer_id, r.rid, r.room,
-                    reason, detail)  # fmt: skip
-        self.stats.failures[reason] += 1
-        if self.metrics is not None:
-            self.metrics.inc_transfer_failure(reason)
-        self._events.append(TransferEvent("failed", r.transfer_id, r.rid, r.room, reason, detail))
-        if acked or xfer.phase == "queued":
-            self._release(xfer, now)
-        else:
-            self._start_abort(xfer, now)
-
-    def _start_abort(self, xfer: Transfer, now: float) -> None:
-        xfer.phase, xfer.release_at = "aborting", now + self.settings.abort_quiesce_s
+    def _send_abort(self, xfer: Transfer) -> None:
+        """Ask the transfer's peer to stop writing (`TransferBook.start_abort` calls this)."""
         peer = self._peers.get(xfer.peer_key)
         if peer is not None:
             # Best effort: the quiesce deadline still protects the pages.
             with contextlib.suppress(TransferError):
                 peer.client.send(p.Abort(xfer.req.transfer_id, xfer.req.room))
-
-    def _release(self, xfer: Transfer, now: float) -> None:
-        self._forget(xfer)
-        r = xfer.req
-        self._events.append(TransferEvent("released", r.transfer_id, r.rid, r.room))
-
-    def _forget(self, xfer: Transfer) -> None:
-        self._transfers.pop(xfer.req.transfer_id, None)
-        self._finished[xfer.req.transfer_id] = None
-        while len(self._finished) > 4096:
-            self._finished.popitem(last=False)
 
 
 def _memory_region(r: p.RegionLayout) -> MemoryRegion:

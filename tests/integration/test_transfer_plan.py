@@ -12,6 +12,7 @@ from decode_worker.errors import IncompatiblePeer, PageError, ProtocolError
 from decode_worker.io import protocol as p
 from decode_worker.io.kv_sender import SourcePages, plan_writes
 from decode_worker.io.nixl_agent import CopySpan, coalesce
+from decode_worker.io.protocol_check import check_compat, validate_request
 
 ROW = 1024
 
@@ -82,7 +83,7 @@ def test_bad_requests_are_refused_with_the_reason(
 ) -> None:
     req = p.TransferRequest(1, 7, "r", L, P, S, full, swa, slot, 5.0)
     with pytest.raises(PageError, match=match):
-        p.validate_request(req, 16, regions(0))
+        validate_request(req, 16, regions(0))
 
 
 def test_messages_round_trip_and_carry_no_pickle() -> None:
@@ -108,12 +109,12 @@ def test_incompatible_handshake_names_both_sides() -> None:
     ours = p.ModelCompat("m", "bfloat16", ["swa", "full"], 8, 64, 16, 127)
     theirs = p.ModelCompat("m", "float32", ["swa", "full"], 8, 64, 64, 127)
     with pytest.raises(IncompatiblePeer) as err:
-        p.check_compat(ours, theirs, p.PROTOCOL_VERSION)
+        check_compat(ours, theirs, p.PROTOCOL_VERSION)
     assert "dtype: decode='bfloat16' prefill='float32'" in str(err.value)
     assert "page_size: decode=16 prefill=64" in str(err.value)
-    p.check_compat(ours, ours, p.PROTOCOL_VERSION)
+    check_compat(ours, ours, p.PROTOCOL_VERSION)
     with pytest.raises(IncompatiblePeer, match="protocol_version: ours=1 peer=2"):
-        p.check_compat(ours, ours, 2)
+        check_compat(ours, ours, 2)
 
 
 def test_notifications_decode_only_our_own() -> None:

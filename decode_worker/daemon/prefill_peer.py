@@ -26,7 +26,7 @@ from decode_worker.daemon.prefill_state import Decoder, Half, Job, Matcher, Pref
 from decode_worker.device.aux_buffer import ROW_BYTES, AuxBuffer
 from decode_worker.device.kv_pool import KVPools
 from decode_worker.device.runner import ModelRunner
-from decode_worker.errors import DecodeWorkerError, TransferError
+from decode_worker.errors import DecodeWorkerError, PageError, TransferError
 from decode_worker.io import protocol as p
 from decode_worker.io.bootstrap import BootstrapServer
 from decode_worker.io.nixl_agent import NixlAgent, unique_agent_name
@@ -149,7 +149,7 @@ class PrefillPeer:
             if dec is None:
                 raise TransferError("no handshake from this peer")
             validate_request(req, self.compat.page_size, dec.regions)
-        except TransferError as exc:
+        except (TransferError, PageError) as exc:  # a decode side that skipped its own check
             return [p.TransferFailed(req.transfer_id, req.room, str(exc))]
         with self._lock:
             dec.rooms.add(req.room)

@@ -36,7 +36,7 @@ def validate_request(
 ) -> None:
     """Check a transfer request against the decode side's regions before any byte moves.
 
-    Raises PageError (a TransferError) naming the first problem: ranges not page-aligned or out of
+    Raises PageError naming the first problem: ranges not page-aligned or out of
     order, a page-id list of the wrong length, an id outside `[1, num_pages]` or repeated, or an
     aux slot outside the aux region.
     """

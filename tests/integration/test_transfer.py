@@ -20,6 +20,7 @@ from decode_worker.daemon.prefill_peer import model_compat, region_layouts
 from decode_worker.daemon.procs import free_port
 from decode_worker.device.aux_buffer import ROW_BYTES, AuxBuffer
 from decode_worker.device.runner import ModelRunner
+from decode_worker.io import kv_receiver
 from decode_worker.io.kv_receiver import KVReceiver, TransferEvent
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import TransferSettings, load_settings
@@ -263,6 +264,22 @@ def test_bad_page_ids_fail_before_anything_moves(decode: DecodeSide, prefill_pee
     assert [(e.kind, e.reason) for e in events if e.transfer_id == tid] == [
         ("failed", "bad_request"), ("released", None)
     ]
+
+
+def test_the_peer_refuses_bad_page_ids_that_a_decode_side_did_not_check(
+        decode: DecodeSide, prefill_peer: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A non-conforming decode client: the peer answers TransferFailed at once (no kv_timeout)
+    and writes nothing."""
+    monkeypatch.setattr(kv_receiver, "validate_request", lambda *args: None)
+    top = decode.runner.pools.num_pages["full"]
+    t0 = time.monotonic()
+    tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="ids-peer", room=62, prompt_len=40,
+                           reused_len=0, swa_window_start=0, full_page_ids=[1, 2, top + 1],
+                           swa_page_ids=[1, 2, 3], aux_slot=0, prompt_ids=[7] * 40)  # fmt: skip
+    events = decode.wait(tid, "released", timeout_s=5.0)
+    assert [(e.kind, e.reason) for e in events] == [
+        ("failed", "transfer_failed"), ("released", None)]
+    assert "page id out of" in events[0].detail and time.monotonic() - t0 < 3.0
 
 
 def test_abort_returns_pages_once_the_peer_confirms(decode: DecodeSide, prefill_peer: int) -> None:

@@ -46,8 +46,8 @@ class LiveRequest:
     def record_logprobs(self, logprob: float | None, top: TopLogprobs | None) -> None:
         """Keep the new token's logprob (and its alternatives when asked for)."""
         self.logprobs.append(logprob if logprob is not None else 0.0)
-        if self.cmd.top_logprobs:
-            self.top_logprobs.append(top or [])
+        if self.cmd.top_logprobs:  # a prefill peer sends more than asked: keep what was
+            self.top_logprobs.append((top or [])[:self.cmd.top_logprobs])
 
     def finish_reason(self) -> tuple[FinishReason, int | None] | None:
         """("stop", token) / ("length", None) when the last output token ends the request."""

@@ -71,8 +71,9 @@ class PrefillBackend:
                               error_status=502, error_code="transfer_failed")  # fmt: skip
             return
         logprobs = [result.logprob] if inp.return_logprob else None
+        top = [result.top_logprobs[:inp.top_logprobs]] if inp.top_logprobs else None
         yield OutputChunk(token_ids=[result.token_id], logprobs=logprobs,
-                          finish_reason="length", prompt_tokens=n)  # fmt: skip
+                          finish_reason="length", prompt_tokens=n, top_logprobs=top)
 
     def abort(self, rid: str, reason: str) -> None:
         """Nothing to stop: the KV push runs to completion (the decode side owns aborts)."""

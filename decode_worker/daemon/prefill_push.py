@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from decode_worker.core.sampling import SamplingParams
+from decode_worker.core.sampling import MAX_TOP_LOGPROBS, SamplingParams, TopLogprobs
 from decode_worker.daemon.prefill_state import Decoder, Job, PageFreeList, PrefillResult
 from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.runner import ModelRunner
@@ -112,8 +112,8 @@ class PushPipeline:
         row = self._aux_rows.pop()
         try:
             logits = self.runner.prefill(job.prompt, full_ids, swa_ids)  # logits: [V] f32
-            token, logprob = self._first_token(logits, job.sampling)
-            self.aux.write(row, req.room, token, logprob, req.transfer_id)
+            token, logprob, top = self._first_token(logits, job.sampling)
+            self.aux.write(row, req.room, token, logprob, req.transfer_id, top)
             if self.runner.device.type == "cuda":
                 torch.cuda.synchronize(self.runner.device)
             src = SourcePages(full_ids, swa_ids, row)
@@ -123,15 +123,17 @@ class PushPipeline:
             self._free.give(full_ids, swa_ids)
             self._aux_rows.append(row)
             raise
-        result = PrefillResult(req.room, token, logprob, plan.num_bytes, None)
+        result = PrefillResult(req.room, token, logprob, plan.num_bytes, None, top)
         done = p.TransferDone(req.transfer_id, req.room, plan.num_bytes, plan.num_descriptors)
         deadline = time.monotonic() + req.deadline_s
         return _Push(job, handles, src, result, done, deadline)
 
     def _first_token(
         self, logits: torch.Tensor, sampling: SamplingParams | None
-    ) -> tuple[int, float]:
-        """The first output token and its logprob under the raw distribution."""
-        row = SampleRow(sampling or SamplingParams(temperature=0.0), step=0, return_logprob=True)
+    ) -> tuple[int, float, TopLogprobs]:
+        """The first output token, its logprob under the raw distribution and the
+        MAX_TOP_LOGPROBS most likely tokens (the decode side keeps what its request asked)."""
+        row = SampleRow(sampling or SamplingParams(temperature=0.0), step=0, return_logprob=True,
+                        top_logprobs=MAX_TOP_LOGPROBS)
         out = self.sampler.sample(logits[None], [row])  # logits[None]: [1, V]
-        return out.token_ids[0], float(out.logprobs[0] or 0.0)
+        return out.token_ids[0], float(out.logprobs[0] or 0.0), out.top_logprobs[0] or []

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from decode_worker.core.sampling import SamplingParams
+from decode_worker.core.sampling import SamplingParams, TopLogprobs
 from decode_worker.errors import FatalError, OutOfPages
 from decode_worker.io.protocol import RegionLayout, TransferRequest
 
@@ -23,6 +23,7 @@ class PrefillResult:
     logprob: float
     num_bytes: int
     error: str | None
+    top_logprobs: TopLogprobs = field(default_factory=list)  # the first token's alternatives
 
 
 OnDone = Callable[[PrefillResult], None]

@@ -33,7 +33,7 @@ import msgspec
 
 from decode_worker.errors import ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 NOTIF_PREFIX = b"dw1:"
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from decode_worker.daemon.procs import ServerProcess, free_port, http_json, scrape_metric
 
 PAGE_SIZE = 16
+TOP_LOGPROBS = 5  # alternatives asked per token: the first token's come through the aux row
 
 
 
@@ -68,8 +69,9 @@ class Workers:
 
     def generate(self, pool: ThreadPoolExecutor, input_ids: list[int],
                  max_new: int) -> dict[str, Any]:
-        body: dict[str, Any] = {"input_ids": input_ids, "return_logprob": True, "sampling_params": {
-            "max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+        body: dict[str, Any] = {
+            "input_ids": input_ids, "return_logprob": True, "top_logprobs_num": TOP_LOGPROBS,
+            "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
         if self.router is not None:
             return dict(http_json(f"{self.router.url}/generate", body))
         body.update(bootstrap_host="127.0.0.1", bootstrap_port=self.boot_port,

@@ -16,20 +16,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.e2e import driver
+from tests.e2e.conftest import check_top_logprobs
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-Reference = Callable[[list[int], int], tuple[list[int], list[float]]]
+ReferenceRun = Callable[[list[int], int], tuple[list[int], list[torch.Tensor]]]
 LOGPROB_TOL = 1e-4  # float32 on both sides; KV corruption moves logprobs well past this
 
 
-def check_turns(turns: list[dict[str, Any]], reference: Reference, max_new: int) -> None:
+def check_turns(turns: list[dict[str, Any]], reference: ReferenceRun, max_new: int) -> None:
     for i, turn in enumerate(turns):
-        want, want_lps = reference(turn["input_ids"], max_new)
+        want, lp_rows = reference(turn["input_ids"], max_new)
+        want_lps = [float(lp[t]) for lp, t in zip(lp_rows, want, strict=True)]
+        check_top_logprobs(turn["meta_info"]["output_top_logprobs"], lp_rows,
+                           driver.TOP_LOGPROBS, LOGPROB_TOL)
         assert turn["output_ids"] == want, f"turn {i}: tokens differ from the reference"
         got = turn["meta_info"]["output_token_logprobs"]
         assert [t for _, t, _ in got] == want
@@ -52,11 +57,11 @@ def _metric(text: str, name: str) -> float:
 
 
 def test_multi_turn_direct_matches_reference(
-        e2e_model_dir: Path, reference_greedy: Any, tmp_path: Path) -> None:
+        e2e_model_dir: Path, reference_run: Any, tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     assert driver.main(["--model", str(e2e_model_dir), "--out", str(out), "--turns", "3"]) == 0
     result = json.loads(out.read_text())
-    check_turns(result["turns"], reference_greedy, 8)
+    check_turns(result["turns"], reference_run, 8)
     metrics = result["metrics"]
     assert _metric(metrics, "decode_worker_prefix_cache_hit_tokens_total") > 0
     assert _metric(metrics, "decode_worker_transfer_received_tokens_total") > 0
@@ -76,7 +81,7 @@ def _router_skip_reason() -> str | None:
 
 @pytest.mark.router
 def test_multi_turn_through_sglang_router(
-        e2e_model_dir: Path, reference_greedy: Any, tmp_path: Path) -> None:
+        e2e_model_dir: Path, reference_run: Any, tmp_path: Path) -> None:
     reason = _router_skip_reason()
     if reason:
         pytest.skip(reason)
@@ -87,7 +92,7 @@ def test_multi_turn_through_sglang_router(
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    check_turns(result["turns"], reference_greedy, 8)
+    check_turns(result["turns"], reference_run, 8)
     assert _metric(result["metrics"], "decode_worker_prefix_cache_hit_tokens_total") > 0
     # the router's /flush_cache reached the prefill peer and the decode worker; both said 200
     assert result["router_flush"]["workers_flushed"] == 2, result["router_flush"]

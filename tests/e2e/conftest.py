@@ -46,7 +46,7 @@ def reference_greedy(reference_run):  # type: ignore[no-untyped-def]
     return generate
 
 
-def check_top_logprobs(got: list[list[list[float]]], want: list[torch.Tensor], n: int,
+def assert_top_logprobs_match(got: list[list[list[float]]], want: list[torch.Tensor], n: int,
                        tol: float) -> None:
     """SGLang's `output_top_logprobs` against the reference's per-token log-softmax: the same
     n token ids in the same order, logprobs within `tol`."""

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.e2e import driver
-from tests.e2e.conftest import check_top_logprobs
+from tests.e2e.conftest import assert_top_logprobs_match
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def check_turns(turns: list[dict[str, Any]], reference: ReferenceRun, max_new: i
     for i, turn in enumerate(turns):
         want, lp_rows = reference(turn["input_ids"], max_new)
         want_lps = [float(lp[t]) for lp, t in zip(lp_rows, want, strict=True)]
-        check_top_logprobs(turn["meta_info"]["output_top_logprobs"], lp_rows,
+        assert_top_logprobs_match(turn["meta_info"]["output_top_logprobs"], lp_rows,
                            driver.TOP_LOGPROBS, LOGPROB_TOL)
         assert turn["output_ids"] == want, f"turn {i}: tokens differ from the reference"
         got = turn["meta_info"]["output_token_logprobs"]

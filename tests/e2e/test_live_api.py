@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from decode_worker.device.tokenizer import Tokenizer
-from tests.e2e.conftest import check_top_logprobs
+from tests.e2e.conftest import assert_top_logprobs_match
 from tests.e2e.live_fixtures import DONE, Live, gen_body, live_server
 
 pytestmark = pytest.mark.slow
@@ -186,7 +186,7 @@ def test_top_logprobs_equal_the_reference_implementation(api: Live, reference_ru
                                  top_logprobs_num=5)).json()
     tokens, lps = reference_run(BATCH_PROMPTS[3], 6)
     assert out["output_ids"] == tokens
-    check_top_logprobs(out["meta_info"]["output_top_logprobs"], lps, 5, tol=1e-4)
+    assert_top_logprobs_match(out["meta_info"]["output_top_logprobs"], lps, 5, tol=1e-4)
 
 
 # -- info endpoints ------------------------------------------------------------------------

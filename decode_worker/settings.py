@@ -122,6 +122,10 @@ class TransferSettings(_Section):
     bootstrap_port: int = Field(8998, gt=0, lt=65536, description="Prefill peer: ZMQ port")
     heartbeat_interval_s: float = Field(1.0, gt=0, description="Peer liveness ping period")
     peer_dead_after_s: float = Field(5.0, gt=0, description="No heartbeat this long = peer gone")
+    progress_delay_us: int = Field(
+        100, ge=0, le=100_000, description="NIXL progress thread: longest sleep between polls "
+        "(it wakes on transfer events); 0 = busy-poll, a core per process even when idle"
+    )
     abort_quiesce_s: float = Field(
         10.0, gt=0, description="Pages of an aborted transfer wait this long for the peer's ack"
     )

@@ -53,22 +53,22 @@ class StandInRunner:
         return torch.zeros(16)  # logits: [V] f32
 
 
-def _peer_main(port: int, ready: Any, stop: Any) -> None:
+def _peer_main(port: int, delay_us: int, ready: Any, stop: Any) -> None:
     runner: Any = StandInRunner()
-    peer = PrefillPeer(runner, TransferSettings(bootstrap_port=port), "bench")
+    settings = TransferSettings(bootstrap_port=port, progress_delay_us=delay_us)
+    peer = PrefillPeer(runner, settings, "bench")
     ready.set()
     stop.wait(600)
     peer.close()
 
 
-
 class Decode:
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, delay_us: int) -> None:
         runner: Any = StandInRunner()
         self.pools, self.port = runner.pools, port
         self.aux = AuxBuffer(4)
-        self.rx = KVReceiver(TransferSettings(), model_compat(runner, "bench"),
-                             region_layouts(runner.pools, self.aux))
+        self.rx = KVReceiver(TransferSettings(progress_delay_us=delay_us),
+                             model_compat(runner, "bench"), region_layouts(runner.pools, self.aux))
         self.full, self.swa = PageAllocator(PAGES, "full"), PageAllocator(PAGES, "swa")
         self.room = 0
 
@@ -153,18 +153,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--progress-delay-us", type=int, default=TransferSettings().progress_delay_us,
+                    help="transfer.progress_delay_us on both sides (0 = NIXL's busy poll)")
     args = ap.parse_args()
     # One intra-op thread: on a busy host, waking torch's pool for a 128 KiB copy costs a
     # scheduler slice (ms), which would measure the scheduler, not the copy.
     torch.set_num_threads(1)
     ctx = mp.get_context("spawn")
     port, ready, stop = free_port(), ctx.Event(), ctx.Event()
-    peer = ctx.Process(target=_peer_main, args=(port, ready, stop), daemon=True)
+    peer = ctx.Process(target=_peer_main, args=(port, args.progress_delay_us, ready, stop),
+                       daemon=True)
     peer.start()
     if not ready.wait(120):
         raise SystemExit("prefill peer did not start")
     try:
-        dec = Decode(port)
+        dec = Decode(port, args.progress_delay_us)
         sizes = bench_sizes(dec, args.reps)
         trace = chat_trace(dec, turns=8, user_tokens=200, answer_tokens=150)
     finally:

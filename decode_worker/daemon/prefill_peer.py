@@ -74,7 +74,8 @@ class PrefillPeer:
         self.compat = model_compat(runner, model_name)
         self.aux = AuxBuffer(num_aux_rows)
         self.regions = region_layouts(runner.pools, self.aux)
-        self.agent = NixlAgent(unique_agent_name("prefill"), settings.backend)
+        self.agent = NixlAgent(unique_agent_name("prefill"), settings.backend,
+                               settings.progress_delay_us)
         self.agent.register([*runner.pools.memory_regions(), self.aux.memory_region()])
         self._push = PushPipeline(runner, self.aux, self.regions, self.agent, self._finish)
         self._lock = threading.Lock()

@@ -65,7 +65,8 @@ class KVReceiver:
         self.settings, self.compat, self.regions = settings, compat, regions
         self.metrics = metrics
         self.kv_timeout_s = kv_timeout_s
-        self.agent = NixlAgent(agent_name or unique_agent_name("decode"), settings.backend)
+        self.agent = NixlAgent(agent_name or unique_agent_name("decode"), settings.backend,
+                               settings.progress_delay_us)
         self.agent.register([_memory_region(r) for r in regions.values() if r.length])
         self._hello = p.Hello(
             p.PROTOCOL_VERSION, compat, self.agent.name, self.agent.metadata(),

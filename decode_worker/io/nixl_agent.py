@@ -92,16 +92,15 @@ class NixlAgent:
     Raises ConfigError when NIXL or the backend cannot be loaded.
     """
 
-    def __init__(self, name: str, backend: str = "UCX") -> None:
-        try:
-            from nixl._api import nixl_agent, nixl_agent_config  # type: ignore[import-untyped]
-        except ImportError as exc:  # pragma: no cover - nixl is a hard dependency
-            raise ConfigError(f"transfer.backend={backend!r}: no nixl: {exc}") from None
+    def __init__(self, name: str, backend: str, progress_delay_us: int) -> None:
+        """`progress_delay_us`: `transfer.progress_delay_us` (0 = NIXL's busy-polling default)."""
         self.name = name
         self.backend = backend
         self._lock = threading.Lock()
         try:
-            self._agent = nixl_agent(name, nixl_agent_config(backends=[backend]))
+            self._agent = _new_agent(name, backend, progress_delay_us)
+        except ImportError as exc:  # pragma: no cover - nixl is a hard dependency
+            raise ConfigError(f"transfer.backend={backend!r}: no nixl: {exc}") from None
         except Exception as exc:  # NIXL raises plain exceptions from its C++ core
             raise ConfigError(f"transfer.backend={backend!r}: cannot start NIXL: {exc}") from None
         self._registered: list[Any] = []
@@ -214,3 +213,38 @@ class NixlAgent:
                 except Exception as exc:
                     log.warning("deregistering NIXL memory: %s", exc)
             self._registered.clear()
+
+
+_construct_lock = threading.Lock()
+
+
+def _new_agent(name: str, backend: str, progress_delay_us: int) -> Any:
+    """A nixl_agent whose progress thread sleeps up to `progress_delay_us` between polls.
+
+    nixl's Python wrapper (1.5) hard-codes the C++ config's `pthrDelay` to 0: the progress
+    thread spins a core even when idle. While the wrapper builds the agent, its bindings' agent
+    constructor is wrapped to set the field; a wrapper without that hook builds it as nixl does.
+    """
+    import importlib
+
+    from nixl._api import nixl_agent, nixl_agent_config  # type: ignore[import-untyped]
+
+    config = nixl_agent_config(backends=[backend])
+    bindings = getattr(importlib.import_module(nixl_agent.__module__), "nixlBind", None)
+    real = getattr(bindings, "nixlAgent", None)
+    if not progress_delay_us or bindings is None or real is None:
+        return nixl_agent(name, config)
+
+    def with_delay(agent_name: str, agent_config: Any) -> Any:
+        if hasattr(agent_config, "pthrDelay"):
+            agent_config.pthrDelay = progress_delay_us
+        else:
+            log.warning("nixl has no progress-thread delay: its progress thread busy-polls")
+        return real(agent_name, agent_config)
+
+    with _construct_lock:
+        bindings.nixlAgent = with_delay
+        try:
+            return nixl_agent(name, config)
+        finally:
+            bindings.nixlAgent = real

@@ -319,7 +319,7 @@ def test_unknown_and_late_notifications_are_counted_not_fatal(
                                 reused_len=0, swa_window_start=0, full_page_ids=[0],
                                 swa_page_ids=[1], aux_slot=0)  # fmt: skip
     assert [e.kind for e in decode.rx.poll()] == ["failed", "released"]  # page id 0: bad
-    rogue = NixlAgent("rogue-sender")
+    rogue = NixlAgent("rogue-sender", "UCX", RX_SETTINGS.progress_delay_us)
     try:
         peer = rogue.add_peer(decode.rx.agent.metadata())
         stats = decode.rx.stats

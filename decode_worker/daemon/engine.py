@@ -50,6 +50,7 @@ from decode_worker.settings import Settings
 log = logging.getLogger(__name__)
 S = RequestState
 _IDLE_WAIT_S = 0.02  # how long an idle engine blocks on its inbox before polling transfers
+_WAITING_S = 0.0005  # the same with no batch but requests waiting (KV in flight, pages short)
 
 
 class DecodeEngine(RequestOps, DecodeOps, TransferOps, PageOps):
@@ -136,9 +137,12 @@ class DecodeEngine(RequestOps, DecodeOps, TransferOps, PageOps):
             self._close()
 
     def step(self, now: float) -> None:
-        """One iteration (see the module docstring); blocks up to `_IDLE_WAIT_S` when idle."""
-        busy = bool(self.running or self.by_transfer or self.queue.num_queued)
-        for cmd in self.inbox.get_all(0 if busy else _IDLE_WAIT_S):
+        """One iteration (see the module docstring). Without a batch to run it blocks on the
+        inbox first: `_WAITING_S` while requests wait (a transfer's end is polled, not
+        signalled), `_IDLE_WAIT_S` when idle."""
+        waiting = self.by_transfer or self.queue.num_queued
+        wait_s = 0.0 if self.running else _WAITING_S if waiting else _IDLE_WAIT_S
+        for cmd in self.inbox.get_all(wait_s):
             self.handle(cmd, now)
         now = time.monotonic()  # the inbox wait may have blocked
         self.poll_transfers(now)

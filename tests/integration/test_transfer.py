@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -42,6 +43,15 @@ def prompt_of(n: int, seed: int) -> list[int]:
     return torch.randint(0, 256, (n,), generator=g).tolist()
 
 
+class Cold(NamedTuple):
+    """A submitted cold request: transfer id, its full and SWA pages, and S."""
+
+    tid: int
+    full: list[int]
+    swa: list[int]
+    s: int
+
+
 @dataclass
 class DecodeSide:
     runner: ModelRunner
@@ -66,6 +76,17 @@ class DecodeSide:
                 return got
             time.sleep(0.002)
         raise AssertionError(f"transfer {tid}: no {kind!r} within {timeout_s} s; got {got}")
+
+    def submit_cold(self, port: int, prompt: list[int], rid: str, room: int, aux_slot: int,
+                    timeout_s: float | None = None) -> Cold:
+        """Allocate the pages of a cold request (full [0, L), SWA [S, L)) and submit it."""
+        n, s = cdiv(len(prompt), PS), window_start(len(prompt))
+        full, swa = self.full.alloc(n), self.swa.alloc(n - s // PS)
+        extra = {} if timeout_s is None else {"timeout_s": timeout_s}
+        tid = self.rx.submit("127.0.0.1", port, rid=rid, room=room, prompt_len=len(prompt),
+                             reused_len=0, swa_window_start=s, full_page_ids=full,
+                             swa_page_ids=swa, aux_slot=aux_slot, prompt_ids=prompt, **extra)
+        return Cold(tid, full, swa, s)
 
     def reference(self, prompt: list[int]) -> tuple[list[int], list[int], int]:
         """Prefill locally into fresh pages: (full ids, swa ids, greedy first token)."""
@@ -121,11 +142,7 @@ def decode(model_cache: Path) -> Iterator[DecodeSide]:
 
 def test_cold_request_lands_exactly_the_prefill_kv(decode: DecodeSide, prefill_peer: int) -> None:
     prompt = prompt_of(300, seed=1)
-    n, s = cdiv(300, PS), window_start(300)
-    full, swa = decode.full.alloc(n), decode.swa.alloc(n - s // PS)
-    tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="cold", room=11, prompt_len=300,
-                           reused_len=0, swa_window_start=s, full_page_ids=full,
-                           swa_page_ids=swa, aux_slot=1, prompt_ids=prompt)  # fmt: skip
+    tid, full, swa, s = decode.submit_cold(prefill_peer, prompt, "cold", room=11, aux_slot=1)
     (done,) = decode.wait(tid, "done")
     ref_full, ref_swa, token = decode.reference(prompt)
     pools = decode.runner.pools
@@ -133,7 +150,7 @@ def test_cold_request_lands_exactly_the_prefill_kv(decode: DecodeSide, prefill_p
     assert torch.equal(tokens(pools.swa, tail(s, swa), s, 300), tokens(pools.swa, ref_swa, s, 300))
     row = decode.aux.check(1, room=11, transfer_id=tid)
     assert row is not None and row.token_id == token
-    assert done.num_bytes == (2 * n + 2 * len(swa)) * decode.page_bytes() + ROW_BYTES
+    assert done.num_bytes == 2 * (len(full) + len(swa)) * decode.page_bytes() + ROW_BYTES
     assert done.num_descriptors == 5  # one run per layer (2 full + 2 swa) + the aux row
     assert done.num_tokens == 300
     assert decode.rx.metrics is not None
@@ -146,13 +163,9 @@ def test_second_turn_moves_only_the_suffix_and_swa_tail(
     decode: DecodeSide, prefill_peer: int
 ) -> None:
     turn1 = prompt_of(300, seed=2)
-    n1 = cdiv(300, PS)
-    full1, swa1 = decode.full.alloc(n1), decode.swa.alloc(n1 - window_start(300) // PS)
-    tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="t1", room=21, prompt_len=300,
-                           reused_len=0, swa_window_start=window_start(300),
-                           full_page_ids=full1, swa_page_ids=swa1, aux_slot=2,
-                           prompt_ids=turn1)  # fmt: skip
-    decode.wait(tid, "done")
+    first = decode.submit_cold(prefill_peer, turn1, "t1", room=21, aux_slot=2)
+    full1 = first.full
+    decode.wait(first.tid, "done")
     turn2 = turn1 + prompt_of(200, seed=3)
     s2 = window_start(500)
     reused = min(align_down(300, PS), s2)  # 288: the tree holds turn 1's full pages
@@ -204,13 +217,9 @@ def test_prefill_peer_killed_mid_transfer_fails_only_that_request(
     port, doomed = peers[1].port, peers[1].proc
     free_before = (decode.full.num_free, decode.swa.num_free)
     prompt = prompt_of(3000, seed=5)
-    n, s = cdiv(3000, PS), window_start(3000)
-    full, swa = decode.full.alloc(n), decode.swa.alloc(n - s // PS)
     t0 = time.monotonic()
-    tid = decode.rx.submit("127.0.0.1", port, rid="doomed", room=41, prompt_len=3000,
-                           reused_len=0, swa_window_start=s, full_page_ids=full,
-                           swa_page_ids=swa, aux_slot=5, prompt_ids=prompt,
-                           timeout_s=20.0)  # fmt: skip
+    tid, full, swa, _ = decode.submit_cold(port, prompt, "doomed", room=41, aux_slot=5,
+                                           timeout_s=20.0)
     while time.monotonic() - t0 < 0.3:  # handshake done, prefill running
         assert not decode.rx.poll()
         time.sleep(0.01)
@@ -284,11 +293,7 @@ def test_the_peer_refuses_bad_page_ids_that_a_decode_side_did_not_check(
 
 def test_abort_returns_pages_once_the_peer_confirms(decode: DecodeSide, prefill_peer: int) -> None:
     prompt = prompt_of(1000, seed=6)
-    n, s = cdiv(1000, PS), window_start(1000)
-    full, swa = decode.full.alloc(n), decode.swa.alloc(n - s // PS)
-    tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="abort", room=71, prompt_len=1000,
-                           reused_len=0, swa_window_start=s, full_page_ids=full,
-                           swa_page_ids=swa, aux_slot=6, prompt_ids=prompt)  # fmt: skip
+    tid, full, swa, _ = decode.submit_cold(prefill_peer, prompt, "abort", room=71, aux_slot=6)
     decode.rx.poll()  # the request goes out
     decode.rx.abort(tid)
     t0 = time.monotonic()
@@ -341,15 +346,9 @@ def test_concurrent_requests_each_land_their_own_kv(decode: DecodeSide, prefill_
     prompts = [prompt_of(n, seed=100 + i) for i, n in enumerate(lens)]
     tables, tids = [], []
     for i, prompt in enumerate(prompts):
-        n = cdiv(len(prompt), PS)
-        full = decode.full.alloc(n)
-        tables.append(full)
-        tids.append(decode.rx.submit("127.0.0.1", prefill_peer, rid=f"c{i}", room=200 + i,
-                                     prompt_len=len(prompt), reused_len=0,
-                                     swa_window_start=window_start(len(prompt)),
-                                     full_page_ids=full, swa_page_ids=decode.swa.alloc(
-                                         n - window_start(len(prompt)) // PS),
-                                     aux_slot=8 + i, prompt_ids=prompt))  # fmt: skip
+        cold = decode.submit_cold(prefill_peer, prompt, f"c{i}", room=200 + i, aux_slot=8 + i)
+        tables.append(cold.full)
+        tids.append(cold.tid)
     for tid in tids:
         assert decode.wait(tid, "done")[-1].kind == "done"
     pools = decode.runner.pools

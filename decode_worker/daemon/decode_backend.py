@@ -90,7 +90,7 @@ class DecodeBackend:
             bootstrap_port=inp.bootstrap_port or self.default_bootstrap_port,
             bootstrap_room=inp.bootstrap_room,
             received_at=inp.received_at,
-            top_logprobs=inp.top_logprobs if inp.return_logprob else 0,
+            top_logprobs=inp.top_logprobs,
         ))
         ended = False
         try:

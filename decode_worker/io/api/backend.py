@@ -53,7 +53,7 @@ class GenerateInput:
     sampling: SamplingParams
     stream: bool = False
     return_logprob: bool = False
-    top_logprobs: int = 0  # alternatives per token (with return_logprob)
+    top_logprobs: int = 0  # alternatives per token; 0 unless return_logprob (make_input)
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None

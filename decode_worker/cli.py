@@ -19,9 +19,10 @@ from decode_worker.settings import LoadedSettings, load_settings
 
 # subcommand -> (module with run(args, loaded), one-line help)
 _SUBCOMMANDS = {
-    "serve": ("decode_worker.daemon.serve", "run the decode worker daemon"),
-    "prefill": ("decode_worker.daemon.prefill_main", "run the reference prefill peer"),
-    "demo": ("decode_worker.daemon.demo", "prefill peer + decode worker + a multi-turn chat demo"),
+    "serve": ("decode_worker.daemon.decode.serve", "run the decode worker daemon"),
+    "prefill": ("decode_worker.daemon.prefill.main", "run the reference prefill peer"),
+    "demo": ("decode_worker.daemon.demo.main",
+             "prefill peer + decode worker + a multi-turn chat demo"),
     "make-model": ("decode_worker.device.default_model", "write the tiny default gpt-oss model"),
     "config": ("decode_worker.cli", "print the resolved settings and where each came from"),
 }

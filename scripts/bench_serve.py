@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from decode_worker.daemon.procs import ServerProcess, free_port
+from decode_worker.daemon.shared.procs import ServerProcess, free_port
 from decode_worker.device.default_model import write_model
 
 

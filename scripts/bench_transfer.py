@@ -26,11 +26,12 @@ from typing import Any
 import torch
 
 from decode_worker.core.pages import PageAllocator
-from decode_worker.daemon.prefill_peer import PrefillPeer, model_compat, region_layouts
-from decode_worker.daemon.procs import free_port
+from decode_worker.daemon.prefill.peer import PrefillPeer
+from decode_worker.daemon.shared.compat import model_compat, region_layouts
+from decode_worker.daemon.shared.procs import free_port
 from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.kv_pool import KVPools, KVSpec
-from decode_worker.io.kv_receiver import KVReceiver, TransferEvent
+from decode_worker.io.kv.receiver import KVReceiver, TransferEvent
 from decode_worker.settings import TransferSettings
 from decode_worker.utils.mathx import align_down, cdiv
 

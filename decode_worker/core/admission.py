@@ -123,12 +123,13 @@ class PreallocQueue:
 
     def abort(self, rid: str, now: float, reason: str, message: str = "") -> Abort | None:
         """Abort a request queued here or admitted from here (in any non-terminal state),
-        returning its pages; None if unknown or already done. The shell tells the peer, and must
-        not free pages a transfer may still write: call this once the peer has drained."""
+        returning its pages; None if unknown or already done. The shell decided this abort and
+        counts it (`stats` counts only the aborts admission decides). The shell tells the peer,
+        and must not free pages a transfer may still write: call this once the peer drained."""
         req = self._queued.pop(rid, None) or self._budget.pop(rid)
         if req is None or req.is_done:
             return None
-        return self._abort(req, now, reason, message or reason)
+        return self._abort(req, now, reason, message or reason, decided_here=False)
 
     def expire(self, now: float) -> list[Abort]:
         """Abort requests past their deadline: waiting for pages longer than `queue_timeout_s`
@@ -214,9 +215,11 @@ class PreallocQueue:
         return Admit(req, prefix, swa_start, new_full, new_swa)
 
     # -- plumbing ------------------------------------------------------------------------------
-    def _abort(self, req: DecodeRequest, now: float, reason: str, message: str) -> Abort:
+    def _abort(self, req: DecodeRequest, now: float, reason: str, message: str, *,
+               decided_here: bool = True) -> Abort:
         req.transition(S.ABORTED, now, releaser=self.ctx, reason=reason, message=message)
-        self.ctx.stats.count_abort(reason)
+        if decided_here:
+            self.ctx.stats.count_abort(reason)
         return Abort(req, reason, message)
 
     def _unlock(self, lock: LockRef | None) -> None:

@@ -61,11 +61,6 @@ class DecodeAllocator:
         """RUNNING -> FINISHED: cache the computed KV, return the rest, drop the lock."""
         req.transition(S.FINISHED, now, releaser=self.ctx)
 
-    def fail(self, req: DecodeRequest, now: float, reason: str, message: str = "") -> None:
-        """Abort (`reason` a label) or fail (`reason == "internal"`) a request holding KV."""
-        to = S.FAILED if reason == "internal" else S.ABORTED
-        req.transition(to, now, releaser=self.ctx, reason=reason, message=message)
-
     def prepare_step(self, running: Sequence[DecodeRequest], now: float) -> StepPlan:
         """Slide every request's SWA window, then give each the page its next position needs,
         evicting from the tree and then retracting (see the module policy) when short.

@@ -16,7 +16,8 @@ class SchedulerStats:
     - `prefix_query_tokens_total` / `prefix_hit_tokens_total`: per admitted request, the tokens
       it needed (`fill_len`) and those reused from the tree (`prefix_len`); a request blocked at
       the head of the queue is counted once, when admitted.
-    - `aborts_total`: by reason label (docs/CONTRACTS.md abort reasons).
+    - `aborts_total`: the aborts admission decides (`too_large`, `queue_timeout`, `kv_timeout`,
+      `swa_reclaim_insufficient`), by reason label; the shell counts the aborts it decides.
     - `evicted_*_pages_total`: pages the tree gave back on our asking (admission or decode).
     - `swa_pages_released_total`: request-owned SWA pages freed as the window moved on.
     """
@@ -39,8 +40,9 @@ class SchedulerStats:
 
 @dataclass(frozen=True, slots=True)
 class QueueSizes:
-    """Gauge snapshot: `decode_worker_queue_requests{queue=...}` (prealloc = waiting for pages,
-    transfer = holding pages while KV arrives, running = in the decode batch)."""
+    """Gauge snapshot the engine's books publish as `decode_worker_queue_requests{queue=...}`
+    (prealloc = waiting for pages, transfer = holding pages while KV arrives, running = in the
+    decode batch)."""
 
     prealloc: int
     transfer: int

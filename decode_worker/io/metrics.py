@@ -9,15 +9,16 @@ Who observes what (so nothing is counted twice):
 - the API layer (`io/api`): `http_requests_total`, `time_to_first_token_seconds`,
   `inter_token_latency_seconds`, `request_e2e_seconds` (measured at the HTTP boundary from
   `GenerateInput.received_at`), unless the app is built with `observe_latency=False`;
-- the daemon: everything else (pools, queues, admissions, aborts, requests, tokens, transfers,
-  prefix cache, draining).
+- the decode engine's books, once per step: everything else, from the plain counts that core
+  (admission, decode pages), the request table and the KV receiver keep (`set_totals` moves a
+  counter up to the total counted so far), and the pool and queue gauges.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -38,7 +39,7 @@ QUEUES = ("prealloc", "transfer", "running")
 REQUEST_STATUSES = ("finished", "aborted", "failed")
 ABORT_REASONS = (
     "client_abort", "kv_timeout", "queue_timeout", "too_large", "swa_reclaim_insufficient",
-    "transfer_failed", "peer_dead", "drain", "bad_request", "internal",
+    "transfer_failed", "peer_dead", "drain", "bad_request", "queue_full", "internal",
 )
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -85,6 +86,11 @@ class Metrics:
         self.transfer_failures = c("transfer_failures", "Failed KV transfers by reason", ["reason"])
         self.http_requests = c("http_requests", "HTTP requests by endpoint and status",
                                ["endpoint", "code"])
+        self.evicted_pages = c("kv_evicted_pages", "Cached pages evicted from the tree", ["pool"])
+        self.swa_released_pages = c("kv_swa_released_pages",
+                                    "Request SWA pages freed as the window slid past them")
+        self.admission_passes = c("admission_passes", "Passes of the prealloc queue")
+        self._totals: dict[tuple[str, str], float] = {}  # what set_totals has reached
 
     def _build_gauges(self) -> None:
         g = self._gauge
@@ -119,6 +125,8 @@ class Metrics:
             self.transfer_failures.labels(reason=reason)
         for status in REQUEST_STATUSES:
             self.requests.labels(status=status)
+        for pool in POOLS:
+            self.evicted_pages.labels(pool=pool)
 
     def _pool_gauges(self) -> tuple[Gauge, ...]:
         return (self.pages_available, self.pages_used, self.pages_evictable,
@@ -173,6 +181,35 @@ class Metrics:
         """`reason` is a short snake_case word (e.g. an abort reason); anything else -> internal."""
         label = reason if _LABEL_WORD.match(reason) else _known(reason, (), "transfer failure")
         self.transfer_failures.labels(reason=label).inc()
+
+    def set_totals(self, totals: Mapping[str, int | Mapping[str, int]]) -> None:
+        """Move counters up to running totals: `{"admissions": 12, "aborts": {"drain": 1}}`
+        (counter attribute -> total, or label value -> total for a counter with one label).
+        A total below what was reached before (a restarted count) moves nothing."""
+        for name, value in totals.items():
+            counter: Counter = getattr(self, name)
+            per_label = value if isinstance(value, Mapping) else {"": value}
+            for label, total in per_label.items():
+                done = self._totals.get((name, label), 0.0)
+                if total > done:
+                    child = counter.labels(self._label(name, label)) if label else counter
+                    child.inc(total - done)
+                    self._totals[(name, label)] = float(total)
+
+    def _label(self, name: str, value: str) -> str:
+        if name == "aborts":
+            return _known(value, ABORT_REASONS, "abort")
+        if name == "requests":
+            return _known(value, REQUEST_STATUSES, "status", "failed")
+        if name == "transfer_failures" and not _LABEL_WORD.match(value):
+            return _known(value, (), "transfer failure")
+        return value
+
+    def observe_transfer_samples(self, samples: Iterable[tuple[float, int]]) -> None:
+        """Duration and NIXL descriptors of completed transfers (bytes and tokens are totals)."""
+        for duration_s, num_descriptors in samples:
+            self.transfer_duration.observe(duration_s)
+            self.transfer_descriptors.observe(num_descriptors)
 
     def set_draining(self, draining: bool) -> None:
         self.draining.set(1 if draining else 0)

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from decode_worker.daemon.procs import ServerProcess, free_port, http_json, scrape_metric
+from decode_worker.daemon.shared.procs import ServerProcess, free_port, http_json, scrape_metric
 
 PAGE_SIZE = 16
 TOP_LOGPROBS = 5  # alternatives asked per token: the first token's come through the aux row

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from decode_worker.daemon.procs import ServerProcess, free_port
+from decode_worker.daemon.shared.procs import ServerProcess, free_port
 
 SMALL_POOLS = ("--set", "cache.num_full_pages=512", "--set", "cache.num_swa_pages=128")
 DONE = "[DONE]"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from decode_worker.daemon.procs import http_json, scrape_metric
+from decode_worker.daemon.shared.procs import http_json, scrape_metric
 from decode_worker.errors import DecodeWorkerError
 from tests.e2e.driver import Workers
 

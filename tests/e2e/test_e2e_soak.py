@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from decode_worker.daemon.procs import http_json, scrape_metric
+from decode_worker.daemon.shared.procs import http_json, scrape_metric
 from decode_worker.errors import DecodeWorkerError
 from tests.e2e.driver import Workers
 from tests.waiting import wait_for

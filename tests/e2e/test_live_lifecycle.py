@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from decode_worker.daemon.procs import free_port
+from decode_worker.daemon.shared.procs import free_port
 from tests.e2e.live_fixtures import (
     DONE,
     Live,

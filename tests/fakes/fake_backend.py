@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from decode_worker.daemon.shared.http_server import HttpServer, ServerConfig
 from decode_worker.io.api.backend import FlushResult, GenerateInput, Health, Load, OutputChunk
-from decode_worker.io.http.message import Handler
-from decode_worker.io.http.server import HttpServer, ServerConfig
+from decode_worker.io.api.message import Handler
 
 EOS = 256
 

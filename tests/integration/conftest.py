@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from decode_worker.daemon.procs import free_port
+from decode_worker.daemon.shared.procs import free_port
 
 PEER_READY = "prefill peer ready"
 

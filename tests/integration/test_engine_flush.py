@@ -15,15 +15,16 @@ from pathlib import Path
 import pytest
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.daemon.bridge import (
+from decode_worker.daemon.decode.bridge import (
     AddRequest,
     CacheFlushed,
+    Ended,
     Event,
     FlushCache,
     Outbox,
-    TokenEvent,
+    Tokens,
 )
-from decode_worker.daemon.engine import DecodeEngine
+from decode_worker.daemon.decode.engine import DecodeEngine
 from decode_worker.device.default_model import write_model
 from decode_worker.io.api.backend import FlushResult, Load
 from decode_worker.io.metrics import Metrics
@@ -64,7 +65,11 @@ class Driver:
             if isinstance(ev, CacheFlushed):
                 answers.append(ev)
                 continue
-            assert isinstance(ev, TokenEvent) and ev.chunk.error is None
+            assert isinstance(ev, Tokens | Ended)
+            if isinstance(ev, Ended):
+                assert ev.finished, ev.message  # no request ends in an error
+                continue
+            assert ev.chunk.error is None
             self.tokens.setdefault(ev.rid, []).extend(ev.chunk.token_ids)
         self.events.clear()
         return answers
@@ -80,9 +85,9 @@ class Driver:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             self.step()
-            if not (self.eng.lives or self.eng.by_transfer):
+            if not (self.eng.table.lives or self.eng.fetcher.by_transfer):
                 return  # that step published the idle load
-        raise AssertionError(f"requests did not finish in time: {list(self.eng.lives)}")
+        raise AssertionError(f"requests did not finish in time: {list(self.eng.table.lives)}")
 
 
 @pytest.fixture
@@ -106,14 +111,15 @@ def test_flush_on_an_idle_engine_empties_the_tree_and_balances_the_books(drv: Dr
     drv.run_to_end()
     full, swa = eng.tree.full_stats(), eng.tree.swa_stats()
     assert full.evictable > 0 and swa.evictable > 0
-    assert eng.load == Load(0, 0, 0, eng.load.measured_at)  # cached pages are not "in use"
+    load = eng.books.load
+    assert load == Load(0, 0, 0, load.measured_at)  # cached pages are not "in use"
 
     result = drv.flush(7)
     assert result == FlushResult(True, num_full_pages=full.evictable,
                                  num_swa_pages=swa.evictable)
     for st in (eng.tree.full_stats(), eng.tree.swa_stats()):
         assert (st.available, st.evictable, st.protected) == (st.total, 0, 0)
-    eng.check_integrity()
+    eng.books.check_integrity()
 
     hits = eng.stats.prefix_hit_tokens_total
     drv.add("b", PROMPT, 8)
@@ -121,7 +127,7 @@ def test_flush_on_an_idle_engine_empties_the_tree_and_balances_the_books(drv: Dr
     assert eng.stats.prefix_hit_tokens_total == hits  # nothing left to reuse
     assert drv.tokens["b"] == drv.tokens["a"]
     assert drv.flush(8).ok  # a second flush in a row: fine too
-    eng.check_integrity()
+    eng.books.check_integrity()
 
 
 def test_flush_is_refused_while_a_request_runs_or_waits(drv: Driver) -> None:
@@ -134,7 +140,7 @@ def test_flush_is_refused_while_a_request_runs_or_waits(drv: Driver) -> None:
     drv.add("long", PROMPT, 60)
     drv.add("queued", PROMPT[:50], 4)
     drv.step()
-    load = eng.load
+    load = eng.books.load
     assert (load.num_running_reqs, load.num_waiting_reqs) == (1, 1)
     assert load.num_tokens >= len(PROMPT) + 50  # the running request's pages + the queued prompt
 
@@ -143,6 +149,7 @@ def test_flush_is_refused_while_a_request_runs_or_waits(drv: Driver) -> None:
     assert eng.tree.full_stats().evictable == cached  # nothing was evicted
     drv.run_to_end()
     assert len(drv.tokens["long"]) == 60 and len(drv.tokens["queued"]) == 4  # both carried on
-    assert eng.load.num_running_reqs == eng.load.num_waiting_reqs == eng.load.num_tokens == 0
+    load = eng.books.load
+    assert load.num_running_reqs == load.num_waiting_reqs == load.num_tokens == 0
     assert drv.flush(2).ok
-    eng.check_integrity()
+    eng.books.check_integrity()

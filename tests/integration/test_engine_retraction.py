@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.daemon.bridge import AddRequest, Event, Outbox, TokenEvent
-from decode_worker.daemon.engine import DecodeEngine
+from decode_worker.daemon.decode.bridge import AddRequest, Ended, Event, Outbox, Tokens
+from decode_worker.daemon.decode.engine import DecodeEngine
 from decode_worker.device.default_model import write_model
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import load_settings
@@ -61,11 +61,13 @@ def run_all(engine: DecodeEngine, events: list[Event], prompts: list[list[int]],
         engine.step(time.monotonic())
         engine.outbox.loop.run_until_complete(asyncio.sleep(0))  # deliver call_soon callbacks
         for ev in events:
-            assert isinstance(ev, TokenEvent)
+            assert isinstance(ev, Tokens | Ended)
+            if isinstance(ev, Ended):  # the end of a request: finished, or an error
+                assert ev.finished, ev.message
+                done.add(ev.rid)
+                continue
             assert ev.chunk.error is None, ev.chunk.error
             out[ev.rid] += ev.chunk.token_ids
-            if ev.chunk.finish_reason is not None:
-                done.add(ev.rid)
         events.clear()
     assert len(done) == len(prompts), f"unfinished: {set(out) - done}"
     return out
@@ -84,8 +86,9 @@ def test_retraction_under_page_pressure_keeps_greedy_tokens(
     assert together == solo
     assert all(len(t) == max_new for t in together.values())
     for engine in (roomy, tight):
-        engine.check_integrity()  # every page free or cached by the tree; no request holds any
-        assert not engine.lives and not engine.running
+        # every page free or cached by the tree; no request holds any
+        engine.books.check_integrity()
+        assert not engine.table.lives and not engine.table.running
         engine.receiver.close()
 
 
@@ -100,5 +103,5 @@ def test_model_without_swa_layers_decodes_and_reuses_its_prefix(
     again = run_all(engine, events, [prompt], 12)["r0"]
     assert len(first) == 12 and again == first
     assert engine.stats.prefix_hit_tokens_total >= 64  # the second run reused the cached pages
-    engine.check_integrity()
+    engine.books.check_integrity()
     engine.receiver.close()

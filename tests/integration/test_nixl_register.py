@@ -11,7 +11,7 @@ import torch
 
 from decode_worker.core.types import MemoryRegion
 from decode_worker.errors import ConfigError
-from decode_worker.io.nixl_agent import NixlAgent, unique_agent_name
+from decode_worker.io.kv.nixl_agent import NixlAgent, unique_agent_name
 from decode_worker.settings import TransferSettings
 
 DELAY_US = TransferSettings().progress_delay_us
@@ -33,7 +33,7 @@ def test_gpu_pools_on_a_backend_without_cuda_are_refused_with_the_fix() -> None:
 
 _IDLE_CPU = """
 import sys, time
-from decode_worker.io.nixl_agent import NixlAgent
+from decode_worker.io.kv.nixl_agent import NixlAgent
 agent = NixlAgent("idle-probe", "UCX", int(sys.argv[1]))
 t0, c0 = time.monotonic(), time.process_time()
 time.sleep(1.0)

@@ -16,13 +16,14 @@ import pytest
 import torch
 
 from decode_worker.core.pages import PageAllocator
-from decode_worker.daemon.prefill_main import build_runner
-from decode_worker.daemon.prefill_peer import model_compat, region_layouts
-from decode_worker.daemon.procs import free_port
+from decode_worker.daemon.decode.books import receiver_totals
+from decode_worker.daemon.prefill.main import build_runner
+from decode_worker.daemon.shared.compat import model_compat, region_layouts
+from decode_worker.daemon.shared.procs import free_port
 from decode_worker.device.aux_buffer import ROW_BYTES, AuxBuffer
 from decode_worker.device.runner import ModelRunner
-from decode_worker.io import kv_receiver
-from decode_worker.io.kv_receiver import KVReceiver, TransferEvent
+from decode_worker.io.kv import receiver as kv_receiver
+from decode_worker.io.kv.receiver import KVReceiver, TransferEvent
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import TransferSettings, load_settings
 from decode_worker.utils.mathx import align_down, cdiv
@@ -134,8 +135,7 @@ def decode(model_cache: Path) -> Iterator[DecodeSide]:
                                  "cache.num_swa_pages": 512}).settings  # fmt: skip
     runner, name, _ = build_runner(s)
     aux = AuxBuffer(16)
-    rx = KVReceiver(RX_SETTINGS, model_compat(runner, name), region_layouts(runner.pools, aux),
-                    metrics=Metrics())  # fmt: skip
+    rx = KVReceiver(RX_SETTINGS, model_compat(runner, name), region_layouts(runner.pools, aux))
     yield DecodeSide(runner, aux, rx, PageAllocator(512, "full"), PageAllocator(512, "swa"))
     rx.close()
 
@@ -153,8 +153,9 @@ def test_cold_request_lands_exactly_the_prefill_kv(decode: DecodeSide, prefill_p
     assert done.num_bytes == 2 * (len(full) + len(swa)) * decode.page_bytes() + ROW_BYTES
     assert done.num_descriptors == 5  # one run per layer (2 full + 2 swa) + the aux row
     assert done.num_tokens == 300
-    assert decode.rx.metrics is not None
-    text = decode.rx.metrics.exposition()[0].decode()
+    metrics = Metrics()  # what the engine's books export from the receiver's counts
+    metrics.set_totals(receiver_totals(decode.rx.stats))
+    text = metrics.exposition()[0].decode()
     assert f"decode_worker_transfer_bytes_total {float(done.num_bytes)}" in text
     assert "decode_worker_transfer_received_tokens_total 300.0" in text
 
@@ -317,8 +318,8 @@ def test_missing_prompt_times_out_with_kv_timeout(decode: DecodeSide, prefill_pe
 def test_unknown_and_late_notifications_are_counted_not_fatal(
     decode: DecodeSide, prefill_peer: int
 ) -> None:
-    from decode_worker.io import protocol
-    from decode_worker.io.nixl_agent import NixlAgent
+    from decode_worker.io.kv import protocol
+    from decode_worker.io.kv.nixl_agent import NixlAgent
 
     finished = decode.rx.submit("127.0.0.1", prefill_peer, rid="gone", room=91, prompt_len=16,
                                 reused_len=0, swa_window_start=0, full_page_ids=[0],

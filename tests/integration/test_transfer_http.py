@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from decode_worker.daemon.prefill_main import build_runner
-from decode_worker.daemon.prefill_peer import model_compat, region_layouts
-from decode_worker.daemon.procs import free_port
+from decode_worker.daemon.prefill.main import build_runner
+from decode_worker.daemon.shared.compat import model_compat, region_layouts
+from decode_worker.daemon.shared.procs import free_port
 from decode_worker.device.aux_buffer import AuxBuffer
-from decode_worker.io.kv_receiver import KVReceiver, TransferEvent
+from decode_worker.io.kv.receiver import KVReceiver, TransferEvent
 from decode_worker.settings import TransferSettings, load_settings
 from decode_worker.utils.mathx import align_down, cdiv
 from tests.integration.conftest import start_prefill_peer, stop

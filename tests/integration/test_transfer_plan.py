@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from decode_worker.errors import IncompatiblePeer, PageError, ProtocolError
-from decode_worker.io import protocol as p
-from decode_worker.io.kv_sender import SourcePages, plan_writes
-from decode_worker.io.nixl_agent import CopySpan, coalesce
-from decode_worker.io.protocol_check import check_compat, validate_request
+from decode_worker.io.kv import protocol as p
+from decode_worker.io.kv.nixl_agent import CopySpan, coalesce
+from decode_worker.io.kv.protocol_check import check_compat, validate_request
+from decode_worker.io.kv.sender import SourcePages, plan_writes
 
 ROW = 1024
 

@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from decode_worker.daemon import decode_backend
-from decode_worker.daemon.bridge import CacheFlushed, EngineDead, FlushCache, Inbox
-from decode_worker.daemon.decode_backend import BackendInfo, DecodeBackend
+from decode_worker.daemon.decode import backend as decode_backend
+from decode_worker.daemon.decode.backend import BackendInfo, DecodeBackend
+from decode_worker.daemon.decode.bridge import CacheFlushed, EngineDead, FlushCache, Inbox
 from decode_worker.errors import ServiceUnavailable
 from decode_worker.io.api.backend import FlushResult, Load
 from tests.fakes.fake_backend import ByteTokenizer

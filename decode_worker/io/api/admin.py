@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from decode_worker.errors import ClientError
 from decode_worker.io.api.common import error_obj
-from decode_worker.io.http.message import Request, Response
-
-if TYPE_CHECKING:
-    from decode_worker.io.api.app import ApiApp
+from decode_worker.io.api.context import ApiContext
+from decode_worker.io.api.message import Request, Response
 
 FLUSHED_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are "
                 "running or waiting requests, the operation will not be performed.)\n")
@@ -31,7 +28,7 @@ MAX_FLUSH_TIMEOUT_S = 3600.0
 _RETRY_S = 0.05  # between tries while a flush with a timeout waits for the worker to go idle
 
 
-async def handle_get_load(app: ApiApp, req: Request) -> Response:
+async def handle_get_load(app: ApiContext, req: Request) -> Response:
     load = app.backend.load()
     return Response.json([{
         "dp_rank": 0,
@@ -42,7 +39,7 @@ async def handle_get_load(app: ApiApp, req: Request) -> Response:
     }])
 
 
-async def handle_flush_cache(app: ApiApp, req: Request) -> Response:
+async def handle_flush_cache(app: ApiContext, req: Request) -> Response:
     """Ask the backend to flush; while it refuses (busy) and `timeout` allows, ask again."""
     deadline = time.monotonic() + flush_timeout_s(req.query)
     while True:

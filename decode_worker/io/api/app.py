@@ -1,6 +1,6 @@
 """The router-compatible HTTP API: routing, auth, health, info, metrics and error mapping.
 
-`ApiApp(backend, config, metrics)` is an `io.http` handler. Routes:
+`ApiApp(backend, config, metrics)` is a handler (`message.Handler`; served by `asgi.py`). Routes:
   POST /generate, /v1/completions, /v1/chat/completions     (generation; auth; 503 when draining)
   GET  /health, /health_generate                            (200, or 503 + Retry-After)
   GET  /server_info, /get_server_info, /model_info, /get_model_info, /v1/models, /metrics
@@ -25,10 +25,10 @@ from decode_worker.io.api.admin import handle_flush_cache, handle_get_load
 from decode_worker.io.api.backend import GenerateBackend, GenerateInput
 from decode_worker.io.api.common import ApiConfig, error_obj, new_rid, now_s
 from decode_worker.io.api.generate import handle_generate
+from decode_worker.io.api.message import Request, Response, StreamResponse
 from decode_worker.io.api.openai import handle_chat, handle_completions
 from decode_worker.io.api.run import GenerationRun, RejectedAtStart
 from decode_worker.io.api.schemas import Bootstrap
-from decode_worker.io.http.message import Request, Response, StreamResponse
 from decode_worker.io.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,10 @@ AUTHED = GENERATION | {"models", "flush_cache"}  # need the API key when one is 
 
 
 class ApiApp:
-    """HTTP handler over a `GenerateBackend`. Runs on the event loop; holds no locks."""
+    """HTTP handler over a `GenerateBackend`. Runs on the event loop; holds no locks.
+
+    Implements `context.ApiContext` (what the endpoint modules use: backend, config, metrics,
+    make_input, start_run, model_name); the endpoints never import this module."""
 
     def __init__(
         self, backend: GenerateBackend, config: ApiConfig, metrics: Metrics | None = None

@@ -20,8 +20,8 @@ How chunks become HTTP answers:
 - raised before the first chunk: `ClientError` -> its status (400/413), `ServiceUnavailable`
   -> 503 + Retry-After, `AdmissionRejected` -> 413, anything else -> 500; same for streams;
 - a first chunk with `error` and no tokens (e.g. the engine's admission says too large):
-  answered like a raised error, `error_status` with the JSON error body, streams too;
-- a later chunk with `error`: non-streaming -> `error_status` with the JSON error body;
+  answered like a raised error, `OutputChunk.status` with the JSON error body, streams too;
+- a later chunk with `error`: non-streaming -> `OutputChunk.status` with the JSON error body;
   streaming -> an SSE `data: {"error": ...}` event, then `data: [DONE]` (already 200);
 - `finish_reason="abort"` without `error`: a normal 200 answer whose finish reason is abort;
 - `finish_reason="stop"` with `matched_stop` = a token id (EOS or a stop token): that last
@@ -71,8 +71,9 @@ class OutputChunk:
     `prompt_tokens` / `cached_tokens` (prompt tokens whose KV was reused from the prefix cache)
     are totals, repeated on every chunk. `finish_reason` is set on the last chunk only;
     `matched_stop` is the stop token id that ended it (or None for EOS / length).
-    `error` (with `error_status`, an HTTP status, and `error_code`, an abort reason such as
-    `kv_timeout`) ends the request; an error chunk may carry no tokens.
+    `error` (with `error_code`, an abort reason such as `kv_timeout`) ends the request; an error
+    chunk may carry no tokens. Its HTTP status is `status`: `error_status` when a backend sets
+    one, else the status of `error_code` (`status_for_reason`).
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -82,9 +83,28 @@ class OutputChunk:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
-    error_status: int = 500
+    error_status: int | None = None
     error_code: str = "internal"
     top_logprobs: list[TopLogprobs] | None = None
+
+    @property
+    def status(self) -> int:
+        """The HTTP status of an error chunk."""
+        return self.error_status or status_for_reason(self.error_code)
+
+
+# The HTTP status a client gets for a request that ended early, by its reason (the abort and
+# failure labels of docs/CONTRACTS.md); 500 for anything else.
+_STATUS_BY_REASON = {
+    "bad_request": 400, "too_large": 413, "client_abort": 499, "queue_full": 503,
+    "queue_timeout": 503, "drain": 503, "swa_reclaim_insufficient": 503,
+    "transfer_failed": 502, "peer_dead": 502, "kv_timeout": 504,
+}
+
+
+def status_for_reason(reason: str) -> int:
+    """The HTTP status for a request that ended early with `reason`."""
+    return _STATUS_BY_REASON.get(reason, 500)
 
 
 @dataclass(frozen=True, slots=True)

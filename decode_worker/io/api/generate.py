@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from decode_worker.core.sampling import check_top_logprobs
 from decode_worker.errors import ClientError
@@ -22,6 +22,8 @@ from decode_worker.io.api.common import (
     sse,
     vocab_size_of,
 )
+from decode_worker.io.api.context import ApiContext
+from decode_worker.io.api.message import Request, Response, StreamResponse
 from decode_worker.io.api.run import GenerationRun
 from decode_worker.io.api.schemas import (
     GenerateReq,
@@ -29,13 +31,9 @@ from decode_worker.io.api.schemas import (
     decode_body,
     sampling_from_generate,
 )
-from decode_worker.io.http.message import Request, Response, StreamResponse
-
-if TYPE_CHECKING:
-    from decode_worker.io.api.app import ApiApp
 
 
-async def handle_generate(app: ApiApp, req: Request) -> Response | StreamResponse:
+async def handle_generate(app: ApiContext, req: Request) -> Response | StreamResponse:
     body = decode_body(req.body, GenerateReq)
     check_bootstrap(body)
     if (body.text is None) == (body.input_ids is None):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from decode_worker.core.sampling import TopLogprobs, check_top_logprobs
 from decode_worker.errors import ClientError
@@ -24,6 +24,8 @@ from decode_worker.io.api.common import (
     sse,
     vocab_size_of,
 )
+from decode_worker.io.api.context import ApiContext
+from decode_worker.io.api.message import Request, Response, StreamResponse
 from decode_worker.io.api.run import Finish, GenerationRun
 from decode_worker.io.api.schemas import (
     ChatReq,
@@ -34,13 +36,9 @@ from decode_worker.io.api.schemas import (
     decode_body,
     sampling_from_openai,
 )
-from decode_worker.io.http.message import Request, Response, StreamResponse
-
-if TYPE_CHECKING:
-    from decode_worker.io.api.app import ApiApp
 
 
-async def handle_completions(app: ApiApp, req: Request) -> Response | StreamResponse:
+async def handle_completions(app: ApiContext, req: Request) -> Response | StreamResponse:
     body = decode_body(req.body, CompletionReq)
     if body.echo:
         raise ClientError("echo=true is not supported")
@@ -49,7 +47,7 @@ async def handle_completions(app: ApiApp, req: Request) -> Response | StreamResp
     return await _serve(app, body, ids, top > 0, top, chat=False, received_at=req.received_at)
 
 
-async def handle_chat(app: ApiApp, req: Request) -> Response | StreamResponse:
+async def handle_chat(app: ApiContext, req: Request) -> Response | StreamResponse:
     body = decode_body(req.body, ChatReq)
     if not body.messages:
         raise ClientError("messages must be a non-empty list")
@@ -63,7 +61,7 @@ async def handle_chat(app: ApiApp, req: Request) -> Response | StreamResponse:
 
 
 async def _serve(
-    app: ApiApp, body: OpenAIBase, ids: list[int], logprobs: bool, top_logprobs: int,
+    app: ApiContext, body: OpenAIBase, ids: list[int], logprobs: bool, top_logprobs: int,
     chat: bool, received_at: float,
 ) -> Response | StreamResponse:
     check_bootstrap(body)
@@ -84,7 +82,7 @@ async def _serve(
     return Response.json(shape.full())
 
 
-def _prompt_ids(app: ApiApp, prompt: str | list[Any] | None) -> list[int]:
+def _prompt_ids(app: ApiContext, prompt: str | list[Any] | None) -> list[int]:
     """`prompt` as a string, a list of token ids, or a one-element list of either."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]

@@ -114,10 +114,10 @@ class GenerationRun:
         if first is None or first.error is None or first.token_ids:
             return
         self.prompt_tokens = first.prompt_tokens or self.prompt_tokens
-        self.finish = Finish("error", message=first.error, status=first.error_status,
+        self.finish = Finish("error", message=first.error, status=first.status,
                              code=first.error_code)
         await self.close()
-        raise RejectedAtStart(first.error, first.error_status, first.error_code)
+        raise RejectedAtStart(first.error, first.status, first.error_code)
 
     async def steps(self) -> AsyncGenerator[Step, None]:
         """Steps until the finishing one (inclusive). Closing early aborts the request."""
@@ -157,7 +157,7 @@ class GenerationRun:
         self.cached_tokens = chunk.cached_tokens
         if chunk.error is not None:
             return Step(self.text.finish(), [], finish=Finish(
-                "error", message=chunk.error, status=chunk.error_status, code=chunk.error_code))
+                "error", message=chunk.error, status=chunk.status, code=chunk.error_code))
         ids = list(chunk.token_ids)
         self._observe_tokens(len(ids))
         self.output_ids += ids

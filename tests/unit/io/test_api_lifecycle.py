@@ -9,7 +9,7 @@ import time
 import httpx
 
 from decode_worker.io.api import ApiApp, ApiConfig
-from decode_worker.io.http.parse import H2_PREFACE
+from decode_worker.io.api.http_protocol import H2_PREFACE
 from decode_worker.io.metrics import Metrics
 from tests.fakes.fake_backend import FakeBackend, ServerThread
 from tests.waiting import wait_for
@@ -131,8 +131,8 @@ def test_closing_an_unstarted_stream_still_aborts_the_run() -> None:
 
 
 def test_configs_from_settings(tmp_path: object) -> None:
+    from decode_worker.daemon.shared.http_server import ServerConfig
     from decode_worker.io.api import check_model_path
-    from decode_worker.io.http import ServerConfig
     from decode_worker.settings import load_settings
 
     s = load_settings(overrides={"server.api_key": "k", "server.max_body_bytes": 123,

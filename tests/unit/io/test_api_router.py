@@ -79,8 +79,8 @@ def test_router_pd_mode_drives_our_api_unchanged() -> None:
 # -- driver (runs inside the namespace) ------------------------------------------------------
 
 def _stub(port: int, role: str, model_dir: str, log_path: str) -> None:
+    from decode_worker.daemon.shared.http_server import HttpServer, ServerConfig, run
     from decode_worker.io.api import ApiApp, ApiConfig
-    from decode_worker.io.http import HttpServer, ServerConfig, run
     from tests.fakes.fake_backend import FakeBackend
 
     class Logged(FakeBackend):

@@ -8,9 +8,9 @@ import time
 import httpx
 import pytest
 
+from decode_worker.daemon.shared.http_server import has_uvloop, run
 from decode_worker.io.api import ApiApp, ApiConfig
-from decode_worker.io.http.loop import has_uvloop, run
-from decode_worker.io.http.parse import H2_PREFACE
+from decode_worker.io.api.http_protocol import H2_PREFACE
 from tests.fakes.fake_backend import FakeBackend, ServerThread
 from tests.unit.io.test_api_generate import sse_events
 

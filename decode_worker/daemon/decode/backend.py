@@ -1,0 +1,218 @@
+"""The decode worker's `GenerateBackend`: the event-loop side of the engine.
+
+Runs on the event loop thread only. `generate` posts an `AddRequest` to the compute thread and
+yields the chunks that `deliver` routes to the request's queue; closing the iterator early
+aborts the request, so every request ends in the engine exactly once. `flush_cache` posts a
+`FlushCache` and awaits its `CacheFlushed`; `load` reads what the engine published last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from decode_worker.daemon.decode.bridge import (
+    AbortRequest,
+    AddRequest,
+    CacheFlushed,
+    Ended,
+    EngineDead,
+    Event,
+    FinishRequest,
+    FlushCache,
+    Inbox,
+    Tokens,
+)
+from decode_worker.errors import ClientError, ServiceUnavailable
+from decode_worker.io.api.backend import (
+    FlushResult,
+    GenerateInput,
+    Health,
+    Load,
+    OutputChunk,
+    Tokenizer,
+)
+
+log = logging.getLogger(__name__)
+FLUSH_WAIT_S = 10.0  # an engine that does not answer a flush within this is stuck: 503
+
+
+@dataclass(frozen=True, slots=True)
+class BackendInfo:
+    """What /server_info and /model_info report."""
+
+    model_path: str
+    served_model_name: str
+    page_size: int
+    window: int
+    max_total_tokens: int
+    max_running_requests: int
+    kv_full_bytes_per_token: int  # all full-attention layers, K and V
+    context_length: int  # longest sequence the model takes (max_position_embeddings)
+
+
+class DecodeBackend:
+    """Bridges HTTP requests to the compute thread (see module docstring)."""
+
+    def __init__(self, inbox: Inbox, tokenizer: Tokenizer, info: BackendInfo,
+                 max_queued: int, default_bootstrap_port: int, *,
+                 load: Callable[[], Load]) -> None:
+        """`load` returns the engine's latest published `Load` (it must not block)."""
+        self._inbox = inbox
+        self.default_bootstrap_port = default_bootstrap_port
+        self._tokenizer = tokenizer
+        self.info = info
+        self.max_queued = max_queued
+        self._load = load
+        self._queues: dict[str, asyncio.Queue[OutputChunk]] = {}
+        self._flushes: dict[int, asyncio.Future[FlushResult]] = {}
+        self._flush_tokens = itertools.count(1)
+        self.draining = False
+        self.dead_reason: str | None = None
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    @property
+    def num_active(self) -> int:
+        return len(self._queues)
+
+    async def generate(self, inp: GenerateInput) -> AsyncIterator[OutputChunk]:
+        self._check_can_accept(inp)
+        queue: asyncio.Queue[OutputChunk] = asyncio.Queue()
+        self._queues[inp.rid] = queue
+        self._inbox.put(AddRequest(
+            rid=inp.rid, input_ids=list(inp.input_ids), sampling=inp.sampling,
+            return_logprob=inp.return_logprob, bootstrap_host=inp.bootstrap_host,
+            bootstrap_port=inp.bootstrap_port or self.default_bootstrap_port,
+            bootstrap_room=inp.bootstrap_room,
+            received_at=inp.received_at,
+            top_logprobs=inp.top_logprobs,
+        ))
+        ended = False
+        try:
+            while not ended:
+                chunk = await queue.get()
+                ended = chunk.finish_reason is not None or chunk.error is not None
+                yield chunk
+        finally:
+            self._queues.pop(inp.rid, None)
+            if not ended:  # the consumer went away first
+                self._inbox.put(AbortRequest(inp.rid, "client_abort"))
+
+    def abort(self, rid: str, reason: str) -> None:
+        if rid in self._queues:
+            self._inbox.put(AbortRequest(rid, reason))
+
+    def finish(self, rid: str) -> None:
+        if rid in self._queues:
+            self._inbox.put(FinishRequest(rid))
+
+    def load(self) -> Load:
+        return self._load()
+
+    async def flush_cache(self) -> FlushResult:
+        """Raises ServiceUnavailable when the engine is dead or does not answer in time."""
+        if self.dead_reason is not None:
+            raise ServiceUnavailable(f"engine stopped: {self.dead_reason}")
+        token = next(self._flush_tokens)
+        done: asyncio.Future[FlushResult] = asyncio.get_running_loop().create_future()
+        self._flushes[token] = done
+        self._inbox.put(FlushCache(token))
+        try:
+            return await asyncio.wait_for(done, FLUSH_WAIT_S)
+        except TimeoutError:
+            raise ServiceUnavailable(f"the engine did not answer the flush in "
+                                     f"{FLUSH_WAIT_S:g}s") from None
+        finally:
+            self._flushes.pop(token, None)
+
+    def deliver(self, events: list[Event]) -> None:
+        """Called on the loop (via call_soon_threadsafe) with one engine step's events. A
+        finished request's last tokens and its `Ended` come in the same step: they become one
+        chunk (not yet read: the consumer runs after this batch)."""
+        last: dict[str, OutputChunk] = {}  # this batch's latest chunk per request
+        for event in events:
+            if isinstance(event, EngineDead):
+                self._on_engine_dead(event.reason)
+            elif isinstance(event, CacheFlushed):
+                done = self._flushes.get(event.token)
+                if done is not None and not done.done():  # else: the caller gave up
+                    done.set_result(event.result)
+            elif isinstance(event, Tokens):
+                last[event.rid] = event.chunk
+                self._put(event.rid, event.chunk)
+            else:
+                chunk = last.get(event.rid) if event.finished else None
+                if chunk is None:  # an error goes alone: the tokens before it stay tokens
+                    chunk = OutputChunk(prompt_tokens=event.prompt_tokens,
+                                        cached_tokens=event.cached_tokens)
+                    self._put(event.rid, chunk)
+                _end_chunk(chunk, event)
+
+    def _put(self, rid: str, chunk: OutputChunk) -> None:
+        queue = self._queues.get(rid)
+        if queue is not None:  # else: the client left and the abort is on its way
+            queue.put_nowait(chunk)
+
+    def health(self) -> Health:
+        if self.dead_reason is not None:
+            return Health("unhealthy", f"engine stopped: {self.dead_reason}")
+        if self.draining:
+            return Health("draining", "draining: not accepting new requests")
+        return Health("ok")
+
+    def server_info(self) -> dict[str, Any]:
+        i = self.info
+        return {
+            "model_path": i.model_path, "tokenizer_path": i.model_path,
+            "served_model_name": i.served_model_name, "disaggregation_mode": "decode",
+            "tp_size": 1, "dp_size": 1, "page_size": i.page_size, "sliding_window": i.window,
+            "max_total_num_tokens": i.max_total_tokens,
+            "max_running_requests": i.max_running_requests, "status": self.health().status,
+            "kv_full_bytes_per_token": i.kv_full_bytes_per_token,
+            "context_length": i.context_length,
+        }
+
+    def model_info(self) -> dict[str, Any]:
+        return {"model_path": self.info.model_path, "tokenizer_path": self.info.model_path,
+                "served_model_name": self.info.served_model_name, "is_generation": True,
+                "context_length": self.info.context_length}
+
+    def _check_can_accept(self, inp: GenerateInput) -> None:
+        health = self.health()
+        if not health.is_ok:
+            raise ServiceUnavailable(health.message)
+        if (inp.bootstrap_host is None) != (inp.bootstrap_room is None):
+            raise ClientError("bootstrap_host and bootstrap_room go together: give both (the "
+                              "prefill peer's address and the transfer room) or neither")
+        if inp.rid in self._queues:
+            raise ClientError(f"rid {inp.rid!r} is already running")
+        if len(self._queues) >= self.max_queued:
+            raise ServiceUnavailable(f"queue full ({self.max_queued} requests): retry later")
+
+    def _on_engine_dead(self, reason: str) -> None:
+        self.dead_reason = reason
+        for done in self._flushes.values():
+            if not done.done():
+                done.set_exception(ServiceUnavailable(f"engine stopped: {reason}"))
+        for rid, queue in self._queues.items():
+            queue.put_nowait(OutputChunk(error=f"engine stopped: {reason}", error_status=503,
+                                         error_code="internal"))
+            log.error("rid=%s failed: engine stopped", rid)
+
+
+def _end_chunk(chunk: OutputChunk, ended: Ended) -> None:
+    """Make `chunk` the request's last: finished ("stop" / "length") or an error whose reason
+    the API layer maps to an HTTP status."""
+    if ended.finished:
+        chunk.finish_reason = "stop" if ended.reason == "stop" else "length"
+        chunk.matched_stop = ended.matched_stop
+    else:
+        chunk.error = ended.message or f"aborted: {ended.reason}"
+        chunk.error_code = ended.reason

@@ -1,0 +1,146 @@
+"""The engine's books: what it counted becomes metrics, the pools' and queues' state becomes
+gauges and the load, and the accounts are checked (integrity) or emptied (cache flush).
+
+Counts live where the decisions are made: core's `SchedulerStats` (admission, decode pages,
+evictions), the request table (ends by status, aborts the shell decided), the stepper (tokens)
+and the KV receiver (transfers). `publish` turns them into metrics once per step; nothing else
+sets a metric on the compute thread. `load` is replaced (never mutated) by each `publish`; the
+event loop reads it for GET /get_load without a lock. Compute thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from decode_worker.core.kv_context import KVContext
+from decode_worker.core.pages import PoolStats
+from decode_worker.core.request import RequestState, held_page_ids
+from decode_worker.core.stats import QueueSizes
+from decode_worker.daemon.decode.fetcher import KVFetcher
+from decode_worker.daemon.decode.requests import RequestTable
+from decode_worker.daemon.decode.stepper import DecodeStepper
+from decode_worker.io.api.backend import FlushResult, Load
+from decode_worker.io.kv.peer import ReceiverStats
+from decode_worker.io.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+def receiver_totals(stats: ReceiverStats) -> dict[str, int | dict[str, int]]:
+    """The KV receiver's counts as `Metrics.set_totals` takes them."""
+    return {"transfer_bytes": stats.bytes_received,
+            "transfer_received_tokens": stats.tokens_received,
+            "transfer_failures": dict(stats.failures)}
+
+
+class Books:
+    """Metrics, gauges, load, flush and integrity over the engine's parts."""
+
+    def __init__(self, kv_ctx: KVContext, table: RequestTable, fetcher: KVFetcher,
+                 stepper: DecodeStepper, metrics: Metrics) -> None:
+        self.kv_ctx, self.table, self.fetcher, self.stepper = kv_ctx, table, fetcher, stepper
+        self.metrics = metrics
+        self.load = Load()
+
+    def publish(self) -> None:
+        """Counters up to what was counted, pool and queue gauges, and the load."""
+        self._publish_counts()
+        stats = {"full": self._pool_stats("full"), "swa": self._pool_stats("swa")}
+        for pool, st in stats.items():
+            if st is not None:
+                self.metrics.update_pool(pool, available=st.available, used=st.total - st.available,
+                                         evictable=st.evictable, protected=st.protected,
+                                         total=st.total)
+        q = self.queue_sizes()
+        self.metrics.update_queues(prealloc=q.prealloc, transfer=q.transfer, running=q.running)
+        # tokens in use: pages held by requests or locked for them, not the evictable cache (as
+        # SGLang: the larger of the two pools), plus the prompts still queued for pages
+        in_use = max((st.total - st.available - st.evictable for st in stats.values()
+                      if st is not None), default=0) * self.kv_ctx.page_size
+        queued = (sum(lv.req.fill_len for lv in self.table.lives.values()
+                      if lv.req.state is RequestState.QUEUED) if q.prealloc else 0)
+        self.load = Load(num_running_reqs=q.running, num_waiting_reqs=q.prealloc + q.transfer,
+                         num_tokens=in_use + queued, measured_at=time.perf_counter())
+
+    def queue_sizes(self) -> QueueSizes:
+        return QueueSizes(prealloc=self.table.queue.num_queued,
+                          transfer=self.fetcher.num_in_flight, running=len(self.table.running))
+
+    def _publish_counts(self) -> None:
+        st, table, rx = self.kv_ctx.stats, self.table, self.fetcher.receiver.stats
+        aborts = dict(table.aborts_total)
+        for reason, n in st.aborts_total.items():
+            aborts[reason] = aborts.get(reason, 0) + n
+        self.metrics.set_totals({
+            "admissions": st.admissions_total,
+            "admission_passes": st.admission_passes_total,
+            "retractions": st.retractions_total,
+            "prefix_query_tokens": st.prefix_query_tokens_total,
+            "prefix_hit_tokens": st.prefix_hit_tokens_total,
+            "evicted_pages": {"full": st.evicted_full_pages_total,
+                              "swa": st.evicted_swa_pages_total},
+            "swa_released_pages": st.swa_pages_released_total,
+            "aborts": aborts,
+            "requests": dict(table.requests_total),
+            "generated_tokens": self.stepper.generated_tokens_total,
+            **receiver_totals(rx),
+        })
+        self.metrics.observe_transfer_samples(rx.take_samples())
+
+    def flush_cache(self) -> FlushResult:
+        """Evict every tree entry no request holds (full values with their SWA values, then SWA
+        values left on held nodes), back into the allocators; then check the books (FatalError
+        if they do not balance). Refused, changing nothing, while any request is running or
+        waiting (queued, transferring, or waiting for a failed transfer's pages), as SGLang."""
+        num_running = len(self.table.running)
+        num_waiting = len(self.table.holders()) - num_running
+        if num_running or num_waiting:
+            msg = (f"cache not flushed: {num_running} running and {num_waiting} waiting "
+                   f"requests (flush when idle, or pass ?timeout=S to wait)")
+            log.warning("%s", msg)
+            return FlushResult(False, msg)
+        ctx = self.kv_ctx
+        if ctx.tree is None:
+            log.info("cache flush: the decode radix cache is off, nothing cached")
+            return FlushResult(True)
+        full_free, swa_free = ctx.full.num_free, ctx.swa.num_free if ctx.swa else 0
+        ctx.tree.evict_full(ctx.full.num_total)  # at most everything evictable
+        if ctx.swa is not None:
+            ctx.tree.evict_swa(ctx.swa.num_total)
+        self.check_integrity()
+        n_full = ctx.full.num_free - full_free
+        n_swa = ctx.swa.num_free - swa_free if ctx.swa else 0
+        log.info("cache flushed: %d full and %d SWA pages back in the pools", n_full, n_swa)
+        return FlushResult(True, num_full_pages=n_full, num_swa_pages=n_swa)
+
+    def check_integrity(self) -> None:
+        """Every pool page is free, cached by the tree or held by exactly one request (live, or
+        ended while a transfer still holds its pages). Raises FatalError otherwise."""
+        ctx = self.kv_ctx
+        held_full, held_swa = held_page_ids(self.table.holders(), ctx.page_size)
+        if ctx.tree is not None:
+            ctx.tree.check_integrity(held_full, held_swa)
+        else:
+            ctx.full.check_integrity()
+            if ctx.swa is not None:
+                ctx.swa.check_integrity()
+
+    def snapshot(self) -> str:
+        """One line for the log when a step fails."""
+        ctx, q = self.kv_ctx, self.queue_sizes()
+        return (f"running={q.running} queued={q.prealloc} transfers={q.transfer} "
+                f"lives={len(self.table.lives)} full_free={ctx.full.num_free} "
+                f"swa_free={ctx.swa.num_free if ctx.swa else 0}")
+
+    def _pool_stats(self, pool: str) -> PoolStats | None:
+        ctx = self.kv_ctx
+        if ctx.tree is not None:
+            return ctx.tree.full_stats() if pool == "full" else (
+                ctx.tree.swa_stats() if ctx.swa is not None else None)
+        alloc = ctx.full if pool == "full" else ctx.swa
+        if alloc is None:
+            return None
+        held = alloc.num_total - alloc.num_free
+        return PoolStats(total=alloc.num_total, available=alloc.num_free, evictable=0,
+                         protected=0, held_by_requests=held)

@@ -1,0 +1,158 @@
+"""The only link between the event loop and the compute thread: typed commands and events.
+
+The loop puts commands into the `Inbox`; the compute thread blocks on it when idle and drains it
+without blocking when busy. The compute thread hands a whole step's events to the loop with one
+`call_soon_threadsafe` (not one per token). Besides, once per step the engine publishes its
+`Load` (a frozen value, swapped in whole) for GET /get_load, which the loop reads without a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from decode_worker.core.sampling import SamplingParams
+from decode_worker.io.api.backend import FlushResult, OutputChunk
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    return_logprob: bool
+    bootstrap_host: str | None
+    bootstrap_port: int | None
+    bootstrap_room: int | None
+    received_at: float
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    rid: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class FinishRequest:
+    """The API layer matched a stop string: end `rid` as finished (its KV is cached)."""
+
+    rid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Stop admitting; abort what is still queued or transferring after `grace_s`."""
+
+    grace_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class FlushCache:
+    """Evict every radix-tree entry no request holds, unless a request is running or waiting;
+    answered with one `CacheFlushed` carrying the same `token`."""
+
+    token: int
+
+
+Command = AddRequest | AbortRequest | FinishRequest | Drain | Shutdown | FlushCache
+
+
+@dataclass(slots=True)
+class Tokens:
+    """New tokens of request `rid` (the API layer's own `OutputChunk`, so nothing is translated
+    on the loop); the request's end follows as `Ended`."""
+
+    rid: str
+    chunk: OutputChunk
+
+
+@dataclass(slots=True)
+class Ended:
+    """Request `rid` ended: `reason` is "stop" or "length" when it finished, else its abort or
+    failure label (docs/CONTRACTS.md; the API layer maps it to an HTTP status) with `message`.
+    `matched_stop` is the stop token that finished it; the totals are as in `OutputChunk`."""
+
+    rid: str
+    reason: str
+    message: str = ""
+    matched_stop: int | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.reason in ("stop", "length")
+
+
+@dataclass(slots=True)
+class EngineDead:
+    reason: str
+
+
+@dataclass(slots=True)
+class CacheFlushed:
+    """The answer to `FlushCache(token)`."""
+
+    token: int
+    result: FlushResult
+
+
+Event = Tokens | Ended | EngineDead | CacheFlushed
+
+
+class Inbox:
+    """Commands from the loop to the compute thread (thread-safe, unbounded)."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[Command] = queue.SimpleQueue()
+
+    def put(self, cmd: Command) -> None:
+        self._q.put(cmd)
+
+    def get_all(self, timeout_s: float | None) -> list[Command]:
+        """Block up to `timeout_s` for the first command (0 = don't block), then drain the rest."""
+        cmds: list[Command] = []
+        try:
+            if timeout_s is None or timeout_s > 0:
+                cmds.append(self._q.get(timeout=timeout_s))
+            while True:
+                cmds.append(self._q.get_nowait())
+        except queue.Empty:
+            pass
+        return cmds
+
+
+@dataclass
+class Outbox:
+    """Events from the compute thread to the loop, delivered in one batch per step. An outbox
+    built `unbound()` (before the loop runs) keeps its events until a bound one replaces it."""
+
+    loop: asyncio.AbstractEventLoop | None
+    deliver: Callable[[list[Event]], Any]
+    _pending: list[Event] = field(default_factory=list)
+
+    @classmethod
+    def unbound(cls) -> Outbox:
+        return cls(None, lambda events: None)
+
+    def put(self, event: Event) -> None:
+        self._pending.append(event)
+
+    def flush(self) -> None:
+        if not self._pending or self.loop is None:
+            return
+        batch, self._pending = self._pending, []
+        # A closed loop means we are shutting down and nobody is listening.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.deliver, batch)

@@ -1,0 +1,239 @@
+"""The compute thread: owns torch, the pools, the tree, the prealloc queue and NIXL.
+
+The engine is a composition of parts, each built here with what it needs:
+- `RequestTable` (`requests.py`): the requests and the one exit every request leaves by;
+- `KVFetcher` (`fetcher.py`): transfers (or local prefill) for admitted requests;
+- `DecodeStepper` (`stepper.py`): the decode batch, one token per request per step;
+- `Books` (`books.py`): metrics, gauges, load, cache flush and the integrity check.
+
+Any exception in a step is a broken invariant or a device failure: the engine posts
+`EngineDead` and stops, so the daemon exits and its supervisor restarts it. Per-request problems
+never raise out of a step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from decode_worker.core.admission import Abort, Decision, PreallocQueue, QueueLimits
+from decode_worker.core.decode_alloc import DecodeAllocator
+from decode_worker.core.kv_context import KVContext
+from decode_worker.core.pages import PageAllocator
+from decode_worker.core.radix_tree import UnifiedRadixTree
+from decode_worker.daemon.decode.backend import BackendInfo
+from decode_worker.daemon.decode.books import Books
+from decode_worker.daemon.decode.bridge import (
+    AbortRequest,
+    AddRequest,
+    CacheFlushed,
+    Command,
+    Drain,
+    EngineDead,
+    FinishRequest,
+    FlushCache,
+    Inbox,
+    Outbox,
+    Shutdown,
+)
+from decode_worker.daemon.decode.fetcher import KVFetcher
+from decode_worker.daemon.decode.live import LiveRequest
+from decode_worker.daemon.decode.requests import RequestTable
+from decode_worker.daemon.decode.stepper import DecodeStepper
+from decode_worker.daemon.shared.compat import model_compat, region_layouts
+from decode_worker.daemon.shared.runtime import Runtime, build_runtime
+from decode_worker.device.aux_buffer import AuxBuffer
+from decode_worker.device.sampler import Sampler
+from decode_worker.device.tokenizer import Tokenizer
+from decode_worker.errors import DecodeWorkerError, ServiceUnavailable
+from decode_worker.io.kv.receiver import KVReceiver
+from decode_worker.io.metrics import Metrics
+from decode_worker.settings import Settings
+
+log = logging.getLogger(__name__)
+_IDLE_WAIT_S = 0.02  # how long an idle engine blocks on its inbox before polling transfers
+_WAITING_S = 0.0005  # the same with no batch but requests waiting (KV in flight, pages short)
+
+
+class DecodeEngine:
+    """Build with `DecodeEngine.build`, then `start(outbox)`; talk to it through `inbox`."""
+
+    def __init__(self, settings: Settings, rt: Runtime, metrics: Metrics,
+                 outbox: Outbox | None = None) -> None:
+        self.settings, self.rt = settings, rt
+        c, sched = settings.cache, settings.scheduler
+        self.page_size, self.window = rt.layout.page_size, rt.facts.window
+        self.full = PageAllocator(rt.layout.num_full_pages, "full")
+        self.swa = (PageAllocator(rt.layout.num_swa_pages, "swa")
+                    if rt.facts.is_swa_hybrid else None)
+        self.tree = (UnifiedRadixTree(self.page_size, self.window, self.full, self.swa)
+                     if c.decode_radix_cache else None)
+        self.kv_ctx = KVContext(self.tree, self.full, self.swa, page_size=self.page_size,
+                                window=self.window, radix_cache=c.decode_radix_cache)
+        self.stats = self.kv_ctx.stats
+        self.queue = PreallocQueue(self.kv_ctx, QueueLimits(
+            max_queued=sched.max_queued_requests, queue_timeout_s=sched.queue_timeout_s,
+            # backstop only: the receiver times transfers out first and returns pages
+            # once the peer stopped writing
+            kv_timeout_s=sched.kv_timeout_s + settings.transfer.abort_quiesce_s + 5.0,
+            max_active=sched.max_running_requests,
+            decode_reserve_tokens=sched.decode_reserve_tokens))
+        decode_alloc = DecodeAllocator(self.kv_ctx)
+        aux = AuxBuffer(sched.max_running_requests + 64)
+        self.receiver = KVReceiver(settings.transfer, model_compat(rt.runner, rt.model_name),
+                                   region_layouts(rt.pools, aux), sched.kv_timeout_s)
+        sampler = Sampler(rt.pools.device)
+        self.inbox = Inbox()
+        self.table = RequestTable(self.kv_ctx, self.queue, decode_alloc, self.receiver,
+                                  outbox or Outbox.unbound())
+        self.fetcher = KVFetcher(self.receiver, aux, self.table, rt.runner, sampler)
+        self.stepper = DecodeStepper(self.table, self.queue, decode_alloc, rt.runner, sampler)
+        self.books = Books(self.kv_ctx, self.table, self.fetcher, self.stepper, metrics)
+        self._eos_ids = frozenset(rt.tokenizer.eos_token_ids)
+        self._drain_deadline: float | None = None
+        self._stopping = False
+        self._next_integrity_check = 0.0
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def build(cls, settings: Settings, metrics: Metrics) -> DecodeEngine:
+        return cls(settings, build_runtime(settings, use_cuda_graph=True), metrics)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.rt.tokenizer
+
+    @property
+    def outbox(self) -> Outbox:
+        return self.table.outbox
+
+    @outbox.setter
+    def outbox(self, outbox: Outbox) -> None:
+        self.table.outbox = outbox
+
+    @property
+    def info(self) -> BackendInfo:
+        return BackendInfo(
+            model_path=str(self.rt.model_dir), served_model_name=self.rt.model_name,
+            page_size=self.page_size, window=self.window,
+            max_total_tokens=self.full.num_total * self.page_size,
+            max_running_requests=self.settings.scheduler.max_running_requests,
+            kv_full_bytes_per_token=(self.rt.pools.page_bytes("full")
+                                     * self.rt.pools.spec.num_full_layers // self.page_size),
+            context_length=self.rt.runner.model.cfg.max_position_embeddings)
+
+    # -- thread ------------------------------------------------------------------------------
+    def start(self, outbox: Outbox) -> None:
+        self.outbox = outbox
+        self._thread = threading.Thread(target=self._run, name="decode-engine", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self.step(time.monotonic())
+        except Exception as exc:  # the loop boundary: anything here is fatal
+            log.exception("decode engine failed; %s", self.books.snapshot())
+            self.outbox.put(EngineDead(f"{type(exc).__name__}: {exc}"))
+            self.outbox.flush()
+        finally:
+            self._close()
+
+    def step(self, now: float) -> None:
+        """inbox -> transfers -> admit -> start -> decode step (and commit) -> publish.
+
+        Without a batch to run it blocks on the inbox first: `_WAITING_S` while requests wait
+        (a transfer's end is polled, not signalled), `_IDLE_WAIT_S` when idle."""
+        table = self.table
+        waiting = self.fetcher.num_in_flight or self.queue.num_queued
+        wait_s = 0.0 if table.running else _WAITING_S if waiting else _IDLE_WAIT_S
+        for cmd in self.inbox.get_all(wait_s):
+            self.handle(cmd, now)
+        now = time.monotonic()  # the inbox wait may have blocked
+        self.fetcher.poll(now)
+        self._admit(now)
+        for live in table.ready():
+            self.stepper.start(live, now)
+        if table.running:
+            self.stepper.step(now)
+        self.books.publish()
+        self._maybe_check_integrity(now)
+        self.outbox.flush()
+
+    # -- commands ----------------------------------------------------------------------------
+    def handle(self, cmd: Command, now: float) -> None:
+        if isinstance(cmd, AddRequest):
+            self._add(cmd, now)
+        elif isinstance(cmd, AbortRequest | FinishRequest):
+            live = self.table.lives.get(cmd.rid)
+            if live is not None:
+                self._cancel(live, cmd.reason if isinstance(cmd, AbortRequest) else "stop", now)
+        elif isinstance(cmd, Drain):
+            self._drain_deadline = now + cmd.grace_s
+        elif isinstance(cmd, FlushCache):
+            self.outbox.put(CacheFlushed(cmd.token, self.books.flush_cache()))
+        elif isinstance(cmd, Shutdown):
+            self._stopping = True
+
+    def _add(self, cmd: AddRequest, now: float) -> None:
+        live = self.table.add(cmd, self._eos_ids, now)
+        vocab = self.rt.runner.model.cfg.vocab_size
+        bad = [t for t in cmd.input_ids if not 0 <= t < vocab]
+        if bad or not cmd.input_ids:
+            # the API checks this too; the engine never trusts its caller with the device
+            why = f"token ids outside [0, {vocab}): {bad[:5]}" if bad else "empty prompt"
+            self.table.end(live, "bad_request", why, now)
+            return
+        try:
+            ab = self.queue.add(live.req, now)
+        except ServiceUnavailable as exc:  # the prealloc queue is full
+            self.table.end(live, "queue_full", str(exc), now)
+            return
+        if ab is not None:
+            self.table.end_decided(ab, now)
+
+    def _cancel(self, live: LiveRequest, reason: str, now: float) -> None:
+        """Client abort, stop string ("stop": the request finished, wherever it is) or drain."""
+        message = "" if reason == "stop" else f"aborted: {reason}"
+        self.table.end(live, reason, message, now)
+
+    def _admit(self, now: float) -> None:
+        """The prealloc queue's decisions: admitted requests fetch their KV, the rest end;
+        then the deadlines (queue and KV backstop), and the drain deadline."""
+        decisions: list[Decision] = [*self.queue.pop_admitted(now), *self.queue.expire(now)]
+        for d in decisions:
+            if isinstance(d, Abort):
+                self.table.end_decided(d, now)
+                continue
+            live = self.table.lives[d.req.rid]
+            try:
+                self.fetcher.fetch(live, d, now)
+            except DecodeWorkerError as exc:  # this request's inputs, not the engine
+                log.warning("rid=%s failed to start: %s", live.rid, exc)
+                self.table.end(live, "bad_request", str(exc), now, failed=True)
+        if self._drain_deadline is not None and now >= self._drain_deadline:
+            for live in list(self.table.lives.values()):
+                self.table.end(live, "drain", "aborted: drain", now)
+
+    def _maybe_check_integrity(self, now: float) -> None:
+        """Between batches, every `integrity_check_interval_s`: pages and locks balance, or
+        FatalError ends the engine (the supervisor restarts a worker whose books are wrong)."""
+        interval = self.settings.scheduler.integrity_check_interval_s
+        if interval <= 0 or self.table.running or now < self._next_integrity_check:
+            return
+        self._next_integrity_check = now + interval
+        self.books.check_integrity()
+
+    def _close(self) -> None:
+        now = time.monotonic()
+        for live in list(self.table.lives.values()):
+            self.table.end(live, "drain", "aborted: drain", now)
+        self.outbox.flush()
+        # CUDA graphs go before the pools' NIXL registration is released.
+        self.rt.runner.destroy()
+        self.receiver.close()

@@ -1,0 +1,131 @@
+"""Getting a request's KV: post the transfer for an admitted request and turn the receiver's
+events into arrivals or ends, or compute the prompt here when no prefill peer was named.
+
+```
+fetch ──► receiver.submit ──► "done"      aux row checked: READY with the first token
+                          ├─► "failed"    the request ends now (answered); pages wait
+                          └─► "released"  pages of an ended request go back (table)
+      └─► no peer, or a resumed request: prefill on this worker's model -> READY
+```
+Compute thread only (the receiver's NIXL agent has this one owner).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from decode_worker.core.admission import Admit
+from decode_worker.core.request import RequestState
+from decode_worker.daemon.decode.live import LiveRequest
+from decode_worker.daemon.decode.requests import RequestTable
+from decode_worker.device.aux_buffer import AuxBuffer
+from decode_worker.device.runner import ModelRunner
+from decode_worker.device.sampler import Sampler
+from decode_worker.io.kv.receiver import KVReceiver, TransferEvent
+
+log = logging.getLogger(__name__)
+
+
+class KVFetcher:
+    """Transfers in flight by id, and the aux rows (first token, logprobs) they land in."""
+
+    def __init__(self, receiver: KVReceiver, aux: AuxBuffer, table: RequestTable,
+                 runner: ModelRunner, sampler: Sampler) -> None:
+        self.receiver, self.aux, self.table = receiver, aux, table
+        self.runner, self.sampler = runner, sampler
+        self.page_size = table.kv_ctx.page_size
+        self.by_transfer: dict[int, LiveRequest] = {}
+        self._free_slots = list(range(aux.num_rows - 1, -1, -1))
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self.by_transfer)
+
+    def fetch(self, live: LiveRequest, admit: Admit, now: float) -> None:
+        """The request holds its pages (RESERVED): ask its prefill peer for the missing KV, or
+        compute it here when the client named no peer (or it is a resumed request). Raises
+        DecodeWorkerError for inputs the receiver refuses (nothing posted)."""
+        req = live.req
+        live.cached_tokens = max(live.cached_tokens, admit.prefix_len)
+        if not live.has_peer or req.is_resumed:
+            self._compute_locally(live, admit.prefix_len, now)
+            return
+        slot = self._free_slots.pop()
+        self.aux.clear(slot)
+        cmd = live.cmd
+        try:
+            tid = self.receiver.submit(
+                cmd.bootstrap_host or "", cmd.bootstrap_port or 0, rid=req.rid,
+                room=cmd.bootstrap_room or 0, prompt_len=req.fill_len,
+                reused_len=admit.prefix_len, swa_window_start=admit.swa_start,
+                full_page_ids=admit.full_page_ids, swa_page_ids=admit.swa_page_ids,
+                aux_slot=slot)
+        except BaseException:
+            self._free_slots.append(slot)
+            raise
+        live.transfer_id, live.aux_slot = tid, slot
+        self.by_transfer[tid] = live
+        req.transition(RequestState.RECEIVING, now)
+
+    def poll(self, now: float) -> None:
+        """Apply every transfer event the receiver has."""
+        for event in self.receiver.poll():
+            live = self.by_transfer.get(event.transfer_id)
+            if live is None:
+                continue
+            if event.kind == "failed":
+                self._on_failed(live, event, now)
+                continue
+            slot = live.aux_slot
+            self._forget(live, event.transfer_id)
+            if self.table.transfer_over(event.transfer_id, now):
+                continue  # it had ended: its pages went back
+            if event.kind == "done":
+                self._on_done(live, event, slot, now)
+            else:  # released without a failure or an end: nothing will arrive
+                self.table.end(live, "transfer_failed", "the KV transfer was released "
+                               "before it completed", now, failed=True)
+
+    def _on_done(self, live: LiveRequest, ev: TransferEvent, slot: int | None,
+                 now: float) -> None:
+        """KV and the aux row landed (`slot`, already back in the free list but not reused
+        before this reads it)."""
+        row = self.aux.check(slot, ev.room, ev.transfer_id) if slot is not None else None
+        if row is None:
+            self.table.end(live, "transfer_failed", "first token missing or for another room",
+                           now, failed=True)
+            return
+        live.record_logprobs(row.logprob, row.top_logprobs)
+        live.req.arrive(row.token_id, now)
+
+    def _on_failed(self, live: LiveRequest, ev: TransferEvent, now: float) -> None:
+        """Answer the client now; the pages stay held until the peer has stopped writing."""
+        reason = ev.reason or "transfer_failed"
+        log.warning("rid=%s transfer %d failed (%s): %s", live.rid, ev.transfer_id, reason,
+                    ev.detail)
+        self.table.end(live, reason, f"KV transfer failed ({reason}): {ev.detail}", now,
+                       failed=True)
+
+    def _forget(self, live: LiveRequest, transfer_id: int) -> None:
+        """The transfer is over: its id and aux row are free (the row was read, if needed)."""
+        self.by_transfer.pop(transfer_id, None)
+        live.transfer_id = None
+        if live.aux_slot is not None:
+            self._free_slots.append(live.aux_slot)
+            live.aux_slot = None
+
+    def _compute_locally(self, live: LiveRequest, prefix_len: int, now: float) -> None:
+        """Prefill here: positions from 0, writing full KV only past the tree-owned prefix (its
+        pages are shared; page 0 is the dummy page) and SWA KV into the held tail."""
+        req, kv = live.req, live.req.kv
+        assert kv is not None  # RESERVED holds kv
+        ps = self.page_size
+        full = [0] * (prefix_len // ps) + kv.full_page_ids[prefix_len // ps:]
+        swa = kv.swa_page_ids if self.table.kv_ctx.swa else [0] * len(full)
+        logits = self.runner.prefill(req.fill_ids, full, swa, start_pos=0)
+        if req.is_resumed:
+            req.arrive(req.output_ids[-1], now)
+            return
+        out = self.sampler.sample(logits[None], [live.sample_row()])
+        live.record_logprobs(out.logprobs[0], out.top_logprobs[0])
+        req.arrive(out.token_ids[0], now)

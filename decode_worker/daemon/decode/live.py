@@ -1,0 +1,82 @@
+"""What the compute thread keeps per request beside its core `DecodeRequest`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from decode_worker.core.request import DecodeRequest
+from decode_worker.core.sampling import TopLogprobs
+from decode_worker.daemon.decode.bridge import AddRequest, Ended, Tokens
+from decode_worker.device.sampler import SampleRow
+from decode_worker.io.api.backend import FinishReason, OutputChunk
+
+
+@dataclass(slots=True, eq=False)
+class LiveRequest:
+    """One request the engine knows: its state machine, what the client asked, its transfer.
+
+    `transfer_id` / `aux_slot` are set while a transfer is in flight. `ended` is set by the
+    request table's one exit: the answer went out, and when a transfer was still in flight the
+    pages wait for it to stop before they are released (`RequestTable.transfer_over`).
+    """
+
+    req: DecodeRequest
+    cmd: AddRequest
+    eos_ids: frozenset[int]
+    transfer_id: int | None = None
+    aux_slot: int | None = None
+    cached_tokens: int = 0
+    ended: Ended | None = None
+    emitted: int = 0  # output tokens already sent to the client
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)  # when cmd.top_logprobs
+
+    @property
+    def rid(self) -> str:
+        return self.req.rid
+
+    @property
+    def has_peer(self) -> bool:
+        return self.cmd.bootstrap_host is not None and self.cmd.bootstrap_room is not None
+
+    def sample_row(self) -> SampleRow:
+        return SampleRow(self.cmd.sampling, step=len(self.req.output_ids),
+                         return_logprob=self.cmd.return_logprob,
+                         top_logprobs=self.cmd.top_logprobs)
+
+    def record_logprobs(self, logprob: float | None, top: TopLogprobs | None) -> None:
+        """Keep the new token's logprob (and its alternatives when asked for)."""
+        self.logprobs.append(logprob if logprob is not None else 0.0)
+        if self.cmd.top_logprobs:  # a prefill peer sends more than asked: keep what was
+            self.top_logprobs.append((top or [])[:self.cmd.top_logprobs])
+
+    def finish_reason(self) -> tuple[FinishReason, int | None] | None:
+        """("stop", token) / ("length", None) when the last output token ends the request."""
+        out = self.req.output_ids
+        sp = self.cmd.sampling
+        if out:
+            last = out[-1]
+            if last in sp.stop_token_ids:
+                return "stop", last
+            if not sp.ignore_eos and last in self.eos_ids:
+                return "stop", last
+        if len(out) >= self.req.max_new_tokens:
+            return "length", None
+        return None
+
+    def new_tokens(self) -> Tokens | None:
+        """Everything produced since the last event (None when nothing is new)."""
+        out = self.req.output_ids
+        if self.emitted == len(out):
+            return None
+        start, self.emitted = self.emitted, len(out)
+        ids = out[start:] if self.req.max_new_tokens else []
+        lps = self.logprobs[start:len(out)] if self.cmd.return_logprob else None
+        tops = self.top_logprobs[start:len(out)] if self.cmd.top_logprobs else None
+        return Tokens(self.rid, OutputChunk(
+            ids, lps, None, None, len(self.req.prompt_ids), self.cached_tokens,
+            top_logprobs=tops))
+
+    def ended_event(self, reason: str, message: str, matched_stop: int | None) -> Ended:
+        return Ended(self.rid, reason, message, matched_stop, len(self.req.prompt_ids),
+                     self.cached_tokens)

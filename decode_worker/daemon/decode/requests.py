@@ -1,0 +1,135 @@
+"""The request table: every request the engine knows, and the one exit every request leaves by.
+
+A request enters with `add` and leaves through `end`, whatever ends it: it finished (stop token,
+EOS, length, a stop string), the client left, admission or a deadline aborted it, its transfer
+failed, the worker drains or shuts down. `end` answers the client once (`Ended`), counts the end,
+and releases exactly what the request held:
+
+```
+state at end         released by end
+QUEUED               its place in the prealloc queue (it holds no pages)
+transfer in flight   nothing yet: the peer may still write into its pages; the receiver is
+                     told to stop, and `transfer_over` releases them once it has
+RESERVED..RUNNING    its pages and prefix lock (valid KV stays cached in the tree)
+already terminal     nothing (admission aborted it and returned its pages itself)
+```
+Compute thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Protocol
+
+from decode_worker.core.admission import Abort, PreallocQueue
+from decode_worker.core.decode_alloc import DecodeAllocator
+from decode_worker.core.kv_context import KVContext
+from decode_worker.core.request import TERMINAL, DecodeRequest, RequestState
+from decode_worker.daemon.decode.bridge import AddRequest, Outbox
+from decode_worker.daemon.decode.live import LiveRequest
+
+log = logging.getLogger(__name__)
+S = RequestState
+FINISHED = frozenset({"stop", "length"})  # end reasons of a request that finished normally
+
+
+class TransferStopper(Protocol):
+    """What the table needs of the KV receiver: stop one transfer (its pages come back with the
+    receiver's "released" or "done" event)."""
+
+    def abort(self, transfer_id: int) -> None: ...
+
+
+class RequestTable:
+    """The live requests by rid, the running batch, and the ended requests whose pages a
+    transfer still holds (see the module docstring).
+
+    `counts`: requests ended by status, and aborts by reason for those the shell decided
+    (admission counts its own in `SchedulerStats`); the books export both.
+    """
+
+    def __init__(self, kv_ctx: KVContext, queue: PreallocQueue, decode_alloc: DecodeAllocator,
+                 transfers: TransferStopper, outbox: Outbox) -> None:
+        self.kv_ctx, self.queue, self.decode_alloc = kv_ctx, queue, decode_alloc
+        self.transfers = transfers
+        self.outbox = outbox
+        self.lives: dict[str, LiveRequest] = {}
+        self.running: list[LiveRequest] = []
+        # transfer id -> an ended request whose pages the transfer still holds, and its status
+        self.draining: dict[int, tuple[LiveRequest, str]] = {}
+        self.requests_total: Counter[str] = Counter()  # finished / aborted / failed
+        self.aborts_total: Counter[str] = Counter()  # shell-decided aborts, by reason
+
+    def add(self, cmd: AddRequest, eos_ids: frozenset[int], now: float) -> LiveRequest:
+        """Register a new request (QUEUED, not yet in the prealloc queue)."""
+        req = DecodeRequest(cmd.rid, cmd.bootstrap_room or 0, list(cmd.input_ids),
+                            cmd.sampling.max_new_tokens)
+        live = LiveRequest(req, cmd, eos_ids)
+        self.lives[cmd.rid] = live
+        return live
+
+    def holders(self) -> list[DecodeRequest]:
+        """Every request that may hold pages: the live ones and those a transfer still holds."""
+        return [lv.req for lv in self.lives.values()] + [lv.req for lv, _ in self.draining.values()]
+
+    def ready(self) -> list[LiveRequest]:
+        return [lv for lv in self.lives.values() if lv.req.state is S.READY]
+
+    # -- the one exit ----------------------------------------------------------------------------
+    def end(self, live: LiveRequest, reason: str, message: str, now: float, *,
+            matched_stop: int | None = None, failed: bool = False) -> None:
+        """End `live` for `reason` ("stop" / "length": finished; else an abort label, or a
+        failure when `failed`). Idempotent: a request ends once."""
+        if live.ended is not None:
+            return
+        live.ended = live.ended_event(reason, message, matched_stop)
+        self.lives.pop(live.rid, None)
+        if live in self.running:
+            self.running.remove(live)
+        status = "finished" if reason in FINISHED else "failed" if failed else "aborted"
+        self._count(live.req, status, reason)
+        self.outbox.put(live.ended)
+        if live.transfer_id is not None:  # the peer may still be writing: wait for it
+            self.draining[live.transfer_id] = (live, status)
+            self.transfers.abort(live.transfer_id)
+            return
+        self._release(live, status, now)
+
+    def end_decided(self, ab: Abort, now: float) -> None:
+        """Admission aborted `ab.req` (already ABORTED, its pages returned and counted)."""
+        live = self.lives.get(ab.req.rid)
+        if live is not None:
+            self.end(live, ab.reason, ab.message, now)
+
+    def transfer_over(self, transfer_id: int, now: float) -> bool:
+        """The transfer `transfer_id` stopped (released, or done after all): if it belonged to
+        an ended request, release that request's pages now and return True."""
+        entry = self.draining.pop(transfer_id, None)
+        if entry is None:
+            return False
+        live, status = entry
+        live.transfer_id = None
+        self._release(live, status, now)
+        return True
+
+    # -- internals ------------------------------------------------------------------------------
+    def _count(self, req: DecodeRequest, status: str, reason: str) -> None:
+        self.requests_total[status] += 1
+        decided_by_admission = req.state is S.ABORTED  # admission aborts before the shell hears
+        if status == "aborted" and not decided_by_admission:
+            self.aborts_total[reason] += 1
+        if status != "finished":
+            log.info("rid=%s ended (%s): %s", req.rid, reason, req.message or status)
+
+    def _release(self, live: LiveRequest, status: str, now: float) -> None:
+        req, ended = live.req, live.ended
+        assert ended is not None
+        if req.state is S.QUEUED:
+            self.queue.abort(req.rid, now, ended.reason, ended.message)
+        elif req.state is S.RUNNING and status == "finished":
+            self.decode_alloc.finish(req, now)
+        elif req.state not in TERMINAL:
+            to = S.FAILED if status == "failed" else S.ABORTED
+            req.transition(to, now, releaser=self.kv_ctx, reason=ended.reason,
+                           message=ended.message)

@@ -1,0 +1,113 @@
+"""`decode-worker serve`: the decode worker process (one per device).
+
+The main thread runs the asyncio (uvloop) event loop: HTTP, signals, metrics. One compute thread
+(`DecodeEngine`) owns torch, the pools, the tree, the scheduler and NIXL; they meet only through
+the bridge's inbox and outbox.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+
+from decode_worker.daemon.decode.backend import DecodeBackend
+from decode_worker.daemon.decode.bridge import Drain, Outbox, Shutdown
+from decode_worker.daemon.decode.engine import DecodeEngine
+from decode_worker.daemon.shared.http_server import HttpServer, ServerConfig
+from decode_worker.io.api.app import ApiApp, check_model_path
+from decode_worker.io.api.common import ApiConfig
+from decode_worker.io.metrics import Metrics
+from decode_worker.settings import LoadedSettings, Settings
+
+log = logging.getLogger(__name__)
+
+
+def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
+    """Build the engine (model, pools, tree), serve until SIGTERM/SIGINT, drain, exit."""
+    settings = loaded.settings
+    metrics = Metrics()
+    engine = DecodeEngine.build(settings, metrics)
+    try:
+        import uvloop
+
+        return int(uvloop.run(_serve(settings, engine, metrics)))
+    except ImportError:  # pragma: no cover - uvloop is a dependency; keep running without it
+        return asyncio.run(_serve(settings, engine, metrics))
+
+
+async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics) -> int:
+    loop = asyncio.get_running_loop()
+    backend = DecodeBackend(engine.inbox, engine.tokenizer, engine.info,
+                            settings.scheduler.max_queued_requests,
+                            settings.transfer.bootstrap_port, load=lambda: engine.books.load)
+    engine.start(Outbox(loop, backend.deliver))
+    app = ApiApp(backend, ApiConfig.from_settings(settings), metrics)
+    sc = settings.server
+    warning = check_model_path(backend.server_info())
+    if warning:
+        log.warning("%s", warning)
+    server = HttpServer(app, ServerConfig.from_settings(settings))
+    await server.start()
+    stop = _install_signals(loop)
+    log.info("decode worker ready on http://%s:%d (page %d, %d full pages)", sc.host,
+             server.port, engine.page_size, engine.full.num_total)
+    stopper = asyncio.ensure_future(stop.wait())
+    dead = asyncio.ensure_future(_wait_dead(backend))
+    await asyncio.wait({stopper, dead}, return_when=asyncio.FIRST_COMPLETED)
+    code = 1 if backend.dead_reason else 0
+    await _shutdown(settings, engine, backend, server, metrics)
+    for task in (stopper, dead):
+        task.cancel()
+    return code
+
+
+async def _shutdown(settings: Settings, engine: DecodeEngine, backend: DecodeBackend,
+                    server: HttpServer, metrics: Metrics) -> None:
+    """Ordered shutdown; each step bounded so a stuck part cannot hold the process."""
+    grace = settings.server.drain_grace_s
+    # 1. stop admission: /health says draining, new requests get 503 + Retry-After.
+    backend.draining = True
+    metrics.set_draining(True)
+    log.info("draining: %d requests in flight, grace %.1fs", backend.num_active, grace)
+    # 2. running requests get the grace period; the engine aborts the rest with reason "drain".
+    engine.inbox.put(Drain(grace))
+    deadline = time.monotonic() + grace + 2.0
+    while backend.num_active and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    # 3. stop HTTP (answers are out), then the compute thread: it releases NIXL and the device.
+    await server.close(grace_s=2.0)
+    engine.inbox.put(Shutdown())
+    await asyncio.get_running_loop().run_in_executor(None, engine.join, 30.0)
+    log.info("decode worker stopped")
+
+
+async def _wait_dead(backend: DecodeBackend) -> None:
+    while backend.dead_reason is None:
+        await asyncio.sleep(0.2)
+
+
+def _install_signals(loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+    """First SIGTERM/SIGINT starts the drain; a second one exits at once."""
+    stop = asyncio.Event()
+
+    def _on_signal(signum: int) -> None:
+        if stop.is_set():
+            log.warning("second signal %d: exiting now", signum)
+            _hard_exit()
+        log.info("signal %d: draining", signum)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, _on_signal, sig)
+    return stop
+
+
+def _hard_exit() -> None:
+    logging.shutdown()
+    os._exit(1)  # forced: requests in flight are lost, so say so to the supervisor

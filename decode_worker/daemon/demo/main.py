@@ -1,0 +1,156 @@
+"""`decode-worker demo`: a prefill peer and a decode worker on loopback, a multi-turn chat.
+
+Starts both servers as child processes with the built-in model (or `--model`), then plays the
+router's part: every request goes to the prefill peer and the decode worker at once, with the
+same `bootstrap_room`, and the answer is the decode worker's. Prints a report: requests,
+tokens/s, the decode-side prefix hit rate per turn, and KV bytes moved against what the same
+traffic would move without the decode radix cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from decode_worker.daemon.shared.procs import ServerProcess, free_port, http_json, scrape_metric
+from decode_worker.settings import LoadedSettings
+
+SYSTEM = ("You are a helpful assistant for a decode worker demo. Answer briefly and stay on "
+          "topic. The conversation below is between a user and you. You know how prefill and "
+          "decode are split across machines, how a KV cache is paged, how sliding-window "
+          "layers keep only their window, and why a radix tree lets later turns reuse what "
+          "earlier ones computed. Keep every answer to a sentence or two.")
+QUESTIONS = ["What is a KV cache?", "Why split prefill and decode?", "What does NIXL move?",
+             "How does a sliding window help?", "What is a radix tree for?", "Say it shorter.",
+             "Give an example.", "And the SWA tail?"]
+
+
+@dataclass
+class TurnStats:
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Conversation:
+    idx: int
+    messages: list[dict[str, str]] = field(default_factory=list)
+
+
+def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
+    s = loaded.settings
+    host = "127.0.0.1"
+    decode_port = s.server.port if getattr(args, "port", None) else free_port()
+    prefill_port, boot_port, plain_port = free_port(), args.bootstrap_port or free_port(), \
+        free_port()
+    common = ["--set", f"cache.page_size={s.cache.page_size}"]
+    if s.model.path is not None:
+        common += ["--model", str(s.model.path)]
+    print(f"demo: starting a prefill peer (:{prefill_port}, bootstrap :{boot_port}), a decode "
+          f"worker (:{decode_port}) and, for comparison, one without the decode radix cache "
+          f"(:{plain_port}) on {host}", flush=True)
+    with ServerProcess("prefill", ["prefill", "--port", str(prefill_port), "--bootstrap-port",
+                                   str(boot_port), *common], prefill_port) as pre, \
+         ServerProcess("decode", ["serve", "--port", str(decode_port), *common],
+                       decode_port) as dec, \
+         ServerProcess("decode-nocache", ["serve", "--port", str(plain_port), *common,
+                                          "--set", "cache.decode_radix_cache=false"],
+                       plain_port) as plain:
+        for server in (pre, dec, plain):
+            server.wait_ready(120.0)
+        prefill = f"http://{host}:{prefill_port}"
+        report = _play(args, prefill, dec.url, host, boot_port, "with the cache")
+        # the same conversations again (greedy, so the same prompts) without the cache
+        _play(args, prefill, plain.url, host, boot_port, "without it")
+        moved = scrape_metric(dec.url, "decode_worker_transfer_bytes_total")
+        without = scrape_metric(plain.url, "decode_worker_transfer_bytes_total")
+        _print_report(report, moved, without)
+    return 0
+
+
+def _play(args: argparse.Namespace, prefill: str, decode: str, boot_host: str,
+          boot_port: int, label: str) -> dict[str, Any]:
+    convs = [Conversation(i, [{"role": "system", "content": SYSTEM}])
+             for i in range(args.conversations)]
+    turns = [TurnStats() for _ in range(args.turns)]
+    total = args.turns * args.conversations
+    rng = random.Random(0)
+    t0 = time.monotonic()
+    done = 0
+    with ThreadPoolExecutor(max_workers=2 * args.conversations) as pool:
+        for turn in range(args.turns):
+            for conv in convs:
+                conv.messages.append({"role": "user", "content": rng.choice(QUESTIONS)})
+            # the first conversation opens alone, so the others can reuse the shared system
+            # prompt from the decode side's tree (all at once, none would find it yet)
+            first = [_chat(pool, prefill, decode, convs[0], args.max_new_tokens, boot_host,
+                           boot_port)] if turn == 0 else []
+            jobs = [pool.submit(_chat, pool, prefill, decode, conv, args.max_new_tokens,
+                                boot_host, boot_port) for conv in convs[len(first):]]
+            for usage in itertools.chain(first, (job.result() for job in jobs)):
+                _add(turns[turn], usage)
+                done += 1
+                _progress(label, done, total, time.monotonic() - t0)
+    print(file=sys.stderr)
+    return {"turns": turns, "elapsed_s": time.monotonic() - t0}
+
+
+def _chat(pool: ThreadPoolExecutor, prefill: str, decode: str, conv: Conversation,
+          max_new: int, boot_host: str, boot_port: int) -> dict[str, Any]:
+    body = {"model": "default", "messages": conv.messages, "max_tokens": max_new,
+            "temperature": 0, "bootstrap_host": boot_host, "bootstrap_port": boot_port,
+            "bootstrap_room": random.getrandbits(63)}
+    pre = pool.submit(http_json, f"{prefill}/v1/chat/completions", body)
+    answer = http_json(f"{decode}/v1/chat/completions", body)
+    pre.result()
+    conv.messages.append({"role": "assistant",
+                          "content": answer["choices"][0]["message"]["content"]})
+    return dict(answer["usage"])
+
+
+def _add(t: TurnStats, usage: dict[str, Any]) -> None:
+    t.requests += 1
+    t.prompt_tokens += usage["prompt_tokens"]
+    t.completion_tokens += usage["completion_tokens"]
+    t.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+
+
+def _progress(label: str, done: int, total: int, elapsed_s: float) -> None:
+    width = 30
+    filled = width * done // total
+    bar = "#" * filled + "-" * (width - filled)
+    print(f"\r{label:>15} [{bar}] {done}/{total} requests  {elapsed_s:5.1f}s", end="",
+          file=sys.stderr, flush=True)
+
+
+def _print_report(report: dict[str, Any], moved_bytes: float, without: float) -> None:
+    turns: list[TurnStats] = report["turns"]
+    elapsed = report["elapsed_s"]
+    reqs = sum(t.requests for t in turns)
+    out_tok = sum(t.completion_tokens for t in turns)
+    cached = sum(t.cached_tokens for t in turns)
+    prompt = sum(t.prompt_tokens for t in turns)
+    print("\n== decode-worker demo ==")
+    print(f"requests: {reqs} in {elapsed:.1f}s  ({reqs / elapsed:.2f} req/s)")
+    print(f"tokens:   {out_tok} generated, {out_tok / elapsed:.1f} tok/s end to end")
+    print(f"prefix reuse: {cached} of {prompt} prompt tokens held by the decode worker "
+          f"({cached / max(prompt, 1):.1%})")
+    print("turn  prompt_tokens  cached_tokens  decode-side hit rate")
+    for i, t in enumerate(turns, 1):
+        rate = t.cached_tokens / t.prompt_tokens if t.prompt_tokens else 0.0
+        print(f"{i:>4}  {t.prompt_tokens:>13}  {t.cached_tokens:>13}  {rate:>19.1%}")
+    saved = 1 - moved_bytes / without if without else 0.0
+    print(f"KV moved: {moved_bytes / 1e6:.2f} MB with the decode radix cache, "
+          f"{without / 1e6:.2f} MB without it ({saved:.1%} saved)")
+    print(json.dumps({"requests": reqs, "tokens_per_s": round(out_tok / elapsed, 2),
+                      "kv_bytes_moved": moved_bytes, "kv_bytes_without_cache": without}))
+

@@ -1,0 +1,110 @@
+"""The prefill peer behind the HTTP API: `POST /generate` (and the OpenAI routes) with a
+`bootstrap_room` hand the prompt to `PrefillPeer`; the reply comes once the KV is handed off.
+
+The router sends the same body to prefill and decode; the prefill reply carries the first
+token only (`finish_reason` "length"), the decode worker streams the rest. A request without
+`bootstrap_room` is a client error here: this node only prefills for a decode worker.
+/get_load counts the requests whose reply is pending; /flush_cache succeeds with nothing to do
+(the peer keeps no prefix cache), as SGLang answers for a server without a radix cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from decode_worker.daemon.prefill.peer import PrefillPeer
+from decode_worker.daemon.prefill.state import PrefillResult
+from decode_worker.device.tokenizer import Tokenizer
+from decode_worker.errors import ClientError
+from decode_worker.io.api.backend import FlushResult, GenerateInput, Health, Load, OutputChunk
+
+log = logging.getLogger(__name__)
+
+
+class PrefillBackend:
+    """`GenerateBackend` of the prefill peer. Event-loop side only; never blocks the loop."""
+
+    def __init__(self, peer: PrefillPeer, model_dir: Path, wait_s: float) -> None:
+        self.peer = peer
+        self.model_dir = model_dir
+        self.wait_s = wait_s
+        self._tokenizer = Tokenizer.from_dir(model_dir)
+        self._pending_tokens: dict[str, int] = {}  # rid -> prompt tokens, until its reply
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    def generate(self, inp: GenerateInput) -> AsyncIterator[OutputChunk]:
+        """Raises ClientError (400) without `bootstrap_room`."""
+        if inp.bootstrap_room is None:
+            raise ClientError("the prefill peer serves only P/D requests: bootstrap_room missing")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[PrefillResult] = loop.create_future()
+
+        def _on_done(result: PrefillResult) -> None:  # compute thread
+            loop.call_soon_threadsafe(_settle, done, result)
+
+        self.peer.add_prompt(inp.bootstrap_room, list(inp.input_ids), _on_done, inp.sampling)
+        return self._reply(inp, done)
+
+    async def _reply(
+        self, inp: GenerateInput, done: asyncio.Future[PrefillResult]
+    ) -> AsyncIterator[OutputChunk]:
+        n = len(inp.input_ids)
+        self._pending_tokens[inp.rid] = n
+        try:
+            result = await asyncio.wait_for(done, self.wait_s)
+        except TimeoutError:
+            yield OutputChunk(prompt_tokens=n, error="no transfer request for this room in time",
+                              error_code="kv_timeout")  # fmt: skip
+            return
+        finally:
+            self._pending_tokens.pop(inp.rid, None)
+        if result.error is not None or result.token_id is None:
+            yield OutputChunk(prompt_tokens=n, error=result.error or "prefill failed",
+                              error_code="transfer_failed")  # fmt: skip
+            return
+        logprobs = [result.logprob] if inp.return_logprob else None
+        top = [result.top_logprobs[:inp.top_logprobs]] if inp.top_logprobs else None
+        yield OutputChunk(token_ids=[result.token_id], logprobs=logprobs,
+                          finish_reason="length", prompt_tokens=n, top_logprobs=top)
+
+    def abort(self, rid: str, reason: str) -> None:
+        """Nothing to stop: the KV push runs to completion (the decode side owns aborts)."""
+        log.info("rid=%s: client went away (%s); the push continues", rid, reason)
+
+    def finish(self, rid: str) -> None:
+        return None
+
+    def health(self) -> Health:
+        return Health()
+
+    def load(self) -> Load:
+        """Every pending request counts as running: the peer does not tell waiting from
+        prefilling on this side."""
+        return Load(num_running_reqs=len(self._pending_tokens),
+                    num_tokens=sum(self._pending_tokens.values()), measured_at=time.perf_counter())
+
+    async def flush_cache(self) -> FlushResult:
+        log.info("cache flush: the prefill peer keeps no prefix cache, nothing to flush")
+        return FlushResult(True)
+
+    def server_info(self) -> dict[str, Any]:
+        return {"model_path": str(self.model_dir), "tp_size": 1, "dp_size": 1,
+                "disaggregation_mode": "prefill",
+                "disaggregation_bootstrap_port": self.peer.settings.bootstrap_port}  # fmt: skip
+
+    def model_info(self) -> dict[str, Any]:
+        return {"model_path": str(self.model_dir), "tokenizer_path": str(self.model_dir),
+                "is_generation": True}  # fmt: skip
+
+
+def _settle(fut: asyncio.Future[PrefillResult], result: PrefillResult) -> None:
+    if not fut.done():
+        fut.set_result(result)

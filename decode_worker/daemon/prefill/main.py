@@ -1,0 +1,69 @@
+"""`decode-worker prefill`: run the reference prefill peer until SIGTERM/SIGINT.
+
+Loads the model (the embedded tiny gpt-oss when `model.path` is unset), builds its own pools
+(sized by the `cache` settings, no CUDA graphs, no radix cache), serves the ZMQ bootstrap port
+(`transfer.bootstrap_port`) and the HTTP API (`server.port`). Prompts come from `POST /generate`
+(or the OpenAI routes) with `bootstrap_room`, or in the decode side's transfer requests
+(`prompt_ids`, router-less use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from decode_worker.daemon.prefill.backend import PrefillBackend
+from decode_worker.daemon.prefill.peer import PrefillPeer
+from decode_worker.daemon.shared.http_server import HttpServer, ServerConfig
+from decode_worker.daemon.shared.runtime import build_runtime
+from decode_worker.device.runner import ModelRunner
+from decode_worker.io.api.app import ApiApp
+from decode_worker.io.api.common import ApiConfig
+from decode_worker.settings import LoadedSettings, Settings
+
+log = logging.getLogger(__name__)
+
+def build_runner(settings: Settings) -> tuple[ModelRunner, str, Path]:
+    """Load the model and size pools for it (the decode worker's own `build_runtime`, without
+    CUDA graphs); returns the runner, the model's name and dir.
+
+    Raises ConfigError for a missing/broken model or pools that do not fit.
+    """
+    rt = build_runtime(settings, use_cuda_graph=False)
+    return rt.runner, rt.model_name, rt.model_dir
+
+
+def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
+    settings = loaded.settings
+    runner, name, model_dir = build_runner(settings)
+    wait_s = settings.scheduler.kv_timeout_s
+    peer = PrefillPeer(runner, settings.transfer, name, match_timeout_s=wait_s)
+    try:
+        backend = PrefillBackend(peer, model_dir, wait_s)
+        app = ApiApp(backend, ApiConfig.from_settings(settings))
+        server = HttpServer(app, ServerConfig.from_settings(settings))
+        asyncio.run(_serve(server, settings, peer, runner))
+    finally:
+        peer.close()
+        runner.destroy()
+    return 0
+
+
+async def _serve(server: HttpServer, settings: Settings, peer: PrefillPeer,
+                 runner: ModelRunner) -> None:
+    """Serve HTTP until SIGTERM/SIGINT, then stop taking requests (grace `drain_grace_s`)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    t, pools = settings.transfer, runner.pools
+    log.info("prefill peer ready: agent %s, http %s:%d, bootstrap %s:%d, page %d, %d full / %d "
+             "swa pages", peer.agent.name, settings.server.host, server.port, t.bootstrap_host,
+             t.bootstrap_port, pools.page_size, pools.num_pages["full"], pools.num_pages["swa"])
+    await stop.wait()
+    log.info("prefill peer: stopping")
+    await server.close(grace_s=settings.server.drain_grace_s)

@@ -1,0 +1,172 @@
+"""Book-keeping of the prefill peer: its decode peers, matching a room's two halves, and its page
+free lists.
+
+Plain records; the caller (`PrefillPeer`) holds its lock around every `Matcher` call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from decode_worker.core.sampling import SamplingParams, TopLogprobs
+from decode_worker.errors import FatalError, OutOfPages
+from decode_worker.io.kv.protocol import RegionLayout, TransferRequest
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillResult:
+    """What the HTTP side learns: the first token, or why the room failed."""
+
+    room: int
+    token_id: int | None
+    logprob: float
+    num_bytes: int
+    error: str | None
+    top_logprobs: TopLogprobs = field(default_factory=list)  # the first token's alternatives
+
+
+OnDone = Callable[[PrefillResult], None]
+
+
+@dataclass
+class Decoder:
+    """A decode peer that completed the handshake: its NIXL agent, its regions, when it was last
+    heard from, and the rooms it asked for."""
+
+    agent_name: str
+    regions: dict[str, RegionLayout]
+    last_seen: float
+    rooms: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class Half:
+    """One half that waits for its partner: a prompt (from HTTP) or a transfer request."""
+
+    room: int
+    arrived_at: float
+    prompt: list[int] | None = None
+    on_done: OnDone | None = None
+    req: TransferRequest | None = None
+    peer: bytes | None = None
+    sampling: SamplingParams | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A matched room, ready for the compute thread."""
+
+    peer: bytes
+    req: TransferRequest
+    prompt: list[int]
+    on_done: OnDone | None
+    sampling: SamplingParams | None = None  # None: greedy first token
+
+
+class Matcher:
+    """Pairs prompts with transfer requests by room; tracks running jobs for aborts."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.prompts: dict[int, Half] = {}
+        self.requests: dict[int, Half] = {}
+        self.running: dict[tuple[bytes, int], bool] = {}  # (peer, transfer id) -> aborted
+        self.displaced: list[Half] = []
+
+    def add_prompt(
+        self, room: int, prompt: list[int], on_done: OnDone | None, now: float,
+        sampling: SamplingParams | None = None,
+    ) -> Job | None:  # fmt: skip
+        waiting = self.requests.pop(room, None)
+        if waiting is None:
+            self._displace(self.prompts.get(room))
+            self.prompts[room] = Half(room, now, prompt, on_done, sampling=sampling)
+            return None
+        if waiting.req is None or waiting.peer is None:
+            raise FatalError("matcher: a waiting request without its request")
+        return self._start(waiting.peer, waiting.req, prompt, on_done, sampling)
+
+    def add_request(self, peer: bytes, req: TransferRequest, now: float) -> Job | None:
+        http = self.prompts.pop(req.room, None)
+        if http is not None and http.prompt is not None:
+            return self._start(peer, req, req.prompt_ids or http.prompt, http.on_done,
+                               http.sampling)  # fmt: skip
+        if req.prompt_ids is not None:
+            return self._start(peer, req, req.prompt_ids, None)
+        self._displace(self.requests.get(req.room))
+        self.requests[req.room] = Half(req.room, now, req=req, peer=peer)
+        return None
+
+    def _displace(self, half: Half | None) -> None:
+        if half is not None:
+            self.displaced.append(half)
+
+    def take_displaced(self) -> list[Half]:
+        """Halves replaced by a newer half for the same room (to be failed by the caller)."""
+        out, self.displaced = self.displaced, []
+        return out
+
+    def _start(
+        self, peer: bytes, req: TransferRequest, prompt: list[int], on_done: OnDone | None,
+        sampling: SamplingParams | None = None,
+    ) -> Job:  # fmt: skip
+        self.running[(peer, req.transfer_id)] = False
+        return Job(peer, req, prompt, on_done, sampling)
+
+    def abort(self, peer: bytes, transfer_id: int) -> bool:
+        """True if the peer may be told now that nothing will be written (AbortAck)."""
+        for room, half in list(self.requests.items()):
+            if half.peer == peer and half.req is not None and half.req.transfer_id == transfer_id:
+                del self.requests[room]
+                return True
+        key = (peer, transfer_id)
+        if key in self.running:
+            self.running[key] = True  # acked when the job's WRITEs have drained
+            return False
+        return True
+
+    def is_aborted(self, job: Job) -> bool:
+        return self.running.get((job.peer, job.req.transfer_id), False)
+
+    def finish(self, job: Job) -> bool:
+        """Forget a job; True if it was aborted while running (its ack is due now)."""
+        return self.running.pop((job.peer, job.req.transfer_id), False)
+
+    def expire(self, now: float) -> list[Half]:
+        """Remove and return the halves older than `timeout_s` (or their request deadline)."""
+        out = []
+        for table in (self.prompts, self.requests):
+            for room, half in list(table.items()):
+                limit = half.req.deadline_s if half.req is not None else self.timeout_s
+                if now - half.arrived_at > limit:
+                    out.append(table.pop(room))
+        return out
+
+    def drop_peer(self, peer: bytes) -> list[Half]:
+        """Remove the waiting requests of a peer that went silent (nobody to answer)."""
+        gone = [room for room, h in self.requests.items() if h.peer == peer]
+        return [self.requests.pop(room) for room in gone]
+
+
+class PageFreeList:
+    """Page ids of the prefill peer's own pools; it holds a prompt's pages only while pushing."""
+
+    def __init__(self, num_full_pages: int, num_swa_pages: int) -> None:
+        self.full = list(range(num_full_pages, 0, -1))
+        self.swa = list(range(num_swa_pages, 0, -1))
+
+    def take(self, n: int) -> tuple[list[int], list[int]]:
+        """n pages from each pool. Raises OutOfPages (the request fails, nothing is taken)."""
+        if n > len(self.full) or n > len(self.swa):
+            raise OutOfPages(
+                f"prompt needs {n} pages per pool; prefill peer has {len(self.full)} full and "
+                f"{len(self.swa)} swa free (raise cache.num_*_pages)"
+            )
+        full, swa = self.full[-n:][::-1], self.swa[-n:][::-1]
+        del self.full[-n:], self.swa[-n:]
+        return full, swa
+
+    def give(self, full: list[int], swa: list[int]) -> None:
+        self.full.extend(reversed(full))
+        self.swa.extend(reversed(swa))

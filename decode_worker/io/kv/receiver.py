@@ -1,0 +1,246 @@
+"""Decode side of KV transfer: handshakes, transfer requests, completions, liveness.
+
+`KVReceiver` is single-threaded and non-blocking: its owner (the compute thread) calls `poll()`
+at least every ~100 ms. Every failure fails only its own transfer. Per transfer the owner gets:
+
+    submit ──► "done"                       KV and first token landed; pages are the request's
+           └─► "failed" ... "released"      tell the client now; reuse the pages only on
+                                            "released" (the peer acked, finished, or
+                                            `abort_quiesce_s` passed)
+    abort  ──► "released"                   (no "failed": the owner asked for it)
+
+Failure reasons are the abort labels of docs/CONTRACTS.md: transfer_failed (peer-reported
+error, refused handshake, NIXL error), peer_dead (no heartbeat answer for `peer_dead_after_s`),
+kv_timeout (the transfer's deadline passed), bad_request (invalid page ids).
+
+The per-transfer book (deadlines, quiesce, events, stats) is `kv_transfers.TransferBook`; this
+module is the plumbing around it: the NIXL agent, the peers' ZMQ sockets, handshakes, heartbeats.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import zmq
+
+from decode_worker.core.types import MemoryRegion
+from decode_worker.errors import PageError, TransferError
+from decode_worker.io.kv import protocol as p
+from decode_worker.io.kv.nixl_agent import NixlAgent, unique_agent_name
+from decode_worker.io.kv.peer import Peer, ReceiverStats, Transfer, TransferEvent
+from decode_worker.io.kv.protocol_check import check_compat, validate_request
+from decode_worker.io.kv.transfers import TransferBook
+
+if TYPE_CHECKING:  # io/ takes the settings object but does not import pydantic at run time
+    from decode_worker.settings import TransferSettings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["KVReceiver", "ReceiverStats", "TransferEvent"]
+
+
+class KVReceiver:
+    """Receives KV pushed by prefill peers into the regions registered here.
+
+    `regions` are the decode side's "full", "swa" and "aux" layouts (see protocol.RegionLayout;
+    `daemon.shared.compat.region_layouts` builds them from KVPools + AuxBuffer). `kv_timeout_s`
+    is the default per-transfer deadline (settings `scheduler.kv_timeout_s`). `stats` counts
+    what happened (the daemon turns it into metrics). Raises ConfigError if the NIXL agent
+    cannot start.
+    """
+
+    def __init__(
+        self,
+        settings: TransferSettings,
+        compat: p.ModelCompat,
+        regions: dict[str, p.RegionLayout],
+        kv_timeout_s: float = 30.0,
+        agent_name: str | None = None,
+    ) -> None:
+        self.settings, self.compat, self.regions = settings, compat, regions
+        self.kv_timeout_s = kv_timeout_s
+        self.agent = NixlAgent(agent_name or unique_agent_name("decode"), settings.backend,
+                               settings.progress_delay_us)
+        self.agent.register([_memory_region(r) for r in regions.values() if r.length])
+        self._hello = p.Hello(
+            p.PROTOCOL_VERSION, compat, self.agent.name, self.agent.metadata(),
+            list(regions.values()),
+        )  # fmt: skip
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._peers: dict[str, Peer] = {}
+        self._book = TransferBook(regions, settings.abort_quiesce_s, self._send_abort)
+        self._next_id = 1
+        self.stats = self._book.stats
+
+    # -- owner API -------------------------------------------------------------------------
+
+    def submit(
+        self,
+        host: str,
+        port: int,
+        *,
+        rid: str,
+        room: int,
+        prompt_len: int,
+        reused_len: int,
+        swa_window_start: int,
+        full_page_ids: list[int],
+        swa_page_ids: list[int],
+        aux_slot: int,
+        timeout_s: float | None = None,
+        prompt_ids: list[int] | None = None,
+    ) -> int:
+        """Ask the prefill peer at host:port for this request's KV; returns the transfer id.
+        `prompt_ids`: send the prompt too (when no router gives it to the peer over HTTP).
+
+        Never raises for a per-request problem: bad page ids, a dead or incompatible peer all
+        come back as a "failed" then "released" event from `poll()`.
+        """
+        tid, self._next_id = self._next_id, self._next_id + 1
+        req = p.TransferRequest(
+            tid, room, rid, prompt_len, reused_len, swa_window_start, list(full_page_ids),
+            list(swa_page_ids), aux_slot, timeout_s or self.kv_timeout_s, prompt_ids,
+        )  # fmt: skip
+        now = time.monotonic()
+        xfer = self._book.add(req, f"{host}:{port}", now)
+        try:
+            validate_request(req, self.compat.page_size, self.regions)
+        except PageError as exc:
+            self._book.fail(xfer, "bad_request", str(exc), now)
+            return tid
+        try:
+            peer = self._peers.get(xfer.peer_key) or self._connect(host, port, now)
+        except TransferError as exc:
+            self._book.fail(xfer, "bad_request", str(exc), now)
+            return tid
+        if peer.ready:
+            self._send_request(peer, xfer, now)
+        else:
+            peer.waiting.append(tid)
+        return tid
+
+    def abort(self, transfer_id: int) -> None:
+        """Stop waiting for this transfer. Its pages come back with a later "released" event."""
+        xfer = self._book.get(transfer_id)
+        if xfer is None or xfer.phase == "aborting":
+            return
+        now = time.monotonic()
+        if xfer.phase == "queued":
+            self._book.release(xfer, now)
+            return
+        self._book.start_abort(xfer, now)
+
+    def poll(self) -> list[TransferEvent]:
+        """Do all pending work without blocking; returns the events since the last call."""
+        now = time.monotonic()
+        for peer in list(self._peers.values()):
+            self._read_peer(peer, now)
+        self._read_notifs(now)
+        self._check_liveness(now)
+        self._book.check_deadlines(now)
+        return self._book.take_events()
+
+    def num_in_flight(self) -> int:
+        return len(self._book)
+
+    def close(self) -> None:
+        for peer in self._peers.values():
+            peer.client.close()
+        self._peers.clear()
+        self.agent.close()
+        self._ctx.term()
+
+    # -- peers -----------------------------------------------------------------------------
+
+    def _connect(self, host: str, port: int, now: float) -> Peer:
+        peer = Peer.open(self._ctx, host, port, now, self.settings.heartbeat_interval_s)
+        self._peers[peer.key] = peer
+        peer.client.send(self._hello)
+        return peer
+
+    def _read_peer(self, peer: Peer, now: float) -> None:
+        for msg in peer.client.recv_all():
+            peer.heard()
+            match msg:
+                case p.Welcome():
+                    self._on_welcome(peer, msg, now)
+                case p.Refused(reason=reason):
+                    self._drop_peer(peer, "transfer_failed", f"peer refused: {reason}", now)
+                    return
+                case p.TransferFailed(transfer_id=tid, reason=reason):
+                    self._book.on_peer_failed(tid, reason, now)
+                case p.AbortAck(transfer_id=tid) | p.TransferDone(transfer_id=tid):
+                    self._book.on_peer_stopped(tid, now)
+                case p.Pong():
+                    pass
+                case _:
+                    log.warning("peer %s: unexpected %s", peer.key, type(msg).__name__)
+
+    def _on_welcome(self, peer: Peer, msg: p.Welcome, now: float) -> None:
+        try:
+            check_compat(self.compat, msg.compat, msg.version)
+        except TransferError as exc:
+            self._drop_peer(peer, "transfer_failed", str(exc), now)
+            return
+        peer.agent_name, peer.ready = msg.agent_name, True
+        for tid in peer.waiting:
+            if (xfer := self._book.get(tid)) is not None and xfer.phase == "queued":
+                self._send_request(peer, xfer, now)
+        peer.waiting.clear()
+
+    def _send_request(self, peer: Peer, xfer: Transfer, now: float) -> None:
+        try:
+            peer.client.send(xfer.req)
+        except TransferError as exc:
+            self._book.fail(xfer, "transfer_failed", str(exc), now, acked=True)
+            return
+        xfer.phase = "sent"
+
+    def _drop_peer(self, peer: Peer, reason: str, detail: str, now: float) -> None:
+        """Fail every transfer of this peer; its socket is closed, a later submit reconnects."""
+        log.warning("prefill peer %s dropped (%s): %s", peer.key, reason, detail)
+        self._peers.pop(peer.key, None)
+        peer.client.close()
+        if peer.agent_name:
+            self.agent.remove_peer(peer.agent_name)
+        for xfer in self._book.of_peer(peer.key):
+            if xfer.phase == "aborting":
+                continue  # its quiesce deadline still runs
+            acked = xfer.phase == "queued"  # never asked: nothing to quiesce
+            self._book.fail(xfer, reason, f"{peer.key}: {detail}", now, acked=acked)
+
+    def _check_liveness(self, now: float) -> None:
+        dead_after = self.settings.peer_dead_after_s
+        for peer in list(self._peers.values()):
+            if peer.is_silent(now, dead_after):
+                what = "heartbeat" if peer.ready else "handshake"
+                self._drop_peer(peer, "peer_dead", f"no {what} answer for {dead_after:.1f} s", now)
+            elif now >= peer.next_ping:
+                peer.ping(now, self.settings.heartbeat_interval_s)
+
+    # -- notifications, aborts -------------------------------------------------------------
+
+    def _read_notifs(self, now: float) -> None:
+        for sender, raw in self.agent.drain_notifs():
+            try:
+                notif = p.decode_notif(raw)
+            except TransferError as exc:
+                self.stats.unknown_notifs += 1
+                log.warning("notification from %s: %s", sender, exc)
+                continue
+            self._book.on_notif(notif, sender, now)
+
+    def _send_abort(self, xfer: Transfer) -> None:
+        """Ask the transfer's peer to stop writing (`TransferBook.start_abort` calls this)."""
+        peer = self._peers.get(xfer.peer_key)
+        if peer is not None:
+            # Best effort: the quiesce deadline still protects the pages.
+            with contextlib.suppress(TransferError):
+                peer.client.send(p.Abort(xfer.req.transfer_id, xfer.req.room))
+
+
+def _memory_region(r: p.RegionLayout) -> MemoryRegion:
+    return MemoryRegion(r.addr, r.length, r.device_id, r.kind)

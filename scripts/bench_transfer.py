@@ -3,8 +3,11 @@
 Reports, for 1, 64 and 1,024 pages per request: bytes/s of KV moved (submit -> "done", so the
 ZMQ request, the WRITE and the notification are all inside), descriptors per transfer (pages
 contiguous on both sides, and scattered), next to a same-process tensor copy of the same bytes
-measured in the same run. Then a multi-turn chat trace: bytes moved with the decode radix cache,
-without it, and the minimum (only the tokens decode lacks, plus one SWA window with margin).
+measured in the same run. Then a multi-turn chat trace (new user messages of 5 to 400 tokens,
+half under 100): bytes moved with the decode radix cache under the native protocol (every whole
+cached page reused; SWA only where the tree lacks it) and under SGLang's rule, without the cache,
+and the
+physical minimum (the full KV the decode side lacks plus one SWA window).
 
 The peer is the real `PrefillPeer` over a stand-in runner whose prefill is free (it leaves the
 pools as they are), so the numbers are the transfer path only. Geometry: page 16 tokens, 8 KV
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import random
 import statistics
 import time
 from types import SimpleNamespace
@@ -26,6 +30,7 @@ from typing import Any
 import torch
 
 from decode_worker.core.pages import PageAllocator
+from decode_worker.core.window import sglang_window_start, swa_window_start
 from decode_worker.daemon.prefill.peer import PrefillPeer
 from decode_worker.daemon.shared.compat import model_compat, region_layouts
 from decode_worker.daemon.shared.procs import free_port
@@ -124,29 +129,49 @@ def _same_process_copy(nbytes: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def chat_trace(dec: Decode, turns: int, user_tokens: int, answer_tokens: int) -> dict[str, int]:
-    """One conversation; every turn's prompt = history + a new user message. Moves the real
-    bytes for both policies and returns the totals next to the minimum."""
-    page_layer = dec.pools.page_bytes("full")
+def chat_messages(seed: int, conversations: int, turns: int) -> list[list[tuple[int, int]]]:
+    """Per conversation, (user tokens, answer tokens) per turn: new user messages drawn from 5
+    to 400 tokens, half of them under 100 (short replies such as "yes, go on" are where a reuse
+    capped at the window start resends the most); answers from 20 to 200 tokens."""
+    rng = random.Random(seed)
+    return [[(rng.randrange(5, 100) if rng.random() < 0.5 else rng.randrange(100, 401),
+              rng.randrange(20, 201)) for _ in range(turns)] for _ in range(conversations)]
+
+
+def plan_ranges(policy: str, prompt_len: int, cached: int) -> tuple[int, int]:
+    """(full KV from, SWA from) that the decode side asks a peer for, per policy; `cached`:
+    tokens of this conversation the decode tree holds (its whole pages, with live SWA for the
+    last window, as a finished turn leaves them)."""
+    L, held = prompt_len, align_down(cached, PS)
+    if policy == "native":  # every whole cached page; SWA from the window start, or from P
+        s = swa_window_start(L, WINDOW, PS, radix_cache=True)  # when the tree holds it below P
+        return held, held if s < held < L else s
+    if policy == "sglang":  # SGLang's rule: SWA from max(P, L - window) on its page
+        p = held if held > L - WINDOW else min(held, align_down(max(L - WINDOW, 0), PS))
+        return p, sglang_window_start(p, L, WINDOW, PS)
+    return 0, swa_window_start(L, WINDOW, PS, radix_cache=False)  # no decode radix cache
+
+
+def chat_trace(dec: Decode, convs: list[list[tuple[int, int]]]) -> dict[str, int]:
+    """Moves the real bytes of every turn for each policy and returns the totals next to the
+    physical minimum (the full KV the decode side lacks plus one SWA window per turn)."""
+    token_bytes = dec.pools.page_bytes("full") // PS
     n_full, n_swa = SPEC.num_full_layers, SPEC.num_swa_layers
-    token_bytes = page_layer // PS
-    totals = {"with_cache": 0, "without_cache": 0, "minimum": 0}
-    cached = 0  # tokens whose full KV the decode tree holds (previous prompt + answer)
-    L = 0
-    for _ in range(turns):
-        L = L + user_tokens
-        s_on = align_down(max(0, L - 1 - max(WINDOW, PS)), PS)
-        s_off = align_down(max(0, L - WINDOW), PS)
-        reused = min(align_down(cached, PS), s_on)
-        for key, p, s in (("with_cache", reused, s_on), ("without_cache", 0, s_off)):
-            full = dec.full.alloc(cdiv(L, PS) - p // PS)
-            swa = dec.swa.alloc(cdiv(L, PS) - s // PS)
-            totals[key] += dec.transfer(L, p, s, full, swa).num_bytes
-            dec.full.free(full)
-            dec.swa.free(swa)
-        totals["minimum"] += (n_full * (L - cached) + n_swa * min(L, WINDOW + PS)) * token_bytes
-        L += answer_tokens
-        cached = L
+    totals = dict.fromkeys(("native", "sglang", "without_cache", "minimum"), 0)
+    for conv in convs:
+        L = cached = 0
+        for user, answer in conv:
+            L += user
+            for policy in ("native", "sglang", "without_cache"):
+                p, s = plan_ranges(policy, L, cached)
+                full = dec.full.alloc(cdiv(L, PS) - p // PS)
+                swa = dec.swa.alloc(cdiv(L, PS) - s // PS)
+                totals[policy] += dec.transfer(L, p, s, full, swa).num_bytes
+                dec.full.free(full)
+                dec.swa.free(swa)
+            totals["minimum"] += (n_full * (L - cached) + n_swa * min(L, WINDOW)) * token_bytes
+            L += answer
+            cached = L
     return totals
 
 
@@ -154,6 +179,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--seed", type=int, default=0, help="chat trace seed")
+    ap.add_argument("--conversations", type=int, default=6)
+    ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--progress-delay-us", type=int, default=TransferSettings().progress_delay_us,
                     help="transfer.progress_delay_us on both sides (0 = NIXL's busy poll)")
     args = ap.parse_args()
@@ -170,7 +198,7 @@ def main() -> None:
     try:
         dec = Decode(port, args.progress_delay_us)
         sizes = bench_sizes(dec, args.reps)
-        trace = chat_trace(dec, turns=8, user_tokens=200, answer_tokens=150)
+        trace = chat_trace(dec, chat_messages(args.seed, args.conversations, args.turns))
     finally:
         stop.set()
         peer.join(20)
@@ -179,9 +207,13 @@ def main() -> None:
     for r in sizes:
         print(f"{r['pages']:>6} {r['layout']:>10} {r['bytes']:>11} {r['descriptors']:>6} "
               f"{1e3 * r['transfer_s']:>8.2f} {r['transfer_GBps']:>10.3f} {r['copy_GBps']:>10.3f}")
-    print("chat trace (8 turns, +200 user / +150 answer tokens per turn), bytes moved:")
+    print(f"chat trace ({args.conversations} conversations x {args.turns} turns, user messages "
+          f"5-400 tokens, half under 100; seed {args.seed}), bytes moved:")
     for k, v in trace.items():
-        print(f"  {k:>14}: {v:>12}  ({v / trace['minimum']:.2f}x minimum)")
+        print(f"  {k:>14}: {v:>12}  ({v / trace['minimum']:.3f}x minimum, "
+              f"{v / trace['without_cache']:.3f}x cache off)")
+    print("  sglang = the ranges SGLang's protocol asks for (decode_prefix_len, its SWA window "
+          "rule), moved over the native transport")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"sizes": sizes, "chat_trace": trace}, f, indent=2)

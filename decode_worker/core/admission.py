@@ -14,17 +14,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from decode_worker.core.admission_budget import AdmissionBudget
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.radix_locks import LockRef
-from decode_worker.core.radix_node import page_keys
+from decode_worker.core.radix_node import PageKey, page_keys
 from decode_worker.core.radix_tree import MatchMode
 from decode_worker.core.req_kv import ReqKV
 from decode_worker.core.request import DecodeRequest, RequestState
 from decode_worker.errors import ServiceUnavailable
-from decode_worker.utils.mathx import cdiv
+from decode_worker.core.window import sglang_window_start
+from decode_worker.utils.mathx import align_down, cdiv
 
 S = RequestState
 
@@ -33,7 +34,9 @@ S = RequestState
 class Admit:
     """Pages reserved for `req` (now RESERVED): the shell asks prefill for the full KV of
     `[prefix_len, fill_len)` into `full_page_ids`, the SWA KV of `[swa_start, fill_len)` into
-    `swa_page_ids`, with `swa_start` sent explicitly. `req.is_resumed`: replay `output_ids[-1]`."""
+    `swa_page_ids` (which start at the page holding `swa_start`: an SGLang window start is
+    aligned to the prefill's page only), with `swa_start` sent explicitly.
+    `req.is_resumed`: replay `output_ids[-1]`."""
 
     req: DecodeRequest
     prefix_len: int
@@ -52,6 +55,22 @@ class Abort:
 
 
 Decision = Admit | Abort
+
+
+@dataclass(slots=True)
+class _Reuse:
+    """What one admission reuses from the tree and where its SWA comes from: the matched
+    `prefix` (its full pages `full_ids`, held by `lock`), the request's page-aligned window start
+    `swa_start`, the tree's live SWA pages `tree_swa` for `[swa_start, fresh_from)`, new SWA pages
+    for `[fresh_from, fill)`, and `sent_start`, the SWA window start the peer is asked for."""
+
+    prefix: int = 0
+    full_ids: list[int] = field(default_factory=list)
+    lock: LockRef | None = None
+    swa_start: int = 0
+    tree_swa: list[int] = field(default_factory=list)
+    fresh_from: int = 0
+    sent_start: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,41 +197,93 @@ class PreallocQueue:
         pos:  0 ....... prefix ........ swa_start ............ fill_len
               [ matched, locked | new full pages ......................... ]
                                           [ new SWA pages (tail, rounded up) ]
-        ```"""
+        ```
+        The match may also end past `swa_start` (full KV reused further than the window start):
+        the new SWA pages then cover `[swa_start, fill_len)` under the locked prefix too. For an
+        SGLang prefill (`req.sglang_page_size`) the window follows SGLang's rule (`_plan_sglang`).
+        """
         ctx, fill = self.ctx, req.fill_len
         ps, tree, swa = ctx.page_size, ctx.tree, ctx.swa
-        swa_start = ctx.swa_start(fill)
-        prefix, prefix_full, lock = 0, [], None
-        cap = ctx.max_reuse_len(fill)
-        fill_ids = req.fill_ids
-        keys = page_keys(fill_ids, ps) if tree is not None else []  # once: match + ReqKV
-        if tree is not None and cap > 0:
-            m = tree.match_prefix(fill_ids, MatchMode.TRANSFER, cap, keys=keys)
-            if m.prefix_len > 0:
-                prefix, prefix_full = m.prefix_len, m.full_page_ids
-                lock = tree.lock(m.node, swa=False)  # the SWA tail arrives fresh
-        need_full = cdiv(fill, ps) - prefix // ps
-        need_swa = cdiv(fill - swa_start, ps) if swa is not None else 0
-        if not self._budget.fits(req, need_full, need_swa, swa_start):
-            self._unlock(lock)
+        keys = page_keys(req.fill_ids, ps) if tree is not None else []  # once: match + ReqKV
+        r = (self._plan_sglang(req, keys) if req.sglang_page_size and swa is not None
+             else self._plan_native(req, keys))
+        need_full = cdiv(fill, ps) - r.prefix // ps
+        need_swa = cdiv(fill - r.fresh_from, ps) if swa is not None else 0
+        if not self._budget.fits(req, need_full, need_swa, r.swa_start):
+            self._unlock(r.lock)
             return None
         # a full shortfall cannot remain (the full budget counted only evictable pages); were it
         # to, `full.alloc` below raises `OutOfPages`: a broken invariant, not this request's fault
         if ctx.evict_for(need_full, need_swa) == "swa" and swa is not None:
-            self._unlock(lock)
+            self._unlock(r.lock)
             msg = f"SWA eviction insufficient: needed={need_swa}, available={swa.num_free}"
             return self._abort(req, now, "swa_reclaim_insufficient", f"{msg}, req={req.rid}")
         new_full = ctx.full.alloc(need_full)
         new_swa = swa.alloc(need_swa) if swa is not None else []
-        swa_ids = [0] * (swa_start // ps) + new_swa if swa is not None else []
-        kv = ReqKV(fill_ids, prefix_full + new_full, swa_ids, swa_start, prefix, lock, keys)
+        swa_ids = [0] * (r.swa_start // ps) + r.tree_swa + new_swa if swa is not None else []
+        kv = ReqKV(req.fill_ids, r.full_ids + new_full, swa_ids, r.swa_start, r.prefix, r.lock,
+                   keys)
+        if swa is not None and r.fresh_from < r.prefix:  # the fresh tail starts in the prefix
+            kv.swa_owned_from = r.fresh_from
         req.transition(S.RESERVED, now, kv=kv)
-        st = ctx.stats
+        self._count_admit(req, r.prefix)
+        return Admit(req, r.prefix, r.sent_start, new_full, new_swa)
+
+    def _plan_native(self, req: DecodeRequest, keys: list[PageKey]) -> _Reuse:
+        """Reuse every whole cached page of full KV. The SWA tail `[S, fill)` arrives fresh,
+        except where the tree holds live SWA under the reused prefix: then the window starts at
+        `max(S, P - one window of pages)` (still a valid window start: the insert boundary keeps
+        one window above it) with the tree's pages, locked, and only `[P, fill)` arrives."""
+        ctx, fill, tree, ps = self.ctx, req.fill_len, self.ctx.tree, self.ctx.page_size
+        s = ctx.swa_start(fill)
+        r = _Reuse(swa_start=s, fresh_from=s, sent_start=s)
+        cap = ctx.max_reuse_len(fill)
+        if tree is None or cap <= 0:
+            return r
+        m = tree.match_prefix(req.fill_ids, MatchMode.TRANSFER, cap, keys=keys)
+        if m.prefix_len <= 0:
+            return r
+        p = r.prefix = m.prefix_len
+        r.full_ids = m.full_page_ids
+        start = max(s, p - cdiv(ctx.window, ps) * ps)  # what the prefix lock's SWA span covers
+        live = m.swa_page_ids[start // ps : p // ps]
+        if ctx.swa is None or not s < p < fill or not all(live):
+            r.lock = tree.lock(m.node, swa=False)  # the SWA tail arrives fresh
+            return r
+        r.lock = tree.lock(m.node)  # full and the live SWA of one window above P
+        r.swa_start, r.tree_swa, r.fresh_from, r.sent_start = start, live, p, p
+        return r
+
+    def _plan_sglang(self, req: DecodeRequest, keys: list[PageKey]) -> _Reuse:
+        """SGLang's prefill sends SWA for `[floor(max(P, fill - window)), fill)` (its page): a
+        `P` above `fill - window` is asked for only when the tree holds live SWA for
+        `[fill - window, P)` (a RESUME match); else the reuse stops at the window's start and
+        the whole window arrives fresh. `window` = earlier tokens a query sees (127)."""
+        ctx, fill, ps, tree = self.ctx, req.fill_len, self.ctx.page_size, self.ctx.tree
+        low = max(fill - ctx.window, 0)
+        if tree is not None:
+            m = tree.match_prefix(req.fill_ids, MatchMode.RESUME, align_down(fill, ps), keys=keys)
+            if m.prefix_len > low:  # live SWA of [low, P) in the tree: SWA arrives from P
+                start = align_down(low, ps)
+                return _Reuse(m.prefix_len, m.full_page_ids, tree.lock(m.node), start,
+                              m.swa_page_ids[start // ps :], m.prefix_len, m.prefix_len)
+        r = _Reuse()
+        cap = align_down(low, ps) if ctx.radix_cache else 0
+        if tree is not None and cap > 0:
+            m = tree.match_prefix(req.fill_ids, MatchMode.TRANSFER, cap, keys=keys)
+            if m.prefix_len > 0:
+                r.prefix, r.full_ids = m.prefix_len, m.full_page_ids
+                r.lock = tree.lock(m.node, swa=False)
+        r.sent_start = sglang_window_start(r.prefix, fill, ctx.window, req.sglang_page_size)
+        r.swa_start = r.fresh_from = align_down(r.sent_start, ps)
+        return r
+
+    def _count_admit(self, req: DecodeRequest, prefix: int) -> None:
+        st = self.ctx.stats
         st.admissions_total += 1
         st.resumed_admissions_total += req.is_resumed
-        st.prefix_query_tokens_total += fill
+        st.prefix_query_tokens_total += req.fill_len
         st.prefix_hit_tokens_total += prefix
-        return Admit(req, prefix, swa_start, new_full, new_swa)
 
     # -- plumbing ------------------------------------------------------------------------------
     def _abort(self, req: DecodeRequest, now: float, reason: str, message: str, *,

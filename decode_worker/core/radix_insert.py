@@ -24,17 +24,22 @@ class InsertOps(TreeBase):
         protected_len: int = 0,
         *,
         keys: Sequence[PageKey] | None = None,
+        swa_owned_len: int | None = None,
     ) -> int:
         """Insert the page-aligned prefix of `token_ids`; returns the length already present.
 
         Ownership: pages of the first `protected_len` tokens are the tree's already. The caller's
         pages at or past `protected_len` (within the aligned length) pass to the tree: new ones are
         stored, duplicates of cached pages are freed, a tombstone whose range the caller holds live
-        SWA for is healed with the caller's SWA pages. SWA pages in `[protected_len, swa_start)`
-        must be 0. Pages past the aligned length are untouched (still the caller's).
+        SWA for is healed with the caller's SWA pages. The caller's SWA pages start at
+        `swa_owned_len` (default `protected_len`; lower when a fresh SWA tail starts inside the
+        tree-owned full prefix): there it may heal tombstones, and duplicates of live tree SWA are
+        freed. SWA pages in `[swa_owned_len, swa_start)` must be 0. Pages past the aligned length
+        are untouched (still the caller's).
         Raises `PageError` (tree unchanged) on short page lists or bad page ids."""
         ks = self._keys(token_ids, keys)
-        prefix, _ = self._insert(ks, full_page_ids, swa_page_ids, swa_start, protected_len)
+        prefix, _ = self._insert(ks, full_page_ids, swa_page_ids, swa_start, protected_len,
+                                 swa_owned_len)
         return prefix * self.page_size
 
     def _insert(
@@ -44,13 +49,18 @@ class InsertOps(TreeBase):
         swa_ids: Sequence[int],
         swa_start: int,
         protected_len: int,
+        swa_owned_len: int | None = None,
     ) -> tuple[int, Node]:
         """Insert; returns (pages already present, the node ending at the aligned end)."""
         ps, n = self.page_size, len(keys)
-        prot, live_from = protected_len // ps, max(cdiv(swa_start, ps), protected_len // ps)
+        prot = protected_len // ps
+        sprot = prot if swa_owned_len is None else min(prot, swa_owned_len // ps)
+        live_from = max(cdiv(swa_start, ps), sprot)
         if self.swa is not None and len(swa_ids) < min(n, live_from):
             swa_ids = [*swa_ids, *[0] * (live_from - len(swa_ids))]  # short list: not held
-        self._validate_insert(n, full_ids, swa_ids, prot, live_from)
+        if not self.full.all_held(full_ids[prot:n]):
+            raise PageError("insert: a full page id is not allocated")
+        self._validate_insert(n, full_ids, swa_ids, sprot, live_from)
         self._tick += 1
         node, i, path = self.root, 0, []
         free_full: list[int] = []
@@ -64,7 +74,8 @@ class InsertOps(TreeBase):
             if i + m > n or (m > 1 and ck != keys[i : i + m]):  # not the whole node: split
                 m = common_pages(ck, keys, i, n)
                 child = self._split(child, m)
-            child = self._absorb(child, i, full_ids, swa_ids, prot, live_from, free_full, free_swa)
+            child = self._absorb(child, i, full_ids, swa_ids, (prot, sprot, live_from),
+                                 free_full, free_swa)
             path.append(child)
             node, i = child, i + m
         if prot > i:
@@ -78,16 +89,15 @@ class InsertOps(TreeBase):
         return i, path[-1] if path else self.root
 
     def _validate_insert(
-        self, n: int, full_ids: Sequence[int], swa_ids: Sequence[int], prot: int, live_from: int
+        self, n: int, full_ids: Sequence[int], swa_ids: Sequence[int], sprot: int, live_from: int
     ) -> None:
-        """Check the caller's pages in `[prot, n)` before anything changes."""
+        """Check the caller's pages (full past the protected prefix, SWA past `sprot`) before
+        anything changes."""
         if len(full_ids) < n or (self.swa is not None and len(swa_ids) < n):
             raise PageError(f"insert: {n} pages of key but {len(full_ids)} full page ids")
-        if not self.full.all_held(full_ids[prot:n]):
-            raise PageError("insert: a full page id is not allocated")
         if self.swa is None:
             return
-        if any(swa_ids[prot:live_from]):
+        if any(swa_ids[sprot:live_from]):
             raise PageError("insert: a live SWA page below the window start")
         if not self.swa.all_held(swa_ids[live_from:n]):
             raise PageError("insert: an SWA page id in the window is missing or not allocated")
@@ -98,23 +108,25 @@ class InsertOps(TreeBase):
         i: int,
         full_ids: Sequence[int],
         swa_ids: Sequence[int],
-        prot: int,
-        live_from: int,
+        bounds: tuple[int, int, int],
         free_full: list[int],
         free_swa: list[int],
     ) -> Node:
         """The caller's pages over an existing node covering pages `[i, i+len)`: queue duplicate
-        frees, heal a tombstone where the caller holds live SWA (splitting off a tombstone upper
-        part if the live range starts inside). Returns the node ending at `i + len`."""
+        frees (full past `prot`, SWA past `sprot`), heal a tombstone where the caller holds live
+        SWA (splitting off a tombstone upper part if the live range starts inside). `bounds` is
+        (prot, sprot, live_from). Returns the node ending at `i + len`."""
+        prot, sprot, live_from = bounds
         end = i + len(node.key)
         lo = max(i, prot)
         if lo < end:  # the caller owns pages here: the ones that differ are duplicates
             free_full += _differing(full_ids[lo:end], node.full[lo - i :])
         if self.swa is None:
             return node
+        slo = max(i, sprot)
         if node.swa is not None:
-            if lo < end:
-                free_swa += [p for p in _differing(swa_ids[lo:end], node.swa[lo - i :]) if p]
+            if slo < end:
+                free_swa += [p for p in _differing(swa_ids[slo:end], node.swa[slo - i :]) if p]
         elif live_from < end:
             if live_from > i:
                 self._split(node, live_from - i)  # `node` stays the lower part

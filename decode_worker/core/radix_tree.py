@@ -133,9 +133,8 @@ class UnifiedRadixTree(InsertOps, LockOps):
         length. The request keeps its pages past the aligned end. SWA entries below
         `kv.swa_start` become 0 (the tree may tombstone them at any time)."""
         keys = kv.keys(self.page_size)
-        _, node = self._insert(
-            keys, kv.full_page_ids, kv.swa_page_ids, kv.swa_start, kv.cache_protected_len
-        )
+        _, node = self._insert(keys, kv.full_page_ids, kv.swa_page_ids, kv.swa_start,
+                               kv.cache_protected_len, kv.swa_owned_from)
         n = len(keys)
         full, swa = path_values(node)
         kv.full_page_ids[:n] = full
@@ -147,28 +146,29 @@ class UnifiedRadixTree(InsertOps, LockOps):
             self.unlock(kv.lock)
         kv.lock = new
         kv.cache_protected_len = n * self.page_size
+        kv.swa_owned_from = None
 
     def cache_finished_req(self, kv: ReqKV, *, insert: bool = True) -> None:
         """A request leaves: insert its page-aligned KV (or not), free every page it still owns
         (the unaligned tail, preallocated pages, or all of `[protected, end)` without insert),
         release its lock, and empty `kv`'s page tables (so a second call frees nothing)."""
         ps = self.page_size
-        keep = kv.cache_protected_len // ps
+        keep, swa_keep = kv.cache_protected_len // ps, kv.swa_owned_len() // ps
         if insert:
             keys = kv.keys(ps)
-            self._insert(
-                keys, kv.full_page_ids, kv.swa_page_ids, kv.swa_start, kv.cache_protected_len
-            )
-            keep = len(keys)
+            self._insert(keys, kv.full_page_ids, kv.swa_page_ids, kv.swa_start,
+                         kv.cache_protected_len, kv.swa_owned_from)
+            keep = swa_keep = len(keys)
         self.full.free(kv.full_page_ids[keep:])
         if self.swa is not None:
-            self.swa.free([p for p in kv.swa_page_ids[keep:] if p])
+            self.swa.free([p for p in kv.swa_page_ids[swa_keep:] if p])
         if kv.lock is not None:
             self.unlock(kv.lock)
         kv.lock = None
         kv.full_page_ids = []
         kv.swa_page_ids = []
         kv.cache_protected_len = 0
+        kv.swa_owned_from = None
 
     # -- accounting --------------------------------------------------------------------------
     def full_stats(self) -> PoolStats:

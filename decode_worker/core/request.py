@@ -81,6 +81,7 @@ class DecodeRequest:
     message: str = ""  # human-readable cause, for the client and the log
     num_retractions: int = 0
     entered_at: dict[RequestState, float] = field(default_factory=dict)
+    sglang_page_size: int = 0  # its KV comes from an SGLang prefill of this page size (0: not)
 
     @property
     def fill_len(self) -> int:

@@ -10,8 +10,10 @@ is at position `seq_len`):
 ```
 pos:  0 ........... P .............. S .................. B ......... seq_len
       [ reused full prefix | full, transferred | full + SWA, transferred (the SWA tail) ]
-      P = reused prefix (page-aligned, <= S)    B = align_down(seq_len) (insert boundary)
+      P = reused prefix (page-aligned)          B = align_down(seq_len) (insert boundary)
 ```
+P may also lie past S (a long reused prefix and a short new message): then full KV arrives for
+`[P, seq_len)` and SWA for `[S, seq_len)`, two ranges.
 """
 
 from __future__ import annotations
@@ -64,17 +66,25 @@ def num_pages(num_tokens: int, page_size: int) -> int:
 def max_reuse_len(
     seq_len: int, window: int, page_size: int, radix_cache: bool, has_swa: bool
 ) -> int:
-    """Longest prefix that may be reused from the tree for a request of `seq_len` tokens.
-
-    With SWA layers: the window start S (the SWA tail always arrives fresh, so the tree needs no
-    live SWA for a hit). Without SWA layers: the page-aligned `seq_len` (a full hit still receives
-    the first output token). `window` = earlier tokens a query sees (127 for gpt-oss).
-    """
+    """Longest prefix that may be reused from the tree for a request of `seq_len` tokens: the
+    page-aligned `seq_len` (a full hit still receives the first output token), 0 without the
+    radix cache. The reuse is of full-attention KV only and is not capped at the SWA window
+    start S: the SWA tail `[S, seq_len)` arrives fresh, as a second range that may start inside
+    the reused prefix. `window` = earlier tokens a query sees (127 for gpt-oss); `has_swa` is
+    kept for callers that size both pools."""
+    del window, has_swa  # the cap no longer depends on them
     if not radix_cache:
         return 0
-    if not has_swa:
-        return align_down(seq_len, page_size)
-    return swa_window_start(seq_len, window, page_size, radix_cache)
+    return align_down(seq_len, page_size)
+
+
+def sglang_window_start(
+    prefix_len: int, seq_len: int, window: int, prefill_page_size: int
+) -> int:
+    """The SWA window start an SGLang prefill sends from, given the decode side's reused prefix
+    `prefix_len` (its `decode_prefix_len`): `max(prefix_len, seq_len - window)` rounded down to
+    the prefill's page. `window` = earlier tokens a query sees (127 for gpt-oss)."""
+    return align_down(max(prefix_len, seq_len - window, 0), prefill_page_size)
 
 
 @functools.lru_cache(maxsize=64)

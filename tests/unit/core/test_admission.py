@@ -22,17 +22,62 @@ def test_fresh_request_reserves_full_pages_and_the_swa_tail() -> None:
     rig.check([d.req])
 
 
-def test_reused_prefix_is_capped_at_the_window_start() -> None:
+def test_reused_prefix_goes_past_the_window_start() -> None:
+    """Full KV is reused up to the last whole page (832 of 895), not capped at the window start
+    (704); the tree still holds turn 1's live SWA of [704, 832), so only [832, 895) arrives, full
+    and SWA (one page each)."""
     rig = make_rig()
     first = req("a", 895)
     admit_one(rig, first)
     run_to_finish(rig, first, steps=2)
     d = admit_one(rig, req("b", 895))
-    assert d.prefix_len == 704 and d.swa_start == 704
-    assert len(d.full_page_ids) == 3 and len(d.swa_page_ids) == 3
-    assert rig.stats.prefix_hit_tokens_total == 704
-    assert rig.tree is not None and rig.tree.full_stats().protected == 11  # locked prefix
+    assert d.prefix_len == 832 and d.swa_start == 832
+    assert len(d.full_page_ids) == 1 and len(d.swa_page_ids) == 1
+    assert rig.stats.prefix_hit_tokens_total == 832
+    assert rig.tree is not None and rig.tree.full_stats().protected == 13  # locked prefix
+    kv = d.req.kv
+    assert kv is not None and kv.swa_start == 704 and kv.swa_owned_from is None
+    assert all(kv.swa_page_ids[11:14]) and rig.tree.swa_stats().protected == 2
+    assert rig.swa is not None
+    rig.tree.evict_swa(rig.swa.num_total)  # the pages it reads stay: they are locked
+    assert rig.swa.all_held(kv.swa_page_ids[11:13])
     rig.check([d.req])
+
+
+def test_without_live_swa_the_tail_arrives_fresh_under_the_reused_prefix() -> None:
+    """The same request once the tree's SWA is gone: full KV of [832, 895) and a fresh SWA tail
+    of [704, 895), two ranges; the tail's pages under the prefix are the request's."""
+    rig = make_rig()
+    first = req("a", 895)
+    admit_one(rig, first)
+    run_to_finish(rig, first, steps=2)
+    assert rig.tree is not None and rig.swa is not None
+    rig.tree.evict_swa(rig.swa.num_total)
+    d = admit_one(rig, req("b", 895))
+    assert (d.prefix_len, d.swa_start) == (832, 704)
+    assert len(d.full_page_ids) == 1 and len(d.swa_page_ids) == 3
+    assert d.req.kv is not None and d.req.kv.swa_owned_from == 704
+    rig.check([d.req])
+
+
+def test_a_tail_under_the_prefix_is_released_whole_on_abort_and_cached_on_finish() -> None:
+    """The fresh SWA pages under the locked prefix are the request's: an abort before it runs
+    frees them all; a run inserts them (healing the tree's tombstones) and the books balance."""
+    rig = make_rig()
+    first = req("a", 895)
+    admit_one(rig, first)
+    run_to_finish(rig, first, steps=2)
+    assert rig.tree is not None and rig.swa is not None
+    rig.tree.evict_swa(rig.swa.num_total)
+    aborted = admit_one(rig, req("b", 895))
+    assert aborted.req.kv is not None and aborted.req.kv.swa_owned_from == 704
+    assert rig.queue.abort("b", 1.0, "client_abort") is not None
+    assert aborted.req.kv is None
+    rig.check([])
+    again = admit_one(rig, req("c", 895))
+    run_to_finish(rig, again.req, steps=3)
+    rig.check([])
+    assert rig.tree.swa_stats().evictable >= 3  # the healed window is cached again
 
 
 def test_admission_counts_evictable_capacity() -> None:
@@ -120,7 +165,10 @@ def test_reclaim_failure_rejects_only_that_request_and_next_is_admitted() -> Non
     tree = rig.tree
     assert isinstance(tree, _SpyTree)
     tree.swa_fail = 1
-    rig.queue.add(req("x", 895, base=1000), 0.0)  # matches old0's prefix, then reclaim fails
+    # matches old0's prefix up to the window start (so its whole SWA tail is new), then the
+    # reclaim fails
+    x = DecodeRequest("x", 1, list(range(1000, 1704)) + [9] * 191, 8)
+    rig.queue.add(x, 0.0)
     rig.queue.add(req("y", 895), 0.0)
     got = rig.queue.pop_admitted(0.0)
     assert isinstance(got[0], Abort) and got[0].reason == "swa_reclaim_insufficient"
@@ -204,3 +252,55 @@ def test_retracted_requests_are_readmitted_before_new_ones() -> None:
     assert [d.req.rid for d in got] == ["a", "new"]
     assert isinstance(got[0], Admit) and got[0].req.is_resumed
     rig.check([d.req for d in got])
+
+
+def _next_turn(first: DecodeRequest, rid: str, new_tokens: int, *, sglang: int) -> DecodeRequest:
+    prompt = first.prompt_ids + first.output_ids + [7_000 + i for i in range(new_tokens)]
+    r = DecodeRequest(rid, 5, prompt, 8)
+    r.sglang_page_size = sglang
+    return r
+
+
+def test_sglang_next_turn_asks_only_past_the_prefix_when_the_tree_holds_its_window() -> None:
+    """A short new message: the tree holds live SWA for [L - 127, P), so the SGLang prefill is
+    asked for full KV and SWA of [P, L) only (decode_prefix_len = P = 896, above L - 127)."""
+    rig = make_rig()
+    first = req("a", 895)
+    admit_one(rig, first)
+    run_to_finish(rig, first, steps=2)
+    d = admit_one(rig, _next_turn(first, "b", 5, sglang=64))
+    assert d.req.fill_len == 903 and d.prefix_len == 896  # every whole page of turn 1
+    assert d.swa_start == 896  # SGLang's window start: max(P, L - 127) on its page
+    assert len(d.full_page_ids) == 1 and len(d.swa_page_ids) == 1
+    kv = d.req.kv
+    assert kv is not None and kv.swa_start == 768 and all(kv.swa_page_ids[12:15])
+    assert not set(kv.swa_page_ids[12:14]) & set(d.swa_page_ids)  # the tree's, locked
+    rig.check([d.req])
+
+
+def test_sglang_next_turn_without_live_swa_stops_at_the_window_start() -> None:
+    """The same turn once the tree's SWA is gone: asking past L - 127 would leave SWA missing,
+    so the reuse stops at the window's page (768) and the whole window arrives fresh."""
+    rig = make_rig()
+    first = req("a", 895)
+    admit_one(rig, first)
+    run_to_finish(rig, first, steps=2)
+    assert rig.tree is not None and rig.swa is not None
+    rig.tree.evict_swa(rig.swa.num_total)
+    d = admit_one(rig, _next_turn(first, "b", 5, sglang=64))
+    assert (d.prefix_len, d.swa_start) == (768, 768)
+    assert len(d.full_page_ids) == 3 and len(d.swa_page_ids) == 3
+    rig.check([d.req])
+
+
+def test_sglang_window_of_a_smaller_prefill_page_starts_inside_our_page() -> None:
+    """Without the radix cache a prefill page of 16 under our 64: SGLang sends SWA from
+    floor16(895 - 127) = 768 ... and from floor16(900 - 127) = 768 + 5 -> 768 for 900, 784 for
+    911; our SWA pages start at the page holding it."""
+    rig = make_rig(radix=False)
+    r = DecodeRequest("c", 1, list(range(911)), 8)
+    r.sglang_page_size = 16
+    d = admit_one(rig, r)
+    assert d.prefix_len == 0 and d.swa_start == 784
+    assert len(d.swa_page_ids) == 3  # pages of [768, 911)
+    rig.check([d.req])

@@ -12,6 +12,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from decode_worker.core.admission import Admit
 from decode_worker.core.radix_node import Node
+from decode_worker.core.req_kv import ReqKV
+from decode_worker.core.window import sglang_window_start
 from decode_worker.core.request import DecodeRequest, RequestState
 from decode_worker.errors import ServiceUnavailable
 from tests.unit.core.test_admission_helpers import make_rig
@@ -42,11 +44,15 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     # -- rules -----------------------------------------------------------------------------
     @rule(fam=st.integers(0, 2), cut=st.integers(0, 30), n=st.integers(1, 70),
-          max_new=st.integers(1, 60))
-    def arrive(self, fam: int, cut: int, n: int, max_new: int) -> None:
+          max_new=st.integers(1, 60), sglang=st.sampled_from([0, 1, 2]))
+    def arrive(self, fam: int, cut: int, n: int, max_new: int, sglang: int) -> None:
+        """`sglang`: 0 a native peer, 1 an SGLang prefill of our page size, 2 one of half our
+        page size (only without the radix cache: the engine refuses it with the cache on)."""
         self.n += 1
         prompt = FAMILIES[fam][:cut] + [100 + self.n] * max(0, n - cut)
         r = DecodeRequest(f"r{self.n}", self.n, prompt or [1], max_new)
+        if sglang == 1 or (sglang == 2 and not self.radix):
+            r.sglang_page_size = self.page_size // sglang
         try:
             ab = self.rig.queue.add(r, self.now)
         except ServiceUnavailable:
@@ -58,8 +64,14 @@ class AdmissionMachine(RuleBasedStateMachine):
     def admit(self) -> None:
         for d in self.rig.queue.pop_admitted(self.now):
             if isinstance(d, Admit):
-                assert d.prefix_len <= d.swa_start or self.rig.swa is None
+                # full KV is reused up to the last whole page; the SWA tail arrives fresh from
+                # the window start, under the reused prefix when it starts below it
+                assert d.prefix_len <= d.req.fill_len - d.req.fill_len % self.page_size
                 assert d.prefix_len % self.page_size == 0
+                kv = d.req.kv
+                assert kv is not None
+                if self.rig.swa is not None:
+                    _check_window(d, kv, self.page_size, self.window)
 
     @rule(pick=st.integers(0, 10**6), done=st.booleans())
     def transfer_progress(self, pick: int, done: bool) -> None:
@@ -131,6 +143,10 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.rig.check(self.reqs)
         for r in self.reqs:
             assert (r.kv is not None) == (r.state in (S.RESERVED, S.RECEIVING, S.READY, S.RUNNING))
+            if r.kv is not None:  # every page it reads (its own or the tree's) is still held
+                assert self.rig.full.all_held(r.kv.full_page_ids)
+                if self.rig.swa is not None:
+                    assert self.rig.swa.all_held([p for p in r.kv.swa_page_ids if p])
         if self.rig.tree is not None:
             _check_full_lock_refs(self.rig.tree.root, self.reqs)
 
@@ -146,6 +162,22 @@ class AdmissionMachine(RuleBasedStateMachine):
                 assert stats.available + stats.evictable == stats.total
         else:
             assert self.rig.full.num_free == self.rig.full.num_total
+
+
+def _check_window(d: Admit, kv: ReqKV, ps: int, window: int) -> None:
+    """The SWA the first query reads, `[fill - window, fill)`, is held (live tree pages or new
+    ones); new SWA pages start at the page of the window start sent to the peer, which follows
+    SGLang's rule for an SGLang prefill; the request owns exactly the new pages."""
+    fill = d.req.fill_len
+    first = (max(fill - window, 0) // ps) * ps
+    assert all(kv.swa_page_ids[first // ps : -(-fill // ps)])
+    sent_page = d.swa_start - d.swa_start % ps
+    assert len(d.swa_page_ids) == -(-(fill - sent_page) // ps)
+    assert kv.swa_owned_len() == min(sent_page, d.prefix_len)
+    assert sorted(kv.owned_swa_page_ids(ps)) == sorted(d.swa_page_ids)
+    if d.req.sglang_page_size:
+        assert d.swa_start == sglang_window_start(d.prefix_len, fill, window,
+                                                  d.req.sglang_page_size)
 
 
 def _check_full_lock_refs(root: Node, reqs: list[DecodeRequest]) -> None:

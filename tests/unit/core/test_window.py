@@ -62,8 +62,8 @@ def test_window_start_is_monotone_and_peak_bounds_live_pages(
         assert n // page - s // page + 1 <= peak
 
 
-def test_max_reuse_len_caps_at_window_start_or_aligned_len() -> None:
-    assert max_reuse_len(895, 127, 64, radix_cache=True, has_swa=True) == 704
+def test_max_reuse_len_is_the_aligned_len_with_or_without_swa() -> None:
+    assert max_reuse_len(895, 127, 64, radix_cache=True, has_swa=True) == 832
     assert max_reuse_len(895, 127, 64, radix_cache=True, has_swa=False) == 832
     assert max_reuse_len(895, 127, 64, radix_cache=False, has_swa=True) == 0
 

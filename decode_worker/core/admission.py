@@ -14,18 +14,17 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from decode_worker.core.admission_budget import AdmissionBudget
+from decode_worker.core.admission_plan import plan_native, plan_sglang
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.radix_locks import LockRef
-from decode_worker.core.radix_node import PageKey, page_keys
-from decode_worker.core.radix_tree import MatchMode
+from decode_worker.core.radix_node import page_keys
 from decode_worker.core.req_kv import ReqKV
 from decode_worker.core.request import DecodeRequest, RequestState
 from decode_worker.errors import ServiceUnavailable
-from decode_worker.core.window import sglang_window_start
-from decode_worker.utils.mathx import align_down, cdiv
+from decode_worker.utils.mathx import cdiv
 
 S = RequestState
 
@@ -55,22 +54,6 @@ class Abort:
 
 
 Decision = Admit | Abort
-
-
-@dataclass(slots=True)
-class _Reuse:
-    """What one admission reuses from the tree and where its SWA comes from: the matched
-    `prefix` (its full pages `full_ids`, held by `lock`), the request's page-aligned window start
-    `swa_start`, the tree's live SWA pages `tree_swa` for `[swa_start, fresh_from)`, new SWA pages
-    for `[fresh_from, fill)`, and `sent_start`, the SWA window start the peer is asked for."""
-
-    prefix: int = 0
-    full_ids: list[int] = field(default_factory=list)
-    lock: LockRef | None = None
-    swa_start: int = 0
-    tree_swa: list[int] = field(default_factory=list)
-    fresh_from: int = 0
-    sent_start: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,13 +183,14 @@ class PreallocQueue:
         ```
         The match may also end past `swa_start` (full KV reused further than the window start):
         the new SWA pages then cover `[swa_start, fill_len)` under the locked prefix too. For an
-        SGLang prefill (`req.sglang_page_size`) the window follows SGLang's rule (`_plan_sglang`).
+        SGLang prefill (`req.sglang_page_size`) the window follows SGLang's rule
+        (`admission_plan.plan_sglang`).
         """
         ctx, fill = self.ctx, req.fill_len
         ps, tree, swa = ctx.page_size, ctx.tree, ctx.swa
         keys = page_keys(req.fill_ids, ps) if tree is not None else []  # once: match + ReqKV
-        r = (self._plan_sglang(req, keys) if req.sglang_page_size and swa is not None
-             else self._plan_native(req, keys))
+        r = (plan_sglang(ctx, req, keys) if req.sglang_page_size and swa is not None
+             else plan_native(ctx, req, keys))
         need_full = cdiv(fill, ps) - r.prefix // ps
         need_swa = cdiv(fill - r.fresh_from, ps) if swa is not None else 0
         if not self._budget.fits(req, need_full, need_swa, r.swa_start):
@@ -228,55 +212,6 @@ class PreallocQueue:
         req.transition(S.RESERVED, now, kv=kv)
         self._count_admit(req, r.prefix)
         return Admit(req, r.prefix, r.sent_start, new_full, new_swa)
-
-    def _plan_native(self, req: DecodeRequest, keys: list[PageKey]) -> _Reuse:
-        """Reuse every whole cached page of full KV. The SWA tail `[S, fill)` arrives fresh,
-        except where the tree holds live SWA under the reused prefix: then the window starts at
-        `max(S, P - one window of pages)` (still a valid window start: the insert boundary keeps
-        one window above it) with the tree's pages, locked, and only `[P, fill)` arrives."""
-        ctx, fill, tree, ps = self.ctx, req.fill_len, self.ctx.tree, self.ctx.page_size
-        s = ctx.swa_start(fill)
-        r = _Reuse(swa_start=s, fresh_from=s, sent_start=s)
-        cap = ctx.max_reuse_len(fill)
-        if tree is None or cap <= 0:
-            return r
-        m = tree.match_prefix(req.fill_ids, MatchMode.TRANSFER, cap, keys=keys)
-        if m.prefix_len <= 0:
-            return r
-        p = r.prefix = m.prefix_len
-        r.full_ids = m.full_page_ids
-        start = max(s, p - cdiv(ctx.window, ps) * ps)  # what the prefix lock's SWA span covers
-        live = m.swa_page_ids[start // ps : p // ps]
-        if ctx.swa is None or not s < p < fill or not all(live):
-            r.lock = tree.lock(m.node, swa=False)  # the SWA tail arrives fresh
-            return r
-        r.lock = tree.lock(m.node)  # full and the live SWA of one window above P
-        r.swa_start, r.tree_swa, r.fresh_from, r.sent_start = start, live, p, p
-        return r
-
-    def _plan_sglang(self, req: DecodeRequest, keys: list[PageKey]) -> _Reuse:
-        """SGLang's prefill sends SWA for `[floor(max(P, fill - window)), fill)` (its page): a
-        `P` above `fill - window` is asked for only when the tree holds live SWA for
-        `[fill - window, P)` (a RESUME match); else the reuse stops at the window's start and
-        the whole window arrives fresh. `window` = earlier tokens a query sees (127)."""
-        ctx, fill, ps, tree = self.ctx, req.fill_len, self.ctx.page_size, self.ctx.tree
-        low = max(fill - ctx.window, 0)
-        if tree is not None:
-            m = tree.match_prefix(req.fill_ids, MatchMode.RESUME, align_down(fill, ps), keys=keys)
-            if m.prefix_len > low:  # live SWA of [low, P) in the tree: SWA arrives from P
-                start = align_down(low, ps)
-                return _Reuse(m.prefix_len, m.full_page_ids, tree.lock(m.node), start,
-                              m.swa_page_ids[start // ps :], m.prefix_len, m.prefix_len)
-        r = _Reuse()
-        cap = align_down(low, ps) if ctx.radix_cache else 0
-        if tree is not None and cap > 0:
-            m = tree.match_prefix(req.fill_ids, MatchMode.TRANSFER, cap, keys=keys)
-            if m.prefix_len > 0:
-                r.prefix, r.full_ids = m.prefix_len, m.full_page_ids
-                r.lock = tree.lock(m.node, swa=False)
-        r.sent_start = sglang_window_start(r.prefix, fill, ctx.window, req.sglang_page_size)
-        r.swa_start = r.fresh_from = align_down(r.sent_start, ps)
-        return r
 
     def _count_admit(self, req: DecodeRequest, prefix: int) -> None:
         st = self.ctx.stats

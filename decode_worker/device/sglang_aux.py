@@ -23,6 +23,7 @@ Always in DRAM, even when the pools are on a GPU. Not thread-safe: one owner.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -82,7 +83,7 @@ class SglangAuxBuffers:
         return got if got.room == room & (2**64 - 1) and room != 0 else None
 
     def write(self, row: int, room: int, token_id: int, logprob: float,
-              top_logprobs: TopLogprobs = (), cached_tokens: int = 0) -> None:
+              top_logprobs: Sequence[tuple[int, float]] = (), cached_tokens: int = 0) -> None:
         """Fill row `row` as an SGLang prefill does (for the prefill side and tests)."""
         b, top = self.buffers, list(top_logprobs)[: SCHEMA[_TOP_VAL][1]]
         self.clear(row)

@@ -13,8 +13,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from decode_worker.core.admission import Admit
 from decode_worker.core.radix_node import Node
 from decode_worker.core.req_kv import ReqKV
-from decode_worker.core.window import sglang_window_start
 from decode_worker.core.request import DecodeRequest, RequestState
+from decode_worker.core.window import sglang_window_start
 from decode_worker.errors import ServiceUnavailable
 from tests.unit.core.test_admission_helpers import make_rig
 

@@ -1,0 +1,89 @@
+"""How one admission reuses the tree and where its SWA comes from (pure): the native protocol's
+plan and SGLang's. `window` = earlier tokens a query sees (127 for gpt-oss).
+
+```
+pos:  0 ........ swa_start ........ fresh_from ........ prefix ......... fill
+full: [ tree's, locked ................................ | new pages ........ ]
+swa:  [ 0 ...... | tree's live pages | new pages ................................ ]
+```
+(`fresh_from` may also lie at or past `prefix`, and `swa_start` past `prefix`: then nothing of
+the tree's SWA is used.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from decode_worker.core.kv_context import KVContext
+from decode_worker.core.radix_locks import LockRef
+from decode_worker.core.radix_node import PageKey
+from decode_worker.core.radix_tree import MatchMode
+from decode_worker.core.request import DecodeRequest
+from decode_worker.core.window import sglang_window_start
+from decode_worker.utils.mathx import align_down, cdiv
+
+
+@dataclass(slots=True)
+class Reuse:
+    """What one admission reuses from the tree and where its SWA comes from: the matched
+    `prefix` (its full pages `full_ids`, held by `lock`), the request's page-aligned window start
+    `swa_start`, the tree's live SWA pages `tree_swa` for `[swa_start, fresh_from)`, new SWA pages
+    for `[fresh_from, fill)`, and `sent_start`, the SWA window start the peer is asked for."""
+
+    prefix: int = 0
+    full_ids: list[int] = field(default_factory=list)
+    lock: LockRef | None = None
+    swa_start: int = 0
+    tree_swa: list[int] = field(default_factory=list)
+    fresh_from: int = 0
+    sent_start: int = 0
+
+
+def plan_native(ctx: KVContext, req: DecodeRequest, keys: list[PageKey]) -> Reuse:
+    """Reuse every whole cached page of full KV. The SWA tail `[S, fill)` arrives fresh,
+    except where the tree holds live SWA under the reused prefix: then the window starts at
+    `max(S, P - one window of pages)` (still a valid window start: the insert boundary keeps
+    one window above it) with the tree's pages, locked, and only `[P, fill)` arrives."""
+    fill, tree, ps = req.fill_len, ctx.tree, ctx.page_size
+    s = ctx.swa_start(fill)
+    r = Reuse(swa_start=s, fresh_from=s, sent_start=s)
+    cap = ctx.max_reuse_len(fill)
+    if tree is None or cap <= 0:
+        return r
+    m = tree.match_prefix(req.fill_ids, MatchMode.TRANSFER, cap, keys=keys)
+    if m.prefix_len <= 0:
+        return r
+    p = r.prefix = m.prefix_len
+    r.full_ids = m.full_page_ids
+    start = max(s, p - cdiv(ctx.window, ps) * ps)  # what the prefix lock's SWA span covers
+    live = m.swa_page_ids[start // ps : p // ps]
+    if ctx.swa is None or not s < p < fill or not all(live):
+        r.lock = tree.lock(m.node, swa=False)  # the SWA tail arrives fresh
+        return r
+    r.lock = tree.lock(m.node)  # full and the live SWA of one window above P
+    r.swa_start, r.tree_swa, r.fresh_from, r.sent_start = start, live, p, p
+    return r
+
+def plan_sglang(ctx: KVContext, req: DecodeRequest, keys: list[PageKey]) -> Reuse:
+    """SGLang's prefill sends SWA for `[floor(max(P, fill - window)), fill)` (its page): a
+    `P` above `fill - window` is asked for only when the tree holds live SWA for
+    `[fill - window, P)` (a RESUME match); else the reuse stops at the window's start and
+    the whole window arrives fresh. `window` = earlier tokens a query sees (127)."""
+    fill, ps, tree = req.fill_len, ctx.page_size, ctx.tree
+    low = max(fill - ctx.window, 0)
+    if tree is not None:
+        m = tree.match_prefix(req.fill_ids, MatchMode.RESUME, align_down(fill, ps), keys=keys)
+        if m.prefix_len > low:  # live SWA of [low, P) in the tree: SWA arrives from P
+            start = align_down(low, ps)
+            return Reuse(m.prefix_len, m.full_page_ids, tree.lock(m.node), start,
+                          m.swa_page_ids[start // ps :], m.prefix_len, m.prefix_len)
+    r = Reuse()
+    cap = align_down(low, ps) if ctx.radix_cache else 0
+    if tree is not None and cap > 0:
+        m = tree.match_prefix(req.fill_ids, MatchMode.TRANSFER, cap, keys=keys)
+        if m.prefix_len > 0:
+            r.prefix, r.full_ids = m.prefix_len, m.full_page_ids
+            r.lock = tree.lock(m.node, swa=False)
+    r.sent_start = sglang_window_start(r.prefix, fill, ctx.window, req.sglang_page_size)
+    r.swa_start = r.fresh_from = align_down(r.sent_start, ps)
+    return r

@@ -43,7 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--host", help="bind address (server.host)")
             p.add_argument("--port", type=int, help="HTTP port (server.port)")
         if name in ("prefill", "demo"):
-            p.add_argument("--bootstrap-port", type=int, help="ZMQ port (transfer.bootstrap_port)")
+            p.add_argument("--bootstrap-port", type=int,
+                           help="bootstrap port: ZMQ (native) or SGLang's HTTP bootstrap "
+                           "server (transfer.bootstrap_port)")
+        if name == "prefill":
+            p.add_argument("--protocol", choices=("native", "sglang"),
+                           help="protocol served on the bootstrap port: native (ZMQ) or sglang "
+                           "(SGLang 0.5.23's, NIXL backend) (transfer.prefill_protocol)")
         if name == "demo":
             p.add_argument("--turns", type=int, default=4, help="chat turns per conversation")
             p.add_argument("--conversations", type=int, default=4, help="parallel conversations")
@@ -77,6 +83,7 @@ def resolve(args: argparse.Namespace) -> LoadedSettings:
         "server.host": getattr(args, "host", None),
         "server.port": getattr(args, "port", None),
         "transfer.bootstrap_port": getattr(args, "bootstrap_port", None),
+        "transfer.prefill_protocol": getattr(args, "protocol", None),
     }
     overrides.update({k: v for k, v in named.items() if v is not None})
     return load_settings(args.config, overrides)

@@ -44,7 +44,9 @@ class ModelSettings(_Section):
     path: Path | None = Field(
         None, description="Local Hugging Face directory; unset = the embedded tiny gpt-oss"
     )
-    served_model_name: str | None = Field(None, description="Name reported by /v1/models")
+    served_model_name: str | None = Field(
+        None, description="Name both servers report and accept; unset = the model path"
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weight/activation dtype; auto = float32 on CPU, bfloat16 on CUDA"
     )
@@ -87,7 +89,9 @@ class SchedulerSettings(_Section):
     max_running_requests: int = Field(64, gt=0, description="Largest decode batch")
     max_queued_requests: int = Field(1024, gt=0, description="Prealloc queue bound (then 503)")
     max_prompt_tokens: int | None = Field(None, gt=0, description="Longer prompts get 413")
-    default_max_new_tokens: int = Field(128, gt=0, description="When a request gives none")
+    default_max_new_tokens: int = Field(
+        128, gt=0, description="When a request gives none and the model reports no context length"
+    )
     queue_timeout_s: float = Field(60.0, gt=0, description="Deadline to get pages, then abort")
     kv_timeout_s: float = Field(30.0, gt=0, description="Deadline for KV to arrive, then abort")
     decode_reserve_tokens: int = Field(
@@ -129,6 +133,19 @@ class TransferSettings(_Section):
     abort_quiesce_s: float = Field(
         10.0, gt=0, description="Pages of an aborted transfer wait this long for the peer's ack"
     )
+    peer_protocol: Literal["auto", "native", "sglang"] = Field(
+        "auto", description="Decode worker: the protocol of a request's prefill peer; auto asks "
+        "its bootstrap address once (an SGLang bootstrap server answers GET /route) and caches "
+        "the answer until the peer restarts"
+    )
+    prefill_protocol: Literal["native", "sglang"] = Field(
+        "native", description="Prefill peer: the protocol it serves on bootstrap_port: native "
+        "(ZMQ) or sglang (SGLang 0.5.23's HTTP bootstrap server, ZMQ frames, NIXL writes)"
+    )
+    prefill_rank_port: int = Field(
+        0, ge=0, lt=65536, description="Prefill peer, sglang protocol: its rank's ZMQ PULL port "
+        "(0 = any free port)"
+    )
 
 
 class ServerSettings(_Section):
@@ -148,6 +165,14 @@ class MetricsSettings(_Section):
     enabled: bool = Field(True, description="Serve /metrics")
 
 
+class ApiSettings(_Section):
+    """What the HTTP API accepts beyond the generation fields."""
+
+    strict_model_name: bool = Field(
+        True, description="A request naming a model other than the served name gets 404"
+    )
+
+
 class Settings(BaseSettings):
     """All settings. Build with `load_settings`, which also records each value's source."""
 
@@ -159,6 +184,7 @@ class Settings(BaseSettings):
     transfer: TransferSettings = TransferSettings()
     server: ServerSettings = ServerSettings()
     metrics: MetricsSettings = MetricsSettings()
+    api: ApiSettings = ApiSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -36,6 +36,7 @@ _LABEL_WORD = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 PREFIX = "decode_worker_"
 POOLS = ("full", "swa")
 QUEUES = ("prealloc", "transfer", "running")
+PEER_PROTOCOLS = ("native", "sglang")
 REQUEST_STATUSES = ("finished", "aborted", "failed")
 ABORT_REASONS = (
     "client_abort", "kv_timeout", "queue_timeout", "too_large", "swa_reclaim_insufficient",
@@ -90,6 +91,10 @@ class Metrics:
         self.swa_released_pages = c("kv_swa_released_pages",
                                     "Request SWA pages freed as the window slid past them")
         self.admission_passes = c("admission_passes", "Passes of the prealloc queue")
+        self.transfer_quiesce_expired = c(
+            "transfer_quiesce_expired", "Failed or aborted transfers whose pages were released "
+            "by transfer.abort_quiesce_s, not by the peer's acknowledgement")
+        self.transfer_bad_frames = c("transfer_bad_frames", "Undecodable messages from peers")
         self._totals: dict[tuple[str, str], float] = {}  # what set_totals has reached
 
     def _build_gauges(self) -> None:
@@ -101,6 +106,8 @@ class Metrics:
         self.pages_total = g("kv_pages_total", "KV pages in the pool (page 0 excluded)", ["pool"])
         self.queue_requests = g("queue_requests", "Requests per queue", ["queue"])
         self.draining = g("draining", "1 while the worker drains (SIGTERM), else 0")
+        self.transfer_peers = g("transfer_peers", "Prefill peers known, by the protocol they "
+                                "speak", ["protocol"])
 
     def _build_histograms(self) -> None:
         h = self._hist
@@ -127,6 +134,8 @@ class Metrics:
             self.requests.labels(status=status)
         for pool in POOLS:
             self.evicted_pages.labels(pool=pool)
+        for protocol in PEER_PROTOCOLS:
+            self.transfer_peers.labels(protocol=protocol)
 
     def _pool_gauges(self) -> tuple[Gauge, ...]:
         return (self.pages_available, self.pages_used, self.pages_evictable,
@@ -181,6 +190,11 @@ class Metrics:
         """`reason` is a short snake_case word (e.g. an abort reason); anything else -> internal."""
         label = reason if _LABEL_WORD.match(reason) else _known(reason, (), "transfer failure")
         self.transfer_failures.labels(reason=label).inc()
+
+    def set_peers(self, by_protocol: Mapping[str, int]) -> None:
+        """Prefill peers known per protocol ("native", "sglang")."""
+        for protocol in PEER_PROTOCOLS:
+            self.transfer_peers.labels(protocol=protocol).set(by_protocol.get(protocol, 0))
 
     def set_totals(self, totals: Mapping[str, int | Mapping[str, int]]) -> None:
         """Move counters up to running totals: `{"admissions": 12, "aborts": {"drain": 1}}`

@@ -37,13 +37,14 @@ def conversation(turns: int, seed: int = 0) -> list[list[int]]:
 class Workers:
     """Prefill peer and decode worker as child processes (and the router if asked)."""
 
-    def __init__(self, model: Path, router: bool, extra: list[str]) -> None:
+    def __init__(self, model: Path, router: bool, extra: list[str],
+                 protocol: str = "native") -> None:
         self.prefill_port, self.boot_port = free_port(), free_port()
         self.decode_port = free_port()
         common = ["--model", str(model), "--set", f"cache.page_size={PAGE_SIZE}", *extra]
         self.prefill = ServerProcess("prefill", [
             "prefill", "--port", str(self.prefill_port), "--bootstrap-port", str(self.boot_port),
-            *common], self.prefill_port)
+            "--protocol", protocol, *common], self.prefill_port)
         self.decode = ServerProcess("decode", ["serve", "--port", str(self.decode_port),
                                                *common], self.decode_port)
         self.router: ServerProcess | None = None
@@ -138,9 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-new", type=int, default=8)
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--protocol", default="native", choices=["native", "sglang"],
+                    help="the protocol the prefill peer serves (the decode worker finds out)")
     args = ap.parse_args(argv)
     extra = [x for s in args.set for x in ("--set", s)]
-    with Workers(args.model, args.router, extra) as w:
+    with Workers(args.model, args.router, extra, args.protocol) as w:
         results = play(w, args.turns, args.max_new)
         out: dict[str, Any] = {"turns": results}
         if w.router is not None:  # the router sends its /flush_cache on to every worker

@@ -56,16 +56,20 @@ def _metric(text: str, name: str) -> float:
                if line.startswith(name + " ") or line.startswith(name + "{"))
 
 
+@pytest.mark.parametrize("protocol", ["native", "sglang"])
 def test_multi_turn_direct_matches_reference(
-        e2e_model_dir: Path, reference_run: Any, tmp_path: Path) -> None:
+        e2e_model_dir: Path, reference_run: Any, tmp_path: Path, protocol: str) -> None:
     out = tmp_path / "result.json"
-    assert driver.main(["--model", str(e2e_model_dir), "--out", str(out), "--turns", "3"]) == 0
+    assert driver.main(["--model", str(e2e_model_dir), "--out", str(out), "--turns", "3",
+                        "--protocol", protocol]) == 0
     result = json.loads(out.read_text())
     check_turns(result["turns"], reference_run, 8)
     metrics = result["metrics"]
     assert _metric(metrics, "decode_worker_prefix_cache_hit_tokens_total") > 0
     assert _metric(metrics, "decode_worker_transfer_received_tokens_total") > 0
     assert _metric(metrics, "decode_worker_requests_total") == 3
+    # the decode worker found out which protocol its peer speaks
+    assert f'decode_worker_transfer_peers{{protocol="{protocol}"}} 1.0' in metrics.splitlines()
 
 
 def _router_skip_reason() -> str | None:
@@ -80,14 +84,15 @@ def _router_skip_reason() -> str | None:
 
 
 @pytest.mark.router
+@pytest.mark.parametrize("protocol", ["native", "sglang"])
 def test_multi_turn_through_sglang_router(
-        e2e_model_dir: Path, reference_run: Any, tmp_path: Path) -> None:
+        e2e_model_dir: Path, reference_run: Any, tmp_path: Path, protocol: str) -> None:
     reason = _router_skip_reason()
     if reason:
         pytest.skip(reason)
     out = tmp_path / "result.json"
     script = (f"ip link set lo up && exec {sys.executable} -m tests.e2e.driver --router "
-              f"--model {e2e_model_dir} --out {out} --turns 3")
+              f"--model {e2e_model_dir} --out {out} --turns 3 --protocol {protocol}")
     proc = subprocess.run(["unshare", "-n", "bash", "-c", script], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -2,7 +2,8 @@
 requests and their tokens (and zero when idle), /flush_cache empties the decode radix cache
 after a multi-turn conversation (the next identical turn reuses nothing and decodes the same
 tokens), refuses while a long request runs, waits with `?timeout=`, and the worker keeps
-serving throughout. One server per module."""
+serving throughout. The reference prefill peer answers the same info and serves /metrics.
+One server of each per module."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from typing import Any
 import httpx
 import pytest
 
+from decode_worker.daemon.shared.procs import ServerProcess, free_port
 from decode_worker.io.api.admin import FLUSHED_TEXT
 from tests.e2e.live_fixtures import Live, gen_body, live_server, pool_is_whole, raw_stream
 
 pytestmark = pytest.mark.slow
 SYSTEM = [3 + (i * 13) % 250 for i in range(300)]  # longer than window + page: turns reuse it
-LONG_NEW = 5000  # never finishes within a test: the client leaves instead
+LONG_NEW = 3900  # never finishes within a test (the client leaves); fits the 4096 context
 HITS = "decode_worker_prefix_cache_hit_tokens_total"
 REFUSED_LOG = "cache not flushed: 1 running"
 
@@ -139,3 +141,52 @@ def test_flush_with_timeout_waits_for_the_running_request_to_end(admin: Live) ->
     assert len(answers[0].json()["output_ids"]) == 300
     assert admin.proc.output().count(REFUSED_LOG) > refusals  # it was refused, then retried
     assert admin.metrics().pool("full")["evictable"] == 0
+
+
+@pytest.fixture(scope="module")
+def prefill(e2e_model_dir: Path) -> Iterator[Live]:
+    """The reference prefill peer alone: a room nobody asks for times out after 1 s."""
+    port = free_port()
+    proc = ServerProcess("prefill-admin", [
+        "prefill", "--model", str(e2e_model_dir), "--port", str(port), "--bootstrap-port",
+        str(free_port()), "--set", "scheduler.kv_timeout_s=1"], port)
+    with proc:
+        proc.wait_ready(120)
+        live = Live(proc)
+        try:
+            yield live
+        finally:
+            live.close()
+
+
+def test_prefill_peer_reports_the_same_model_name_and_no_radix_cache(
+        prefill: Live, admin: Live, e2e_model_dir: Path) -> None:
+    info = prefill.get("/server_info").json()
+    assert info["served_model_name"] == str(e2e_model_dir) == admin.get(
+        "/server_info").json()["served_model_name"]
+    assert info["context_length"] == 4096 and info["disaggregation_mode"] == "prefill"
+    assert info["disaggregation_decode_enable_radix_cache"] is False
+    assert info["enable_unified_radix_tree"] is False
+    assert prefill.get("/model_info").json()["served_model_name"] == str(e2e_model_dir)
+    assert prefill.get("/v1/models").json()["data"][0]["id"] == str(e2e_model_dir)
+
+
+def test_prefill_peer_checks_context_and_model_like_the_decode_worker(prefill: Live) -> None:
+    body = {**gen_body([5] * 100, 4000), "bootstrap_host": "127.0.0.1", "bootstrap_room": 7}
+    resp = prefill.post("/generate", body)
+    assert resp.status_code == 400 and "4096" in resp.json()["error"]["message"], resp.text
+    comp = {"prompt": [5, 6], "max_tokens": 2, "model": "whatever", "bootstrap_room": 8}
+    assert prefill.post("/v1/completions", comp).status_code == 404
+
+
+def test_prefill_peer_serves_metrics(prefill: Live) -> None:
+    body = {**gen_body([5, 6, 7], 2), "bootstrap_host": "127.0.0.1", "bootstrap_room": 9}
+    resp = prefill.post("/generate", body, timeout_s=30)  # no decode side asks: kv_timeout
+    assert resp.status_code == 504, resp.text
+    m = prefill.metrics()
+    assert m.value("decode_worker_http_requests_total", endpoint="generate", code="504") == 1
+    assert m.value("decode_worker_requests_total", status="aborted") == 1
+    assert m.value("decode_worker_aborts_total", reason="kv_timeout") == 1
+    for name in ("decode_worker_time_to_first_token_seconds",  # the prefill time, from the
+                 "decode_worker_request_e2e_seconds"):  # request to the KV handed off
+        assert m.types.get(name) == "histogram", name

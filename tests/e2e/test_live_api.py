@@ -17,12 +17,13 @@ import pytest
 
 from decode_worker.device.tokenizer import Tokenizer
 from tests.e2e.conftest import assert_top_logprobs_match
-from tests.e2e.live_fixtures import DONE, Live, gen_body, live_server
+from tests.e2e.live_fixtures import DONE, Live, gen_body, live_server, raw_stream
 
 pytestmark = pytest.mark.slow
 PROMPT = [3 + (i * 7) % 250 for i in range(40)]
 LONG = [3 + (i * 11) % 250 for i in range(400)]  # past window + page: a repeat hits the cache
 N = 12
+CONTEXT = 4096  # the tiny model's max_position_embeddings
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +72,10 @@ def test_generate_stream_equals_non_stream(api: Live, reference: dict[str, Any])
     assert [t[0] for t in got] == pytest.approx([t[0] for t in want], abs=1e-4)
 
 
-def test_completions_match_generate(api: Live, reference: dict[str, Any]) -> None:
+def test_completions_match_generate(api: Live, reference: dict[str, Any],
+                                    e2e_model_dir: Path) -> None:
     body = {"prompt": PROMPT, "max_completion_tokens": N, "temperature": 0, "ignore_eos": True,
-            "logprobs": 1, "model": "whatever"}
+            "logprobs": 1, "model": str(e2e_model_dir)}  # the served name: the model path
     resp = api.post("/v1/completions", body)
     assert resp.status_code == 200, resp.text
     out = resp.json()
@@ -82,9 +84,10 @@ def test_completions_match_generate(api: Live, reference: dict[str, Any]) -> Non
     assert choice["text"] == reference["text"] and choice["finish_reason"] == "length"
     want_lps = [t[0] for t in reference["meta_info"]["output_token_logprobs"]]
     assert choice["logprobs"]["token_logprobs"] == pytest.approx(want_lps, abs=1e-4)
+    # the reference ran the same prompt: every whole page of it is reused (issue 12)
     assert out["usage"] == {"prompt_tokens": len(PROMPT), "completion_tokens": N,
                             "total_tokens": len(PROMPT) + N,
-                            "prompt_tokens_details": {"cached_tokens": 0}}
+                            "prompt_tokens_details": {"cached_tokens": len(PROMPT) // 16 * 16}}
     events = api.sse("/v1/completions", {**body, "stream": True,
                                          "stream_options": {"include_usage": True}})
     assert events[-1] == DONE
@@ -143,7 +146,7 @@ def test_repeated_long_prompt_reports_cached_tokens(api: Live) -> None:
                                          "ignore_eos": True}).json()["usage"]
     assert first["cached_tokens"] == 0 or first["cached_tokens"] < len(LONG)
     cached = usage["prompt_tokens_details"]["cached_tokens"]
-    assert 0 < cached < len(LONG) and cached % 16 == 0, usage
+    assert 0 < cached <= len(LONG) and cached % 16 == 0, usage  # every whole page
 
 
 BATCH_PROMPTS = [[3 + (i * (k + 3)) % 250 for i in range(20 + 37 * k)] for k in range(8)]
@@ -192,7 +195,7 @@ def test_top_logprobs_equal_the_reference_implementation(api: Live, reference_ru
 # -- info endpoints ------------------------------------------------------------------------
 
 
-def test_info_endpoints(api: Live) -> None:
+def test_info_endpoints(api: Live, e2e_model_dir: Path) -> None:
     assert api.get("/health").status_code == 200
     assert api.get("/health_generate").status_code == 200
     for path in ("/server_info", "/get_server_info"):
@@ -200,13 +203,18 @@ def test_info_endpoints(api: Live) -> None:
         assert (Path(info["model_path"]) / "tokenizer.json").is_file()
         assert info["disaggregation_mode"] == "decode"
         assert info["tp_size"] == 1 and info["dp_size"] == 1
+        assert info["served_model_name"] == str(e2e_model_dir)  # SGLang's default: the path
+        assert info["context_length"] == CONTEXT
+        assert info["disaggregation_decode_enable_radix_cache"] is True
+        assert info["enable_unified_radix_tree"] is True
     for path in ("/model_info", "/get_model_info"):
         model = api.get(path).json()
         assert (Path(model["tokenizer_path"]) / "tokenizer.json").is_file()
         assert model["is_generation"] is True
+        assert model["served_model_name"] == str(e2e_model_dir)
     models = api.get("/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["object"] == "model"
-    assert models["data"][0]["id"]
+    assert models["data"][0]["id"] == str(e2e_model_dir)
     metrics = api.get("/metrics")
     assert metrics.headers["content-type"].startswith("text/plain")
     assert "decode_worker_kv_pages_total" in metrics.text
@@ -268,14 +276,18 @@ def test_bad_input_is_4xx_with_message(api: Live, path: str, raw: bytes, status:
 
 @pytest.fixture(scope="module")
 def small(e2e_model_dir: Path) -> Iterator[Live]:
-    """A second worker with a prompt limit, a small body limit and an API key."""
+    """A second worker with a prompt limit, a small body limit, an API key, a full pool
+    smaller than the model's context and any model name accepted."""
     with live_server(e2e_model_dir, "--set", "scheduler.max_prompt_tokens=64",
-                     "--set", "server.max_body_bytes=65536", name="small",
+                     "--set", "server.max_body_bytes=65536", "--set",
+                     f"cache.num_full_pages={SMALL_POOL_TOKENS // 16}",
+                     "--set", "api.strict_model_name=false", name="small",
                      api_key=API_KEY) as live:
         yield live
 
 
 API_KEY = "s3cret-live"
+SMALL_POOL_TOKENS = 2048  # < CONTEXT: a request can fit the context and not the pool
 
 
 def test_api_key_guards_generation_but_not_probes(small: Live) -> None:
@@ -300,25 +312,67 @@ def test_prompt_over_max_prompt_tokens_is_413(small: Live) -> None:
     assert small.post(GEN, gen_body([5] * 64, 2)).status_code == 200
 
 
-def test_prompt_larger_than_the_pool_is_413(api: Live) -> None:
-    resp = api.post(GEN, gen_body([7] * (512 * 16 + 1), 1))  # the full pool holds 8192 tokens
+def test_request_larger_than_the_pool_is_413(small: Live) -> None:
+    resp = small.post(GEN, gen_body(PROMPT, SMALL_POOL_TOKENS + 100))  # fits the context
     assert resp.status_code == 413, resp.text
     assert "pool" in resp.json()["error"]["message"]
-    assert api.post(GEN, gen_body(PROMPT, 2)).status_code == 200
+    assert small.post(GEN, gen_body(PROMPT, 2)).status_code == 200
 
 
 @pytest.mark.parametrize("path", [GEN, COMP])
-def test_streaming_request_too_large_for_the_pool_is_413_not_a_200_stream(api: Live,
+def test_streaming_request_too_large_for_the_pool_is_413_not_a_200_stream(small: Live,
                                                                           path: str) -> None:
     """Admission (on the compute thread) rejects it before any token: a plain HTTP error."""
     body: dict[str, Any] = {"stream": True}
+    new = SMALL_POOL_TOKENS + 100
     if path == GEN:
-        body.update(gen_body(PROMPT, 100_000))
+        body.update(gen_body(PROMPT, new))
     else:
-        body.update(prompt=PROMPT, max_tokens=100_000, temperature=0, ignore_eos=True)
-    resp = api.post(path, body)
+        body.update(prompt=PROMPT, max_tokens=new, temperature=0, ignore_eos=True)
+    resp = small.post(path, body)
     assert resp.status_code == 413, resp.text
     assert "pool" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", [GEN, COMP, CHAT])
+@pytest.mark.parametrize("stream", [False, True])
+def test_past_the_context_length_is_400_naming_the_numbers(api: Live, path: str,
+                                                           stream: bool) -> None:
+    new = CONTEXT - len(PROMPT) + 1 if path != CHAT else CONTEXT  # the chat prompt is shorter
+    body: dict[str, Any] = {"stream": stream, "max_tokens": new, "temperature": 0}
+    if path == GEN:
+        body = {**gen_body(PROMPT, new), "stream": stream}
+    elif path == COMP:
+        body["prompt"] = PROMPT
+    else:
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    resp = api.post(path, body)
+    assert resp.status_code == 400, resp.text
+    message = resp.json()["error"]["message"]
+    assert str(CONTEXT) in message and str(new) in message, message
+    assert api.post(GEN, gen_body([7] * (CONTEXT + 1), 1)).status_code == 400  # prompt alone
+    # exactly at the limit is accepted: read its first event, then leave (that aborts it)
+    at_limit = {**gen_body(PROMPT, CONTEXT - len(PROMPT)), "stream": True}
+    raw_stream(api.port, GEN, at_limit, events=1).close()
+
+
+def test_completions_default_to_16_tokens(api: Live) -> None:
+    body = {"prompt": PROMPT, "temperature": 0, "ignore_eos": True}
+    out = api.post(COMP, body).json()
+    assert out["usage"]["completion_tokens"] == 16, out
+
+
+def test_model_name_is_checked_unless_strict_is_off(api: Live, small: Live,
+                                                   e2e_model_dir: Path) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 2, "model": "whatever"}
+    resp = api.post(COMP, body)
+    assert resp.status_code == 404, resp.text
+    message = resp.json()["error"]["message"]
+    assert "The model `whatever` does not exist." in message and str(e2e_model_dir) in message
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "model": "x"}
+    assert api.post(CHAT, chat).status_code == 404
+    resp = small.post(COMP, body)  # api.strict_model_name=false
+    assert resp.status_code == 200 and resp.json()["model"] == str(e2e_model_dir), resp.text
 
 
 def test_oversized_body_is_413_and_server_serves(small: Live) -> None:

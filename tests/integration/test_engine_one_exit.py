@@ -130,6 +130,8 @@ def test_every_end_goes_through_the_one_exit(
     eng.inbox.put(AbortRequest("run-abort", "client_abort"))
     step_until(eng, loop, lambda: not eng.table.lives)
     add(eng, "peer-gone", prompt, 4, peer_port=free_port())  # nothing listens there
+    step_until(eng, loop, lambda: any(isinstance(ev, Ended) and ev.rid == "peer-gone"
+                                      for ev in events))
     step_until(eng, loop, lambda: not eng.table.lives and not eng.table.draining)
     add(eng, "drained", prompt, 500)
     add(eng, "drained-queued", prompt[1:], 500)

@@ -168,10 +168,11 @@ class DecodeBackend:
         return Health("ok")
 
     def server_info(self) -> dict[str, Any]:
+        """The API layer adds `served_model_name` and the cache flags (from settings)."""
         i = self.info
         return {
             "model_path": i.model_path, "tokenizer_path": i.model_path,
-            "served_model_name": i.served_model_name, "disaggregation_mode": "decode",
+            "disaggregation_mode": "decode",
             "tp_size": 1, "dp_size": 1, "page_size": i.page_size, "sliding_window": i.window,
             "max_total_num_tokens": i.max_total_tokens,
             "max_running_requests": i.max_running_requests, "status": self.health().status,
@@ -181,8 +182,7 @@ class DecodeBackend:
 
     def model_info(self) -> dict[str, Any]:
         return {"model_path": self.info.model_path, "tokenizer_path": self.info.model_path,
-                "served_model_name": self.info.served_model_name, "is_generation": True,
-                "context_length": self.info.context_length}
+                "is_generation": True, "context_length": self.info.context_length}
 
     def _check_can_accept(self, inp: GenerateInput) -> None:
         health = self.health()

@@ -31,7 +31,9 @@ def receiver_totals(stats: ReceiverStats) -> dict[str, int | dict[str, int]]:
     """The KV receiver's counts as `Metrics.set_totals` takes them."""
     return {"transfer_bytes": stats.bytes_received,
             "transfer_received_tokens": stats.tokens_received,
-            "transfer_failures": dict(stats.failures)}
+            "transfer_failures": dict(stats.failures),
+            "transfer_quiesce_expired": stats.quiesce_expired,
+            "transfer_bad_frames": stats.bad_frames}
 
 
 class Books:
@@ -87,6 +89,7 @@ class Books:
             **receiver_totals(rx),
         })
         self.metrics.observe_transfer_samples(rx.take_samples())
+        self.metrics.set_peers(self.fetcher.receiver.peers_by_protocol())
 
     def flush_cache(self) -> FlushResult:
         """Evict every tree entry no request holds (full values with their SWA values, then SWA

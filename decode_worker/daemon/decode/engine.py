@@ -37,7 +37,7 @@ from decode_worker.daemon.decode.bridge import (
     Outbox,
     Shutdown,
 )
-from decode_worker.daemon.decode.fetcher import KVFetcher
+from decode_worker.daemon.decode.fetcher import AuxRows, KVFetcher
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.requests import RequestTable
 from decode_worker.daemon.decode.stepper import DecodeStepper
@@ -45,9 +45,10 @@ from decode_worker.daemon.shared.compat import model_compat, region_layouts
 from decode_worker.daemon.shared.runtime import Runtime, build_runtime
 from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.sampler import Sampler
+from decode_worker.device.sglang_aux import SglangAuxBuffers
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import DecodeWorkerError, ServiceUnavailable
-from decode_worker.io.kv.receiver import KVReceiver
+from decode_worker.io.kv.router import ProtocolRouter
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import Settings
 
@@ -80,14 +81,19 @@ class DecodeEngine:
             max_active=sched.max_running_requests,
             decode_reserve_tokens=sched.decode_reserve_tokens))
         decode_alloc = DecodeAllocator(self.kv_ctx)
-        aux = AuxBuffer(sched.max_running_requests + 64)
-        self.receiver = KVReceiver(settings.transfer, model_compat(rt.runner, rt.model_name),
-                                   region_layouts(rt.pools, aux), sched.kv_timeout_s)
+        num_aux = sched.max_running_requests + 64
+        aux, sglang_aux = AuxBuffer(num_aux), SglangAuxBuffers(num_aux)
+        self.receiver = ProtocolRouter(
+            settings.transfer, model_compat(rt.runner, rt.model_name),
+            region_layouts(rt.pools, aux),
+            [(r.addr, row_bytes, num_aux) for r, row_bytes in sglang_aux.regions()],
+            kv_timeout_s=sched.kv_timeout_s)
         sampler = Sampler(rt.pools.device)
         self.inbox = Inbox()
         self.table = RequestTable(self.kv_ctx, self.queue, decode_alloc, self.receiver,
                                   outbox or Outbox.unbound())
-        self.fetcher = KVFetcher(self.receiver, aux, self.table, rt.runner, sampler)
+        self.fetcher = KVFetcher(self.receiver, AuxRows(aux, sglang_aux), self.table, rt.runner,
+                                 sampler)
         self.stepper = DecodeStepper(self.table, self.queue, decode_alloc, rt.runner, sampler)
         self.books = Books(self.kv_ctx, self.table, self.fetcher, self.stepper, metrics)
         self._eos_ids = frozenset(rt.tokenizer.eos_token_ids)
@@ -150,12 +156,14 @@ class DecodeEngine:
         Without a batch to run it blocks on the inbox first: `_WAITING_S` while requests wait
         (a transfer's end is polled, not signalled), `_IDLE_WAIT_S` when idle."""
         table = self.table
-        waiting = self.fetcher.num_in_flight or self.queue.num_queued
+        waiting = self.fetcher.num_in_flight or self.queue.num_queued or self.fetcher.resolving
         wait_s = 0.0 if table.running else _WAITING_S if waiting else _IDLE_WAIT_S
         for cmd in self.inbox.get_all(wait_s):
             self.handle(cmd, now)
         now = time.monotonic()  # the inbox wait may have blocked
         self.fetcher.poll(now)
+        if self.fetcher.resolving:
+            self._resolve(now)
         self._admit(now)
         for live in table.ready():
             self.stepper.start(live, now)
@@ -189,6 +197,27 @@ class DecodeEngine:
             why = f"token ids outside [0, {vocab}): {bad[:5]}" if bad else "empty prompt"
             self.table.end(live, "bad_request", why, now)
             return
+        host, port = cmd.bootstrap_host, cmd.bootstrap_port
+        if live.has_peer and (not host or port is None or not 0 < port < 65536):
+            self.table.end(live, "bad_request", f"bad prefill peer address {host!r}:{port} "
+                           "(bootstrap_host, bootstrap_port)", now)
+            return
+        if live.has_peer:
+            self.fetcher.resolving.append(live)  # queued once its peer's protocol is known
+            self._resolve(now)
+            return
+        self._enqueue(live, now)
+
+    def _resolve(self, now: float) -> None:
+        """Queue the requests whose peer's protocol became known (or end them when the peer
+        cannot serve them)."""
+        for live, refusal in self.fetcher.resolve():
+            if refusal is not None:
+                self.table.end(live, *refusal, now, failed=True)
+            else:
+                self._enqueue(live, now)
+
+    def _enqueue(self, live: LiveRequest, now: float) -> None:
         try:
             ab = self.queue.add(live.req, now)
         except ServiceUnavailable as exc:  # the prealloc queue is full

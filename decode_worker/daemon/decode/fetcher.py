@@ -13,29 +13,81 @@ Compute thread only (the receiver's NIXL agent has this one owner).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from decode_worker.core.admission import Admit
 from decode_worker.core.request import RequestState
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.requests import RequestTable
-from decode_worker.device.aux_buffer import AuxBuffer
+from decode_worker.device.aux_buffer import AuxBuffer, AuxRow
 from decode_worker.device.runner import ModelRunner
 from decode_worker.device.sampler import Sampler
-from decode_worker.io.kv.receiver import KVReceiver, TransferEvent
+from decode_worker.device.sglang_aux import SglangAuxBuffers, SglangAuxRow
+from decode_worker.io.kv.peer import TransferEvent
+from decode_worker.io.kv.router import PeerProtocol, ProtocolRouter
 
 log = logging.getLogger(__name__)
 
 
-class KVFetcher:
-    """Transfers in flight by id, and the aux rows (first token, logprobs) they land in."""
+@dataclass(frozen=True, slots=True)
+class AuxRows:
+    """Where a transfer's first token lands: our aux rows (native peers) or SGLang's ten aux
+    buffers (SGLang prefills); one slot number indexes both."""
 
-    def __init__(self, receiver: KVReceiver, aux: AuxBuffer, table: RequestTable,
+    native: AuxBuffer
+    sglang: SglangAuxBuffers
+
+
+class KVFetcher:
+    """Transfers in flight by id, the aux rows (first token, logprobs) they land in, and the
+    requests waiting to learn their peer's protocol (`resolving`)."""
+
+    def __init__(self, receiver: ProtocolRouter, aux: AuxRows, table: RequestTable,
                  runner: ModelRunner, sampler: Sampler) -> None:
         self.receiver, self.aux, self.table = receiver, aux, table
         self.runner, self.sampler = runner, sampler
         self.page_size = table.kv_ctx.page_size
         self.by_transfer: dict[int, LiveRequest] = {}
-        self._free_slots = list(range(aux.num_rows - 1, -1, -1))
+        self.resolving: list[LiveRequest] = []
+        self._free_slots = list(range(aux.native.num_rows - 1, -1, -1))
+
+    def resolve(self) -> list[tuple[LiveRequest, tuple[str, str] | None]]:
+        """The waiting requests whose peer's protocol is now known, each with None (queue it:
+        an SGLang peer's page size is set on the request) or the (reason, message) it ends
+        with. Requests that ended meanwhile are dropped."""
+        out, still = [], []
+        for live in self.resolving:
+            if live.ended is not None:
+                continue
+            proto = self.receiver.protocol_of(live.cmd.bootstrap_host or "",
+                                              live.cmd.bootstrap_port or 0)
+            if proto is None:
+                still.append(live)
+                continue
+            refusal = self._refusal(proto)
+            if refusal is None and proto.kind == "sglang":
+                live.req.sglang_page_size = proto.prefill_page_size or self.page_size
+            out.append((live, refusal))
+        self.resolving = still
+        return out
+
+    def _refusal(self, proto: PeerProtocol) -> tuple[str, str] | None:
+        """Why this worker cannot take KV from `proto`'s peer, or None. An unreachable peer is
+        not refused here: its transfer fails (`peer_dead`, counted) like any dead peer's."""
+        ps, ours = proto.prefill_page_size, self.page_size
+        if proto.kind != "sglang" or ps is None or ps == ours:
+            return None
+        if ours % ps:
+            return "transfer_failed", (
+                f"SGLang prefill page size {ps} does not divide the decode page size {ours}: "
+                f"set the prefill's --page-size to {ours} (or a divisor), or cache.page_size")
+        if self.table.kv_ctx.radix_cache:
+            return "transfer_failed", (
+                f"SGLang prefill page size {ps} differs from the decode page size {ours} with "
+                f"the decode radix cache on: its SWA window starts inside a decode page, which "
+                f"the tree cannot cache; set the prefill's --page-size {ours}, or "
+                f"cache.page_size={ps}, or cache.decode_radix_cache=false")
+        return None
 
     @property
     def num_in_flight(self) -> int:
@@ -51,7 +103,7 @@ class KVFetcher:
             self._compute_locally(live, admit.prefix_len, now)
             return
         slot = self._free_slots.pop()
-        self.aux.clear(slot)
+        (self.aux.sglang if req.sglang_page_size else self.aux.native).clear(slot)
         cmd = live.cmd
         try:
             tid = self.receiver.submit(
@@ -90,7 +142,11 @@ class KVFetcher:
                  now: float) -> None:
         """KV and the aux row landed (`slot`, already back in the free list but not reused
         before this reads it)."""
-        row = self.aux.check(slot, ev.room, ev.transfer_id) if slot is not None else None
+        row: AuxRow | SglangAuxRow | None = None
+        if slot is not None and ev.protocol == "sglang":
+            row = self.aux.sglang.check(slot, ev.room, live.cmd.top_logprobs)
+        elif slot is not None:
+            row = self.aux.native.check(slot, ev.room, ev.transfer_id)
         if row is None:
             self.table.end(live, "transfer_failed", "first token missing or for another room",
                            now, failed=True)

@@ -54,8 +54,11 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics) -> 
     server = HttpServer(app, ServerConfig.from_settings(settings))
     await server.start()
     stop = _install_signals(loop)
-    log.info("decode worker ready on http://%s:%d (page %d, %d full pages)", sc.host,
-             server.port, engine.page_size, engine.full.num_total)
+    cache = settings.cache
+    log.info("decode worker ready on http://%s:%d (page %d, %d full pages, "
+             "disaggregation_decode_enable_radix_cache=%s, enable_unified_radix_tree=%s)",
+             sc.host, server.port, engine.page_size, engine.full.num_total,
+             cache.decode_radix_cache, cache.decode_radix_cache and cache.unified_radix_tree)
     stopper = asyncio.ensure_future(stop.wait())
     dead = asyncio.ensure_future(_wait_dead(backend))
     await asyncio.wait({stopper, dead}, return_when=asyncio.FIRST_COMPLETED)

@@ -106,7 +106,7 @@ def _play(args: argparse.Namespace, prefill: str, decode: str, boot_host: str,
 
 def _chat(pool: ThreadPoolExecutor, prefill: str, decode: str, conv: Conversation,
           max_new: int, boot_host: str, boot_port: int) -> dict[str, Any]:
-    body = {"model": "default", "messages": conv.messages, "max_tokens": max_new,
+    body = {"messages": conv.messages, "max_tokens": max_new,
             "temperature": 0, "bootstrap_host": boot_host, "bootstrap_port": boot_port,
             "bootstrap_room": random.getrandbits(63)}
     pre = pool.submit(http_json, f"{prefill}/v1/chat/completions", body)

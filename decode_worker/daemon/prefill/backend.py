@@ -13,26 +13,44 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from decode_worker.daemon.prefill.peer import PrefillPeer
+from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.prefill.state import PrefillResult
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import ClientError
 from decode_worker.io.api.backend import FlushResult, GenerateInput, Health, Load, OutputChunk
+from decode_worker.io.metrics import Metrics
+from decode_worker.settings import TransferSettings
 
 log = logging.getLogger(__name__)
+
+
+class PromptPeer(Protocol):
+    """What the backend needs of a prefill peer (`PrefillPeer`, `SglangPrefillPeer`)."""
+
+    @property
+    def settings(self) -> TransferSettings: ...
+
+    def add_prompt(self, room: int, token_ids: list[int],
+                   on_done: Callable[[PrefillResult], None] | None = None,
+                   sampling: SamplingParams | None = None) -> None: ...
 
 
 class PrefillBackend:
     """`GenerateBackend` of the prefill peer. Event-loop side only; never blocks the loop."""
 
-    def __init__(self, peer: PrefillPeer, model_dir: Path, wait_s: float) -> None:
+    def __init__(self, peer: PromptPeer, model_dir: Path, wait_s: float, *,
+                 context_length: int | None = None, metrics: Metrics | None = None) -> None:
+        """`context_length`: the model's max_position_embeddings (the API layer checks requests
+        against it); `metrics`: where each request's outcome is counted."""
         self.peer = peer
         self.model_dir = model_dir
         self.wait_s = wait_s
+        self.context_length = context_length
+        self.metrics = metrics
         self._tokenizer = Tokenizer.from_dir(model_dir)
         self._pending_tokens: dict[str, int] = {}  # rid -> prompt tokens, until its reply
 
@@ -61,19 +79,35 @@ class PrefillBackend:
         try:
             result = await asyncio.wait_for(done, self.wait_s)
         except TimeoutError:
+            self._count("kv_timeout")
             yield OutputChunk(prompt_tokens=n, error="no transfer request for this room in time",
                               error_code="kv_timeout")  # fmt: skip
             return
         finally:
             self._pending_tokens.pop(inp.rid, None)
         if result.error is not None or result.token_id is None:
+            self._count("transfer_failed")
             yield OutputChunk(prompt_tokens=n, error=result.error or "prefill failed",
                               error_code="transfer_failed")  # fmt: skip
             return
+        self._count("finished")
         logprobs = [result.logprob] if inp.return_logprob else None
         top = [result.top_logprobs[:inp.top_logprobs]] if inp.top_logprobs else None
         yield OutputChunk(token_ids=[result.token_id], logprobs=logprobs,
                           finish_reason="length", prompt_tokens=n, top_logprobs=top)
+
+    def _count(self, outcome: str) -> None:
+        """decode_worker_requests_total{status}: finished; aborted (kv_timeout: no transfer
+        request came for the room); failed (transfer_failed, also a transfer failure)."""
+        if self.metrics is None:
+            return
+        if outcome == "kv_timeout":
+            self.metrics.inc_abort(outcome)
+        elif outcome == "transfer_failed":
+            self.metrics.inc_request("failed")
+            self.metrics.inc_transfer_failure(outcome)
+        else:
+            self.metrics.inc_request(outcome)
 
     def abort(self, rid: str, reason: str) -> None:
         """Nothing to stop: the KV push runs to completion (the decode side owns aborts)."""
@@ -96,13 +130,17 @@ class PrefillBackend:
         return FlushResult(True)
 
     def server_info(self) -> dict[str, Any]:
-        return {"model_path": str(self.model_dir), "tp_size": 1, "dp_size": 1,
-                "disaggregation_mode": "prefill",
-                "disaggregation_bootstrap_port": self.peer.settings.bootstrap_port}  # fmt: skip
+        """The API layer adds `served_model_name`. The peer keeps no prefix cache."""
+        return {"model_path": str(self.model_dir), "tokenizer_path": str(self.model_dir),
+                "tp_size": 1, "dp_size": 1, "disaggregation_mode": "prefill",
+                "disaggregation_bootstrap_port": self.peer.settings.bootstrap_port,
+                "context_length": self.context_length, "disable_radix_cache": True,
+                "disaggregation_decode_enable_radix_cache": False,
+                "enable_unified_radix_tree": False}  # fmt: skip
 
     def model_info(self) -> dict[str, Any]:
         return {"model_path": str(self.model_dir), "tokenizer_path": str(self.model_dir),
-                "is_generation": True}  # fmt: skip
+                "is_generation": True, "context_length": self.context_length}  # fmt: skip
 
 
 def _settle(fut: asyncio.Future[PrefillResult], result: PrefillResult) -> None:

@@ -4,7 +4,9 @@ Loads the model (the embedded tiny gpt-oss when `model.path` is unset), builds i
 (sized by the `cache` settings, no CUDA graphs, no radix cache), serves the ZMQ bootstrap port
 (`transfer.bootstrap_port`) and the HTTP API (`server.port`). Prompts come from `POST /generate`
 (or the OpenAI routes) with `bootstrap_room`, or in the decode side's transfer requests
-(`prompt_ids`, router-less use).
+(`prompt_ids`, router-less use). With `transfer.prefill_protocol` "sglang" (`--protocol sglang`)
+it serves SGLang 0.5.23's protocol instead (`sglang_peer.py`): an HTTP bootstrap server on the
+bootstrap port, a rank ZMQ port, and prompts from HTTP only.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from pathlib import Path
 
 from decode_worker.daemon.prefill.backend import PrefillBackend
 from decode_worker.daemon.prefill.peer import PrefillPeer
+from decode_worker.daemon.prefill.sglang_peer import SglangPrefillPeer
 from decode_worker.daemon.shared.http_server import HttpServer, ServerConfig
 from decode_worker.daemon.shared.runtime import build_runtime
 from decode_worker.device.runner import ModelRunner
 from decode_worker.io.api.app import ApiApp
 from decode_worker.io.api.common import ApiConfig
+from decode_worker.io.metrics import Metrics
 from decode_worker.settings import LoadedSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -40,10 +44,17 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
     settings = loaded.settings
     runner, name, model_dir = build_runner(settings)
     wait_s = settings.scheduler.kv_timeout_s
-    peer = PrefillPeer(runner, settings.transfer, name, match_timeout_s=wait_s)
+    peer: PrefillPeer | SglangPrefillPeer
+    if settings.transfer.prefill_protocol == "sglang":
+        peer = SglangPrefillPeer(runner, settings.transfer, settings.server.port,
+                                 match_timeout_s=wait_s)
+    else:
+        peer = PrefillPeer(runner, settings.transfer, name, match_timeout_s=wait_s)
     try:
-        backend = PrefillBackend(peer, model_dir, wait_s)
-        app = ApiApp(backend, ApiConfig.from_settings(settings))
+        metrics = Metrics()  # HTTP requests, request outcomes, prefill time (TTFT / e2e)
+        backend = PrefillBackend(peer, model_dir, wait_s, metrics=metrics,
+                                 context_length=runner.model.cfg.max_position_embeddings)
+        app = ApiApp(backend, ApiConfig.from_settings(settings), metrics)
         server = HttpServer(app, ServerConfig.from_settings(settings))
         asyncio.run(_serve(server, settings, peer, runner))
     finally:
@@ -52,7 +63,7 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
     return 0
 
 
-async def _serve(server: HttpServer, settings: Settings, peer: PrefillPeer,
+async def _serve(server: HttpServer, settings: Settings, peer: PrefillPeer | SglangPrefillPeer,
                  runner: ModelRunner) -> None:
     """Serve HTTP until SIGTERM/SIGINT, then stop taking requests (grace `drain_grace_s`)."""
     stop = asyncio.Event()
@@ -64,6 +75,9 @@ async def _serve(server: HttpServer, settings: Settings, peer: PrefillPeer,
     log.info("prefill peer ready: agent %s, http %s:%d, bootstrap %s:%d, page %d, %d full / %d "
              "swa pages", peer.agent.name, settings.server.host, server.port, t.bootstrap_host,
              t.bootstrap_port, pools.page_size, pools.num_pages["full"], pools.num_pages["swa"])
+    if isinstance(peer, SglangPrefillPeer):
+        log.info("prefill peer speaks sglang: bootstrap HTTP %s:%d, rank ZMQ port %d",
+                 t.bootstrap_host, peer.server.port, peer.channel.port)
     await stop.wait()
     log.info("prefill peer: stopping")
     await server.close(grace_s=settings.server.drain_grace_s)

@@ -25,6 +25,7 @@ from decode_worker.io.api.admin import handle_flush_cache, handle_get_load
 from decode_worker.io.api.backend import GenerateBackend, GenerateInput
 from decode_worker.io.api.common import ApiConfig, error_obj, new_rid, now_s
 from decode_worker.io.api.generate import handle_generate
+from decode_worker.io.api.limits import check_model, resolve_max_new_tokens
 from decode_worker.io.api.message import Request, Response, StreamResponse
 from decode_worker.io.api.openai import handle_chat, handle_completions
 from decode_worker.io.api.run import GenerationRun, RejectedAtStart
@@ -42,7 +43,8 @@ class ApiApp:
     """HTTP handler over a `GenerateBackend`. Runs on the event loop; holds no locks.
 
     Implements `context.ApiContext` (what the endpoint modules use: backend, config, metrics,
-    make_input, start_run, model_name); the endpoints never import this module."""
+    make_input, start_run, model_name, check_model, max_new_tokens); the endpoints never import
+    this module. `/server_info` and `/model_info` add `served_model_name` (`model_name`)."""
 
     def __init__(
         self, backend: GenerateBackend, config: ApiConfig, metrics: Metrics | None = None
@@ -138,13 +140,26 @@ class ApiApp:
         await run.reject_if_failed_at_start()
         return run
 
-    def model_name(self, requested: str | None = None) -> str:
-        """config.served_model_name, else server_info's served_model_name, else model_path."""
+    def model_name(self) -> str:
+        """The one name both servers answer with: `model.served_model_name` if set, else the
+        model path (SGLang's default), else "default"."""
         if self.config.served_model_name:
             return self.config.served_model_name
-        info = self.backend.server_info()
-        name = info.get("served_model_name") or info.get("model_path")
-        return str(name) if name else (requested or "default")
+        path = self.backend.server_info().get("model_path")
+        return str(path) if path else "default"
+
+    def check_model(self, requested: str | None) -> None:
+        """Raise ModelNotFound (404) for a `model` other than ours (unless not strict)."""
+        check_model(requested, self.model_name(), self.config.strict_model_name)
+
+    def max_new_tokens(self, prompt_tokens: int, requested: int | None,
+                       default: int | None) -> int:
+        """The limit to run with (`limits.resolve_max_new_tokens`; `default` None: up to the
+        context). Raises ClientError (400) when it does not fit the model's context."""
+        ctx = self.backend.server_info().get("context_length")
+        return resolve_max_new_tokens(
+            prompt_tokens, requested, ctx if isinstance(ctx, int) and ctx > 0 else None,
+            default=default, fallback=self.config.default_max_new_tokens)
 
     # -- small endpoints -------------------------------------------------------------------
 
@@ -156,10 +171,11 @@ class ApiApp:
                            [("retry-after", str(health.retry_after_s))])
 
     async def _server_info(self, req: Request) -> Reply:
-        return Response.json(self.backend.server_info())
+        info = {**self.config.server_info_defaults, **self.backend.server_info()}
+        return Response.json({**info, "served_model_name": self.model_name()})
 
     async def _model_info(self, req: Request) -> Reply:
-        return Response.json(self.backend.model_info())
+        return Response.json({**self.backend.model_info(), "served_model_name": self.model_name()})
 
     async def _models(self, req: Request) -> Reply:
         info = self.backend.server_info()
@@ -207,7 +223,7 @@ def _json_error(status: int, message: str, code: str,
 
 def _error_reply(exc: Exception, req: Request) -> Response:
     if isinstance(exc, ClientError):
-        return _json_error(exc.status, str(exc), "bad_request")
+        return _json_error(exc.status, str(exc), getattr(exc, "reason", "bad_request"))
     if isinstance(exc, ServiceUnavailable):
         retry = str(getattr(exc, "retry_after_s", 5))
         return _json_error(503, str(exc) or "unavailable", "unavailable", [("retry-after", retry)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -23,7 +23,9 @@ class ApiConfig:
 
     `api_key`, when set, is required as `Authorization: Bearer <key>` on the generation
     endpoints, /v1/models and /flush_cache; health, info, load and metrics stay open (the
-    router and Prometheus probe them without credentials).
+    router and Prometheus probe them without credentials). `default_max_new_tokens` applies only
+    when the backend reports no `context_length` (else `limits.py` decides); `served_model_name`
+    unset means the backend's model path.
     """
 
     served_model_name: str | None = None
@@ -32,6 +34,9 @@ class ApiConfig:
     api_key: str | None = None
     metrics_enabled: bool = True
     observe_latency: bool = True
+    strict_model_name: bool = True  # a request naming another model is a 404
+    # keys /server_info reports unless the backend reports them itself (the cache settings)
+    server_info_defaults: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings: Any) -> ApiConfig:
@@ -43,7 +48,17 @@ class ApiConfig:
             default_max_new_tokens=settings.scheduler.default_max_new_tokens,
             api_key=key.get_secret_value() if key is not None else None,
             metrics_enabled=settings.metrics.enabled,
+            strict_model_name=settings.api.strict_model_name,
+            server_info_defaults=cache_info(settings),
         )
+
+
+def cache_info(settings: Any) -> dict[str, Any]:
+    """The decode cache settings under SGLang's server_info keys (`disable_radix_cache`,
+    `disaggregation_decode_enable_radix_cache`) and `enable_unified_radix_tree`."""
+    radix = bool(settings.cache.decode_radix_cache)
+    return {"disable_radix_cache": not radix, "disaggregation_decode_enable_radix_cache": radix,
+            "enable_unified_radix_tree": radix and bool(settings.cache.unified_radix_tree)}
 
 
 def check_prompt(

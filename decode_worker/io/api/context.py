@@ -35,6 +35,15 @@ class ApiContext(Protocol):
         """Submit `inp` and wait for its first chunk; raises what the run failed with."""
         ...
 
-    def model_name(self, requested: str | None = None) -> str:
-        """The model name the OpenAI routes answer with."""
+    def model_name(self) -> str:
+        """The served model name: what the OpenAI routes answer with."""
+        ...
+
+    def check_model(self, requested: str | None) -> None:
+        """Raise ModelNotFound (404) when a request names a model this server does not serve."""
+        ...
+
+    def max_new_tokens(self, prompt_tokens: int, requested: int | None,
+                       default: int | None) -> int:
+        """The max_new_tokens to run with; ClientError (400) past the model's context length."""
         ...

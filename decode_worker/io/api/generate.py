@@ -27,6 +27,7 @@ from decode_worker.io.api.message import Request, Response, StreamResponse
 from decode_worker.io.api.run import GenerationRun
 from decode_worker.io.api.schemas import (
     GenerateReq,
+    SamplingIn,
     check_bootstrap,
     decode_body,
     sampling_from_generate,
@@ -42,7 +43,9 @@ async def handle_generate(app: ApiContext, req: Request) -> Response | StreamRes
     raw_ids = app.backend.tokenizer.encode(text) if text is not None else body.input_ids or []
     ids = check_prompt(raw_ids, app.config.max_prompt_tokens,
                        vocab_size_of(app.backend.tokenizer))
-    sampling = sampling_from_generate(body.sampling_params, app.config.default_max_new_tokens)
+    sp = body.sampling_params or SamplingIn()
+    sampling = sampling_from_generate(
+        sp, app.max_new_tokens(len(ids), sp.max_new_tokens, default=None))  # up to the context
     inp = app.make_input(body.rid, ids, sampling, body, stream=body.stream,
                          return_logprob=body.return_logprob, endpoint="generate",
                          received_at=req.received_at,

@@ -3,7 +3,9 @@
 Non-streaming answers carry `usage` with `prompt_tokens_details.cached_tokens`. Streams send
 one chunk per text delta, a final chunk with `finish_reason`, a usage chunk when
 `stream_options.include_usage`, then `data: [DONE]`; an error mid-stream is an SSE error event
-then `[DONE]`. Only `n=1`; `echo` is not supported.
+then `[DONE]`. Only `n=1`; `echo` is not supported. A `model` other than the served name is a
+404 (unless `api.strict_model_name` is false); `max_tokens` defaults to 16 on completions and to
+the room left in the context on chat (`limits.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from decode_worker.io.api.common import (
     vocab_size_of,
 )
 from decode_worker.io.api.context import ApiContext
+from decode_worker.io.api.limits import COMPLETIONS_DEFAULT_MAX_TOKENS
 from decode_worker.io.api.message import Request, Response, StreamResponse
 from decode_worker.io.api.run import Finish, GenerationRun
 from decode_worker.io.api.schemas import (
@@ -34,12 +37,14 @@ from decode_worker.io.api.schemas import (
     OpenAIBase,
     check_bootstrap,
     decode_body,
+    requested_max_tokens,
     sampling_from_openai,
 )
 
 
 async def handle_completions(app: ApiContext, req: Request) -> Response | StreamResponse:
     body = decode_body(req.body, CompletionReq)
+    app.check_model(body.model)
     if body.echo:
         raise ClientError("echo=true is not supported")
     ids = _prompt_ids(app, body.prompt)
@@ -49,6 +54,7 @@ async def handle_completions(app: ApiContext, req: Request) -> Response | Stream
 
 async def handle_chat(app: ApiContext, req: Request) -> Response | StreamResponse:
     body = decode_body(req.body, ChatReq)
+    app.check_model(body.model)
     if not body.messages:
         raise ClientError("messages must be a non-empty list")
     prompt = app.backend.tokenizer.apply_chat_template([_message(m) for m in body.messages])
@@ -66,12 +72,14 @@ async def _serve(
 ) -> Response | StreamResponse:
     check_bootstrap(body)
     ids = check_prompt(ids, app.config.max_prompt_tokens, vocab_size_of(app.backend.tokenizer))
-    sampling = sampling_from_openai(body, app.config.default_max_new_tokens)
+    default = None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS  # chat: up to the context
+    max_new = app.max_new_tokens(len(ids), requested_max_tokens(body), default=default)
+    sampling = sampling_from_openai(body, max_new)
     inp = app.make_input(body.rid, ids, sampling, body, stream=body.stream,
                          return_logprob=logprobs, endpoint="chat" if chat else "completions",
                          received_at=received_at, top_logprobs=top_logprobs)
     run = await app.start_run(inp)
-    shape = _Shape(app.model_name(body.model), run, chat)
+    shape = _Shape(app.model_name(), run, chat)
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamResponse(200, RunStream(_stream(shape, usage), run))

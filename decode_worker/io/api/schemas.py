@@ -120,8 +120,7 @@ def _stop_tuple(stop: str | list[str] | None) -> tuple[str, ...]:
 
 def build_sampling(
     *,
-    max_new_tokens: int | None,
-    default_max_new_tokens: int,
+    max_new_tokens: int,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -138,7 +137,7 @@ def build_sampling(
     if n != 1:
         raise ClientError(f"n={n}: only n=1 is supported")
     params = SamplingParams(
-        max_new_tokens=default_max_new_tokens if max_new_tokens is None else max_new_tokens,
+        max_new_tokens=max_new_tokens,
         temperature=1.0 if temperature is None else temperature,
         top_k=-1 if top_k is None else top_k,
         top_p=1.0 if top_p is None else top_p,
@@ -154,10 +153,10 @@ def build_sampling(
     return params
 
 
-def sampling_from_generate(sp: SamplingIn | None, default_max_new_tokens: int) -> SamplingParams:
-    sp = sp or SamplingIn()
+def sampling_from_generate(sp: SamplingIn, max_new_tokens: int) -> SamplingParams:
+    """`max_new_tokens` is the resolved limit (`limits.resolve_max_new_tokens`)."""
     return build_sampling(
-        max_new_tokens=sp.max_new_tokens, default_max_new_tokens=default_max_new_tokens,
+        max_new_tokens=max_new_tokens,
         temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
         seed=sp.seed if sp.seed is not None else sp.sampling_seed, stop=sp.stop,
         stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos, no_stop_trim=sp.no_stop_trim,
@@ -165,11 +164,15 @@ def sampling_from_generate(sp: SamplingIn | None, default_max_new_tokens: int) -
     )
 
 
-def sampling_from_openai(req: OpenAIBase, default_max_new_tokens: int) -> SamplingParams:
+def requested_max_tokens(req: OpenAIBase) -> int | None:
     """`max_completion_tokens` wins over `max_tokens` (the router renames the latter)."""
-    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+
+
+def sampling_from_openai(req: OpenAIBase, max_new_tokens: int) -> SamplingParams:
+    """`max_new_tokens` is the resolved limit (`limits.resolve_max_new_tokens`)."""
     return build_sampling(
-        max_new_tokens=limit, default_max_new_tokens=default_max_new_tokens,
+        max_new_tokens=max_new_tokens,
         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
         seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos, no_stop_trim=req.no_stop_trim,

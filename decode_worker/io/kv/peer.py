@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import zmq
 
+from decode_worker.core.types import MemoryRegion
 from decode_worker.errors import TransferError
 from decode_worker.io.kv.bootstrap import BootstrapClient
+from decode_worker.io.kv.nixl_agent import NixlAgent
 from decode_worker.io.kv.protocol import Notif, Ping, RegionLayout, TransferRequest
 
 Phase = Literal["queued", "sent", "aborting"]
@@ -100,13 +103,16 @@ class TransferEvent:
     num_descriptors: int = 0
     num_tokens: int = 0
     duration_s: float = 0.0
+    protocol: str = "native"  # "native" or "sglang": the wire protocol of the transfer's peer
 
 
 @dataclass(slots=True)
 class ReceiverStats:
     """Plain counters: the daemon turns them into metrics once per step (unknown and late
     notifications live only here). `samples` holds (duration_s, descriptors) of each "done"
-    until the daemon takes them (`take_samples`); past `MAX_SAMPLES` the oldest are dropped."""
+    until the daemon takes them (`take_samples`); past `MAX_SAMPLES` the oldest are dropped.
+    `quiesce_expired`: failed or aborted transfers whose pages were released by the
+    `abort_quiesce_s` clock, not by the peer's word; `bad_frames`: undecodable peer messages."""
 
     done: int = 0
     failures: Counter[str] = field(default_factory=Counter)
@@ -115,6 +121,8 @@ class ReceiverStats:
     bytes_received: int = 0
     tokens_received: int = 0
     samples: list[tuple[float, int]] = field(default_factory=list)
+    quiesce_expired: int = 0
+    bad_frames: int = 0
 
     def count_done(self, num_bytes: int, num_tokens: int, duration_s: float,
                    num_descriptors: int) -> None:
@@ -129,8 +137,53 @@ class ReceiverStats:
         out, self.samples = self.samples, []
         return out
 
+    def total(self, parts: Sequence[ReceiverStats]) -> None:
+        """Set every counter to its sum over `parts` and move their samples here (so one
+        stats object totals several receivers; the parts keep their own counts)."""
+        self.done = sum(p.done for p in parts)
+        self.failures = Counter()
+        for p in parts:
+            self.failures.update(p.failures)
+        self.unknown_notifs = sum(p.unknown_notifs for p in parts)
+        self.late_notifs = sum(p.late_notifs for p in parts)
+        self.bytes_received = sum(p.bytes_received for p in parts)
+        self.tokens_received = sum(p.tokens_received for p in parts)
+        self.quiesce_expired = sum(p.quiesce_expired for p in parts)
+        self.bad_frames = sum(p.bad_frames for p in parts)
+        for p in parts:
+            self.samples += p.take_samples()
+        if len(self.samples) > MAX_SAMPLES:
+            del self.samples[: len(self.samples) - MAX_SAMPLES]
+
 
 MAX_SAMPLES = 4096
+
+
+class TransferReceiver(Protocol):
+    """What every decode-side receiver offers its owner, the compute thread (docs/CONTRACTS.md;
+    implemented by `KVReceiver`, `SglangReceiver` and `ProtocolRouter`).
+
+    Per transfer the owner gets "done", or "failed" (reason label + detail) then "released";
+    after the owner's `abort`, only "released". `submit` never raises for a per-request
+    problem (it comes back as "failed"); `poll` never blocks.
+    """
+
+    stats: ReceiverStats
+
+    def submit(
+        self, host: str, port: int, *, rid: str, room: int, prompt_len: int, reused_len: int,
+        swa_window_start: int, full_page_ids: list[int], swa_page_ids: list[int],
+        aux_slot: int, timeout_s: float | None = None, prompt_ids: list[int] | None = None,
+    ) -> int: ...
+
+    def abort(self, transfer_id: int) -> None: ...
+
+    def poll(self) -> list[TransferEvent]: ...
+
+    @property
+    def num_in_flight(self) -> int: ...
+
+    def close(self) -> None: ...
 
 
 def transfer_bytes(req: TransferRequest, regions: dict[str, RegionLayout]) -> int:
@@ -141,3 +194,10 @@ def transfer_bytes(req: TransferRequest, regions: dict[str, RegionLayout]) -> in
         + len(req.swa_page_ids) * swa.num_layers * swa.row_bytes
         + aux.row_bytes
     )
+
+
+def register_regions(agent: NixlAgent, regions: dict[str, RegionLayout]) -> None:
+    """Register every non-empty region with `agent` (once per agent, whichever receivers share
+    it). Raises ConfigError naming the likely fix when the backend refuses."""
+    agent.register([MemoryRegion(r.addr, r.length, r.device_id, r.kind)
+                    for r in regions.values() if r.length])  # fmt: skip

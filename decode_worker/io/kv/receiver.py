@@ -26,11 +26,10 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from decode_worker.core.types import MemoryRegion
 from decode_worker.errors import PageError, TransferError
 from decode_worker.io.kv import protocol as p
 from decode_worker.io.kv.nixl_agent import NixlAgent, unique_agent_name
-from decode_worker.io.kv.peer import Peer, ReceiverStats, Transfer, TransferEvent
+from decode_worker.io.kv.peer import Peer, ReceiverStats, Transfer, TransferEvent, register_regions
 from decode_worker.io.kv.protocol_check import check_compat, validate_request
 from decode_worker.io.kv.transfers import TransferBook
 
@@ -39,7 +38,7 @@ if TYPE_CHECKING:  # io/ takes the settings object but does not import pydantic 
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KVReceiver", "ReceiverStats", "TransferEvent"]
+__all__ = ["KVReceiver", "ReceiverStats", "TransferEvent", "register_regions"]
 
 
 class KVReceiver:
@@ -48,8 +47,9 @@ class KVReceiver:
     `regions` are the decode side's "full", "swa" and "aux" layouts (see protocol.RegionLayout;
     `daemon.shared.compat.region_layouts` builds them from KVPools + AuxBuffer). `kv_timeout_s`
     is the default per-transfer deadline (settings `scheduler.kv_timeout_s`). `stats` counts
-    what happened (the daemon turns it into metrics). Raises ConfigError if the NIXL agent
-    cannot start.
+    what happened (the daemon turns it into metrics). `agent`: a NixlAgent shared with another
+    receiver (its owner registered `regions`, see `register_regions`, and closes it); without
+    one this receiver builds its own. Raises ConfigError if the NIXL agent cannot start.
     """
 
     def __init__(
@@ -59,12 +59,15 @@ class KVReceiver:
         regions: dict[str, p.RegionLayout],
         kv_timeout_s: float = 30.0,
         agent_name: str | None = None,
+        agent: NixlAgent | None = None,
     ) -> None:
         self.settings, self.compat, self.regions = settings, compat, regions
-        self.kv_timeout_s = kv_timeout_s
-        self.agent = NixlAgent(agent_name or unique_agent_name("decode"), settings.backend,
-                               settings.progress_delay_us)
-        self.agent.register([_memory_region(r) for r in regions.values() if r.length])
+        self.kv_timeout_s, self._owns_agent = kv_timeout_s, agent is None
+        if agent is None:
+            agent = NixlAgent(agent_name or unique_agent_name("decode"), settings.backend,
+                              settings.progress_delay_us)
+            register_regions(agent, regions)
+        self.agent = agent
         self._hello = p.Hello(
             p.PROTOCOL_VERSION, compat, self.agent.name, self.agent.metadata(),
             list(regions.values()),
@@ -124,14 +127,7 @@ class KVReceiver:
 
     def abort(self, transfer_id: int) -> None:
         """Stop waiting for this transfer. Its pages come back with a later "released" event."""
-        xfer = self._book.get(transfer_id)
-        if xfer is None or xfer.phase == "aborting":
-            return
-        now = time.monotonic()
-        if xfer.phase == "queued":
-            self._book.release(xfer, now)
-            return
-        self._book.start_abort(xfer, now)
+        self._book.abort(transfer_id, time.monotonic())
 
     def poll(self) -> list[TransferEvent]:
         """Do all pending work without blocking; returns the events since the last call."""
@@ -143,6 +139,7 @@ class KVReceiver:
         self._book.check_deadlines(now)
         return self._book.take_events()
 
+    @property
     def num_in_flight(self) -> int:
         return len(self._book)
 
@@ -150,7 +147,8 @@ class KVReceiver:
         for peer in self._peers.values():
             peer.client.close()
         self._peers.clear()
-        self.agent.close()
+        if self._owns_agent:
+            self.agent.close()
         self._ctx.term()
 
     # -- peers -----------------------------------------------------------------------------
@@ -240,7 +238,3 @@ class KVReceiver:
             # Best effort: the quiesce deadline still protects the pages.
             with contextlib.suppress(TransferError):
                 peer.client.send(p.Abort(xfer.req.transfer_id, xfer.req.room))
-
-
-def _memory_region(r: p.RegionLayout) -> MemoryRegion:
-    return MemoryRegion(r.addr, r.length, r.device_id, r.kind)

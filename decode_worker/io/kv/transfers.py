@@ -3,7 +3,7 @@ events for the owner, and the stats.
 
 `TransferBook` knows no socket and no NIXL agent: `KVReceiver` feeds it what arrived (a peer's
 answer, a notification, the clock) and gives it `send_abort`, the one way back to a peer. Every
-transfer leaves the book through exactly one of `_complete` ("done") or `release` ("released").
+transfer leaves the book through exactly one of `complete` ("done") or `release` ("released").
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ class TransferBook:
     `regions` size a "done" transfer's bytes; `abort_quiesce_s` is how long a failed or aborted
     transfer's pages wait for the peer to stop writing; `send_abort(xfer)` asks its peer to stop
     (best effort: the quiesce deadline protects the pages anyway). `stats` counts every "done"
-    (bytes, tokens, duration and descriptors) and every failure by reason.
+    (bytes, tokens, duration and descriptors), every failure by reason, and every release by
+    the quiesce clock.
     """
 
     def __init__(
@@ -34,9 +35,15 @@ class TransferBook:
         regions: dict[str, RegionLayout],
         abort_quiesce_s: float,
         send_abort: Callable[[Transfer], None],
+        protocol: str = "native",
+        size_of: Callable[[TransferRequest], int] | None = None,
     ) -> None:
+        """`protocol` labels every event; `size_of(req)` is the bytes a "done" transfer moved
+        (default: `transfer_bytes` over `regions`)."""
         self.regions, self.abort_quiesce_s = regions, abort_quiesce_s
         self._send_abort = send_abort
+        self.protocol = protocol
+        self._size_of = size_of or (lambda req: transfer_bytes(req, regions))
         self._transfers: dict[int, Transfer] = {}
         self._finished: OrderedDict[int, None] = OrderedDict()  # recent ids, for late notifs
         self._events: list[TransferEvent] = []
@@ -72,7 +79,7 @@ class TransferBook:
             log.info("%s notification %s from %s", "late" if late else "unknown", notif, sender)
             return
         if xfer.add_part(notif):
-            self._complete(xfer, now)
+            self.complete(xfer, now)
 
     def on_peer_failed(self, tid: int, reason: str, now: float) -> None:
         """The peer reported `TransferFailed`: it stopped, so the pages are quiet either way."""
@@ -93,6 +100,11 @@ class TransferBook:
         for xfer in list(self._transfers.values()):
             if xfer.phase == "aborting":
                 if now >= xfer.release_at:
+                    self.stats.quiesce_expired += 1
+                    r = xfer.req
+                    log.warning("transfer %d rid=%s room=%d: no word from the peer within "
+                                "%.1f s of the abort; releasing its pages", r.transfer_id, r.rid,
+                                r.room, self.abort_quiesce_s)  # fmt: skip
                     self.release(xfer, now)
             elif now >= xfer.deadline:
                 detail = f"KV did not arrive within {xfer.req.deadline_s:.1f} s"
@@ -107,8 +119,21 @@ class TransferBook:
         log.warning("transfer %d rid=%s room=%d failed (%s): %s", r.transfer_id, r.rid, r.room,
                     reason, detail)  # fmt: skip
         self.stats.failures[reason] += 1
-        self._events.append(TransferEvent("failed", r.transfer_id, r.rid, r.room, reason, detail))
+        self._events.append(TransferEvent("failed", r.transfer_id, r.rid, r.room, reason, detail,
+                                          protocol=self.protocol))
         if acked or xfer.phase == "queued":
+            self.release(xfer, now)
+        else:
+            self.start_abort(xfer, now)
+
+    def abort(self, transfer_id: int, now: float) -> None:
+        """The owner stops waiting for a transfer: a queued one (nothing asked of the peer) is
+        released at once, one in flight waits for the peer (`start_abort`); unknown or already
+        aborting: nothing."""
+        xfer = self._transfers.get(transfer_id)
+        if xfer is None or xfer.phase == "aborting":
+            return
+        if xfer.phase == "queued":
             self.release(xfer, now)
         else:
             self.start_abort(xfer, now)
@@ -122,18 +147,21 @@ class TransferBook:
         """The transfer's pages are the owner's again ("released")."""
         self._forget(xfer)
         r = xfer.req
-        self._events.append(TransferEvent("released", r.transfer_id, r.rid, r.room))
+        self._events.append(TransferEvent("released", r.transfer_id, r.rid, r.room,
+                                          protocol=self.protocol))
 
-    def _complete(self, xfer: Transfer, now: float) -> None:
+    def complete(self, xfer: Transfer, now: float) -> None:
+        """Everything of the transfer landed: "done" (or "released" if it was aborting: the
+        peer finished writing, so the pages are quiet)."""
         if xfer.phase == "aborting":
-            self.release(xfer, now)  # the peer finished writing: the pages are quiet
+            self.release(xfer, now)
             return
         self._forget(xfer)
         r = xfer.req
         ev = TransferEvent(
-            "done", r.transfer_id, r.rid, r.room, num_bytes=transfer_bytes(r, self.regions),
+            "done", r.transfer_id, r.rid, r.room, num_bytes=self._size_of(r),
             num_descriptors=xfer.num_descriptors, num_tokens=r.prompt_len - r.reused_len,
-            duration_s=now - xfer.started_at,
+            duration_s=now - xfer.started_at, protocol=self.protocol,
         )  # fmt: skip
         self.stats.count_done(ev.num_bytes, ev.num_tokens, ev.duration_s, ev.num_descriptors)
         self._events.append(ev)

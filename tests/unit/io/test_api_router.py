@@ -166,6 +166,7 @@ def _exercise(c: Any, tmp: Path) -> dict[str, Any]:
         except Exception:  # the router is still starting
             continue
     msgs = [{"role": "user", "content": "hi"}]
+    model = str(tmp / "model")  # the served name: the model path by default (SGLang's)
     res["generate"] = c.post("/generate", json={
         "text": "hi", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}).json()
     text = c.post("/generate", json={"text": "hi", "stream": True,
@@ -173,9 +174,9 @@ def _exercise(c: Any, tmp: Path) -> dict[str, Any]:
     res["stream"] = [b[6:] if b[6:] == "[DONE]" else json.loads(b[6:])
                      for b in text.split("\n\n") if b.startswith("data: ")]
     res["chat"] = c.post("/v1/chat/completions", json={
-        "model": "m", "messages": msgs, "max_tokens": 4, "temperature": 0}).json()
+        "model": model, "messages": msgs, "max_tokens": 4, "temperature": 0}).json()
     res["completions"] = c.post("/v1/completions", json={
-        "model": "m", "prompt": "hi", "max_tokens": 3}).json()
+        "model": model, "prompt": "hi", "max_tokens": 3}).json()
     bad = c.post("/generate", json={"text": "hi", "sampling_params": {"top_p": 0}})
     res["bad"] = [bad.status_code, bad.text]
     boom = c.post("/generate", json={"text": "hi", "stream": True, "rid": "boom",

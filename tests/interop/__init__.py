@@ -1,0 +1,1 @@
+"""Interop tests against other stacks' own code; sglang_prefill/ runs in its own venv only."""

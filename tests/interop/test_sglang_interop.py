@@ -1,0 +1,229 @@
+"""SGLang 0.5.23's own prefill code feeds a real `decode-worker serve`.
+
+The prefill side is tests/interop/sglang_prefill/ under the SGLang venv (scripts/setup_sglang.sh;
+the test skips without it): SGLang's bootstrap server, `NixlKVManager(PREFILL)`, a `NixlKVSender`
+per room, a real `SWAKVPool` and `MetadataBuffers` on the CPU, holding transformers' real prefill
+of the tiny gpt-oss (`kv: "model"`: post-RoPE K/V of every layer, the greedy first token and its
+logprobs in SGLang's aux row). It never imports decode_worker. The test plays the router: the same
+room goes to the harness (POST /prefill) and to the worker (POST /generate with bootstrap_host,
+bootstrap_port, bootstrap_room); the worker runs with `transfer.peer_protocol=auto` and must find
+out by itself that the peer speaks SGLang's protocol.
+
+Checked: greedy tokens, logprobs and top logprobs equal transformers' own, with prefill TP 1 and
+TP 2 (two registrations; each rank writes its KV head); turns >= 2 of a conversation report
+cached tokens (and the prefill saw a decode prefix); a room the prefill fails ends in 502 naming
+the peer's reason; a killed prefill fails its request (502, peer_dead) within seconds; after
+each failure the worker is idle with every page back and keeps serving.
+
+Ports: 18500-18599 only (both harnesses' HTTP, ZMQ and UCX ranges, and the worker's).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from decode_worker.daemon.shared.procs import ServerProcess
+from decode_worker.device.default_model import write_model
+from tests.e2e.conftest import assert_top_logprobs_match
+from tests.e2e.driver import wait_idle
+from tests.e2e.live_fixtures import SMALL_POOLS, Live, gen_body, pool_is_whole
+from tests.interop.sglang_peer import TERMINAL, HarnessPorts, SglangPrefill, venv_python
+from tests.oracle.helpers import reference_greedy
+
+PYTHON = venv_python()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(PYTHON is None, reason="no SGLang venv (.venv-sglang/bin/python); "
+                       "bash scripts/setup_sglang.sh builds it"),
+]
+
+PAGE_SIZE = 16  # prefill page size = the worker's
+MAX_NEW = 8
+TOP_LOGPROBS = 5  # the first token's alternatives come through SGLang's aux row
+LOGPROB_TOL = 1e-4  # float32 on both sides; misplaced KV moves logprobs far past this
+PEER_DEAD_AFTER_S = 3.0
+TP1 = HarnessPorts(18500, 18501, "18510-18519", "18520-18539")
+TP2 = HarnessPorts(18502, 18503, "18540-18549", "18550-18569")
+WORKER_UCX = "18570-18589"
+WORKER_PORT = 18590
+
+
+@dataclass
+class Rig:
+    tp1: SglangPrefill  # prefill attention TP 1
+    tp2: SglangPrefill  # prefill attention TP 2
+    worker: Live
+    reference: Any  # transformers' GptOssForCausalLM, float32
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    """Both harnesses and the worker, started at once (the harnesses take 10-25 s to import).
+
+    The TP 2 harness builds both ranks' managers in one process (`--tp-in-process`: each rank
+    its own NIXL agent, ZMQ socket and registration, as the decode sees two processes); one
+    process per rank doubles its start-up on 2 cores (26 -> 52 s measured) for the same wire.
+    """
+    transformers = pytest.importorskip("transformers")
+    assert PYTHON is not None
+    model_dir = write_model(tmp_path_factory.mktemp("sglang-interop") / "tiny-gpt-oss", seed=0)
+    harness_args = ["--model", str(model_dir), "--page-size", str(PAGE_SIZE)]
+    tp1 = SglangPrefill(PYTHON, TP1, harness_args).start()
+    tp2 = SglangPrefill(PYTHON, TP2, [*harness_args, "--tp-size", "2", "--tp-in-process"]).start()
+    proc = ServerProcess("decode", worker_args(model_dir), WORKER_PORT,
+                         env={"UCX_TCP_PORT_RANGE": WORKER_UCX})
+    try:
+        with proc:
+            ref = transformers.GptOssForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            proc.wait_ready(120)
+            tp1.wait_ready()
+            tp2.wait_ready()
+            worker = Live(proc)
+            try:
+                yield Rig(tp1, tp2, worker, ref.eval())
+            finally:
+                worker.close()
+    finally:
+        tp1.kill()
+        tp2.kill()
+        proc.log.close()
+
+
+def worker_args(model_dir: Path) -> list[str]:
+    # abort_quiesce_s: pages of a transfer the dead prefill never acked wait this long
+    sets = {"cache.page_size": PAGE_SIZE, "transfer.peer_protocol": "auto",
+            "transfer.peer_dead_after_s": PEER_DEAD_AFTER_S, "transfer.abort_quiesce_s": 2,
+            "scheduler.kv_timeout_s": 15}
+    return ["serve", "--model", str(model_dir), "--port", str(WORKER_PORT), *SMALL_POOLS,
+            *[x for key, value in sets.items() for x in ("--set", f"{key}={value}")]]
+
+
+def conversation(seed: int, turns: int = 3) -> list[list[int]]:
+    """New user tokens per turn: a 150-token system prompt (longer than the window + a page)
+    and a short message first, then short messages of 5-40 tokens."""
+    rng = random.Random(seed)
+    msgs = [[rng.randrange(3, 250) for _ in range(rng.randrange(5, 41))] for _ in range(turns)]
+    return [[rng.randrange(3, 250) for _ in range(150)] + msgs[0], *msgs[1:]]
+
+
+def pd_request(harness: SglangPrefill, worker: Live, input_ids: list[int],
+               **prefill: Any) -> tuple[httpx.Response, dict[str, Any]]:
+    """What the router does: the same room to the prefill and the worker, concurrently.
+    Returns the worker's answer and the room's final state on the prefill side."""
+    room = random.getrandbits(63)
+    body = gen_body(input_ids, MAX_NEW, return_logprob=True, top_logprobs_num=TOP_LOGPROBS,
+                    bootstrap_host="127.0.0.1", bootstrap_port=harness.ports.bootstrap,
+                    bootstrap_room=room)
+    spec = {"room": room, "input_ids": input_ids, "kv": "model", "return_logprob": True,
+            "top_logprobs_num": TOP_LOGPROBS, "timeout_s": 30, **prefill}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pre = pool.submit(harness.prefill, spec)
+        resp = worker.post("/generate", body, timeout_s=40)
+        pre.result(timeout=30)
+    # a room the worker failed may never end on the prefill side (no TransferInfo came)
+    return resp, harness.wait_room(room, timeout_s=15 if resp.status_code == 200 else 5)
+
+
+def check_against_reference(rig: Rig, prompt: list[int], out: dict[str, Any]) -> None:
+    tokens, logits = reference_greedy(rig.reference, prompt, MAX_NEW)  # [steps, V] f32
+    lps = torch.log_softmax(logits, dim=-1)  # [steps, V]
+    meta = out["meta_info"]
+    assert out["output_ids"] == tokens, "tokens differ from transformers'"
+    got = meta["output_token_logprobs"]
+    assert [t for _, t, _ in got] == tokens
+    worst = max(abs(lp - float(lps[i, t])) for i, (lp, t, _) in enumerate(got))
+    assert worst < LOGPROB_TOL, f"logprobs off by {worst:.2e}"
+    assert_top_logprobs_match(meta["output_top_logprobs"], list(lps), TOP_LOGPROBS, LOGPROB_TOL)
+    assert meta["prompt_tokens"] == len(prompt)
+
+
+def assert_idle_and_whole(worker: Live, timeout_s: float = 15.0) -> None:
+    """/get_load shows nothing running or waiting, and every page is back (pool gauges)."""
+    wait_idle(worker.url, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while problems := pool_is_whole(worker.wait_idle(timeout_s)):
+        assert time.monotonic() < deadline, f"pages not back: {problems}"
+        time.sleep(0.1)
+
+
+def assert_peers_speak_sglang(worker: Live, at_least: int, timeout_s: float = 5.0) -> None:
+    """/metrics counts the harnesses as SGLang peers (auto found out), none as native."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = worker.metrics()
+        peers = {p: m.value("decode_worker_transfer_peers", protocol=p)
+                 for p in ("sglang", "native")}
+        if peers["sglang"] >= at_least and peers["native"] == 0:
+            return
+        assert time.monotonic() < deadline, f"peers by protocol: {peers}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_multi_turn_conversation_matches_reference(rig: Rig, tp: int) -> None:
+    harness = rig.tp1 if tp == 1 else rig.tp2
+    history: list[int] = []
+    cached, prefixes = [], []
+    for turn, user in enumerate(conversation(seed=tp)):
+        prompt = history + user
+        resp, state = pd_request(harness, rig.worker, prompt)
+        assert resp.status_code == 200, f"turn {turn}: {resp.text[:2000]}"
+        assert state["status"] == "success", f"turn {turn}: prefill side {state}\n" + (
+            harness.output()[-3000:])
+        assert len(state["ranks"]) == tp
+        out = resp.json()
+        check_against_reference(rig, prompt, out)
+        cached.append(out["meta_info"]["cached_tokens"])
+        prefixes.append(min(r["decode_prefix_len"] for r in state["ranks"]))
+        history = prompt + out["output_ids"]
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:]), f"cached tokens: {cached}"
+    assert prefixes[0] == 0 and all(p > 0 for p in prefixes[1:]), f"decode prefix: {prefixes}"
+    assert_idle_and_whole(rig.worker)
+    assert_peers_speak_sglang(rig.worker, tp)
+
+
+def test_failed_room_answers_502_with_the_peer_reason(rig: Rig) -> None:
+    prompt = conversation(seed=11, turns=1)[0]
+    reason = f"interop: NIXL write failed, room tag {random.getrandbits(32):08x}"
+    resp, state = pd_request(rig.tp1, rig.worker, prompt, fail="status", fail_reason=reason)
+    assert resp.status_code == 502, resp.text[:2000]
+    assert reason in resp.text, resp.text[:2000]
+    assert state["status"] == "failed", state
+    assert_idle_and_whole(rig.worker)
+    resp, state = pd_request(rig.tp1, rig.worker, prompt)  # the same peer, served again
+    assert resp.status_code == 200, resp.text[:2000]
+    check_against_reference(rig, prompt, resp.json())
+
+
+def test_killed_prefill_fails_its_request_and_pages_come_back(rig: Rig) -> None:
+    """Last (it kills the TP 2 harness): the room is mid-transfer (the decode's TransferInfo
+    reached both ranks, the forward "runs" for a minute) when every prefill process dies."""
+    harness, prompt = rig.tp2, conversation(seed=12, turns=1)[0]
+    room = random.getrandbits(63)
+    body = gen_body(prompt, MAX_NEW, bootstrap_host="127.0.0.1",
+                    bootstrap_port=harness.ports.bootstrap, bootstrap_room=room)
+    harness.prefill({"room": room, "input_ids": prompt, "kv": "model", "delay_s": 60,
+                     "timeout_s": 90})
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        answer = pool.submit(rig.worker.post, "/generate", body, timeout_s=40)
+        state = harness.wait_room(room, ("waiting_for_input", *TERMINAL), 20)
+        assert state["status"] == "waiting_for_input", state
+        killed_at = time.monotonic()
+        harness.kill()
+        resp = answer.result(timeout=45)
+    took = time.monotonic() - killed_at
+    assert resp.status_code == 502, resp.text[:2000]
+    assert "peer_dead" in resp.text, resp.text[:2000]
+    assert took < PEER_DEAD_AFTER_S + 4, f"answered {took:.1f}s after the kill"
+    assert rig.worker.get("/health").status_code == 200
+    assert_idle_and_whole(rig.worker)

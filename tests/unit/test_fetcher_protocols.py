@@ -1,0 +1,80 @@
+"""The KV fetcher's side of peer protocols: a request waits until its peer's protocol is known,
+then is queued (an SGLang prefill's page size set on it) or ended with a reason that names what
+to change; requests that ended while waiting are dropped."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from decode_worker.core.request import DecodeRequest
+from decode_worker.core.sampling import SamplingParams
+from decode_worker.daemon.decode.bridge import AddRequest, Ended
+from decode_worker.daemon.decode.fetcher import AuxRows, KVFetcher
+from decode_worker.daemon.decode.live import LiveRequest
+from decode_worker.io.kv.router import PeerProtocol
+
+
+class FakeRouter:
+    """Answers `protocol_of` from a dict (None: still probing)."""
+
+    def __init__(self, answers: dict[int, PeerProtocol | None]) -> None:
+        self.answers = answers
+
+    def protocol_of(self, host: str, port: int) -> PeerProtocol | None:
+        return self.answers[port]
+
+
+def fetcher(answers: dict[int, PeerProtocol | None], *, radix: bool = True) -> KVFetcher:
+    table: Any = SimpleNamespace(kv_ctx=SimpleNamespace(page_size=16, radix_cache=radix))
+    aux: Any = AuxRows(SimpleNamespace(num_rows=4), None)  # type: ignore[arg-type]
+    return KVFetcher(FakeRouter(answers), aux, table, None, None)  # type: ignore[arg-type]
+
+
+def live(port: int) -> LiveRequest:
+    cmd = AddRequest(f"r{port}", [1, 2, 3], SamplingParams(max_new_tokens=4), False,
+                     "127.0.0.1", port, 7, 0.0)
+    return LiveRequest(DecodeRequest(cmd.rid, 7, [1, 2, 3], 4), cmd, frozenset())
+
+
+def test_waiting_requests_are_released_once_their_peer_is_known() -> None:
+    f = fetcher({1: None, 2: PeerProtocol("native"), 3: PeerProtocol("sglang", 16, 2)})
+    f.resolving = [live(1), live(2), live(3)]
+    out = f.resolve()
+    assert [(lv.rid, why) for lv, why in out] == [("r2", None), ("r3", None)]
+    assert out[0][0].req.sglang_page_size == 0 and out[1][0].req.sglang_page_size == 16
+    assert [lv.rid for lv in f.resolving] == ["r1"]  # still probing
+
+
+@pytest.mark.parametrize(("page", "radix", "words"), [
+    (12, False, "does not divide the decode page size 16"),
+    (8, True, "with the decode radix cache on"),
+])
+def test_an_sglang_page_size_we_cannot_take_ends_the_request_naming_the_fix(
+        page: int, radix: bool, words: str) -> None:
+    f = fetcher({5: PeerProtocol("sglang", page, 1)}, radix=radix)
+    f.resolving = [live(5)]
+    ((_, why),) = f.resolve()
+    assert why is not None and why[0] == "transfer_failed"
+    assert words in why[1] and "--page-size" in why[1] and "cache.page_size" in why[1]
+
+
+def test_a_smaller_prefill_page_is_taken_without_the_radix_cache() -> None:
+    f = fetcher({6: PeerProtocol("sglang", 8, 1)}, radix=False)
+    f.resolving = [live(6)]
+    ((lv, why),) = f.resolve()
+    assert why is None and lv.req.sglang_page_size == 8
+
+
+def test_an_unreachable_peer_is_queued_and_ended_requests_are_dropped() -> None:
+    """An unreachable peer's request goes on: its transfer then fails with peer_dead and is
+    counted like any dead peer's."""
+    f = fetcher({7: PeerProtocol("unavailable", detail="connection refused"), 8: None})
+    gone = live(8)
+    gone.ended = Ended("r8", "client_abort")
+    f.resolving = [live(7), gone]
+    ((lv, why),) = f.resolve()
+    assert lv.rid == "r7" and why is None and lv.req.sglang_page_size == 0
+    assert f.resolving == []

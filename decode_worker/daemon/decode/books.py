@@ -66,7 +66,9 @@ class Books:
                          num_tokens=in_use + queued, measured_at=time.perf_counter())
 
     def queue_sizes(self) -> QueueSizes:
-        return QueueSizes(prealloc=self.table.queue.num_queued,
+        # requests still learning their peer's protocol wait before the prealloc queue: count
+        # them with it
+        return QueueSizes(prealloc=self.table.queue.num_queued + len(self.fetcher.resolving),
                           transfer=self.fetcher.num_in_flight, running=len(self.table.running))
 
     def _publish_counts(self) -> None:

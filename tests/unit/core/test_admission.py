@@ -22,14 +22,24 @@ def test_fresh_request_reserves_full_pages_and_the_swa_tail() -> None:
     rig.check([d.req])
 
 
+def _finished_turn(rig: Rig, *, keep_swa: bool = True) -> DecodeRequest:
+    """A 895-token request that ran two steps and finished (its KV cached); without
+    `keep_swa`, the tree's SWA is evicted afterwards (full KV only, tombstones)."""
+    first = req("a", 895)
+    admit_one(rig, first)
+    run_to_finish(rig, first, steps=2)
+    if not keep_swa:
+        assert rig.tree is not None and rig.swa is not None
+        rig.tree.evict_swa(rig.swa.num_total)
+    return first
+
+
 def test_reused_prefix_goes_past_the_window_start() -> None:
     """Full KV is reused up to the last whole page (832 of 895), not capped at the window start
     (704); the tree still holds turn 1's live SWA of [704, 832), so only [832, 895) arrives, full
     and SWA (one page each)."""
     rig = make_rig()
-    first = req("a", 895)
-    admit_one(rig, first)
-    run_to_finish(rig, first, steps=2)
+    _finished_turn(rig)
     d = admit_one(rig, req("b", 895))
     assert d.prefix_len == 832 and d.swa_start == 832
     assert len(d.full_page_ids) == 1 and len(d.swa_page_ids) == 1
@@ -48,11 +58,7 @@ def test_without_live_swa_the_tail_arrives_fresh_under_the_reused_prefix() -> No
     """The same request once the tree's SWA is gone: full KV of [832, 895) and a fresh SWA tail
     of [704, 895), two ranges; the tail's pages under the prefix are the request's."""
     rig = make_rig()
-    first = req("a", 895)
-    admit_one(rig, first)
-    run_to_finish(rig, first, steps=2)
-    assert rig.tree is not None and rig.swa is not None
-    rig.tree.evict_swa(rig.swa.num_total)
+    _finished_turn(rig, keep_swa=False)
     d = admit_one(rig, req("b", 895))
     assert (d.prefix_len, d.swa_start) == (832, 704)
     assert len(d.full_page_ids) == 1 and len(d.swa_page_ids) == 3
@@ -64,11 +70,7 @@ def test_a_tail_under_the_prefix_is_released_whole_on_abort_and_cached_on_finish
     """The fresh SWA pages under the locked prefix are the request's: an abort before it runs
     frees them all; a run inserts them (healing the tree's tombstones) and the books balance."""
     rig = make_rig()
-    first = req("a", 895)
-    admit_one(rig, first)
-    run_to_finish(rig, first, steps=2)
-    assert rig.tree is not None and rig.swa is not None
-    rig.tree.evict_swa(rig.swa.num_total)
+    _finished_turn(rig, keep_swa=False)
     aborted = admit_one(rig, req("b", 895))
     assert aborted.req.kv is not None and aborted.req.kv.swa_owned_from == 704
     assert rig.queue.abort("b", 1.0, "client_abort") is not None
@@ -265,9 +267,7 @@ def test_sglang_next_turn_asks_only_past_the_prefix_when_the_tree_holds_its_wind
     """A short new message: the tree holds live SWA for [L - 127, P), so the SGLang prefill is
     asked for full KV and SWA of [P, L) only (decode_prefix_len = P = 896, above L - 127)."""
     rig = make_rig()
-    first = req("a", 895)
-    admit_one(rig, first)
-    run_to_finish(rig, first, steps=2)
+    first = _finished_turn(rig)
     d = admit_one(rig, _next_turn(first, "b", 5, sglang=64))
     assert d.req.fill_len == 903 and d.prefix_len == 896  # every whole page of turn 1
     assert d.swa_start == 896  # SGLang's window start: max(P, L - 127) on its page
@@ -282,11 +282,7 @@ def test_sglang_next_turn_without_live_swa_stops_at_the_window_start() -> None:
     """The same turn once the tree's SWA is gone: asking past L - 127 would leave SWA missing,
     so the reuse stops at the window's page (768) and the whole window arrives fresh."""
     rig = make_rig()
-    first = req("a", 895)
-    admit_one(rig, first)
-    run_to_finish(rig, first, steps=2)
-    assert rig.tree is not None and rig.swa is not None
-    rig.tree.evict_swa(rig.swa.num_total)
+    first = _finished_turn(rig, keep_swa=False)
     d = admit_one(rig, _next_turn(first, "b", 5, sglang=64))
     assert (d.prefix_len, d.swa_start) == (768, 768)
     assert len(d.full_page_ids) == 3 and len(d.swa_page_ids) == 3

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from decode_worker.core.sampling import SamplingParams
+from decode_worker.daemon.prefill.compute_loop import run_compute_loop
 from decode_worker.daemon.prefill.push import PushPipeline
 from decode_worker.daemon.prefill.state import Decoder, Half, Job, Matcher, PrefillResult
 from decode_worker.daemon.shared.compat import model_compat, region_layouts
@@ -140,18 +141,7 @@ class PrefillPeer:
     # -- compute thread ----------------------------------------------------------------------
 
     def _compute_loop(self) -> None:
-        """Prefill one job, post its WRITEs, and while they fly take the next job; `reap`
-        frees a job's pages only once its WRITEs are DONE (or failed)."""
-        while not self._stop.is_set():
-            try:
-                job = self._jobs.get(timeout=0.0005 if self._push.is_busy() else 0.2)
-            except queue.Empty:
-                job = None
-            if job is not None:
-                self._start(job)
-            self._push.reap(time.monotonic())
-            self._sweep(time.monotonic())
-        self._push.drain(timeout_s=10.0)  # let posted WRITEs land before memory goes away
+        run_compute_loop(self._stop, self._jobs, self._push, self._start, self._sweep)
 
     def _start(self, job: Job) -> None:
         req = job.req

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 from decode_worker.core.sampling import SamplingParams
+from decode_worker.daemon.prefill.compute_loop import run_compute_loop
 from decode_worker.daemon.prefill.sglang_push import AuxStaging, Outcome, SglangPushPipeline
 from decode_worker.daemon.prefill.sglang_state import ABORTED, Endpoint, Room, RoomTable
 from decode_worker.daemon.prefill.sglang_state import Outcome as TableOutcome
@@ -135,18 +136,7 @@ class SglangPrefillPeer:
     # -- compute thread ----------------------------------------------------------------------
 
     def _compute_loop(self) -> None:
-        """Prefill one room, post its WRITEs, and while they fly take the next; `reap` frees a
-        room's pages only once its WRITEs settled."""
-        while not self._stop.is_set():
-            try:
-                room = self._jobs.get(timeout=0.0005 if self._push.is_busy() else 0.2)
-            except queue.Empty:
-                room = None
-            if room is not None:
-                self._start(room)
-            self._push.reap(time.monotonic())
-            self._sweep(time.monotonic())
-        self._push.drain(timeout_s=10.0)  # let posted WRITEs land before memory goes away
+        run_compute_loop(self._stop, self._jobs, self._push, self._start, self._sweep)
 
     def _start(self, room: Room) -> None:
         with self._lock:

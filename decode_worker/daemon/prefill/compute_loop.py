@@ -18,8 +18,6 @@ class Pipeline(Protocol):
 
     def reap(self, now: float) -> None: ...
 
-    def drain(self, timeout_s: float) -> None: ...
-
 
 def run_compute_loop(stop: threading.Event, jobs: queue.Queue[T] | queue.Queue[T | None],
                      push: Pipeline,
@@ -37,4 +35,12 @@ def run_compute_loop(stop: threading.Event, jobs: queue.Queue[T] | queue.Queue[T
             start(job)
         push.reap(time.monotonic())
         sweep(time.monotonic())
-    push.drain(timeout_s=10.0)
+    drain(push, timeout_s=10.0)
+
+
+def drain(push: Pipeline, timeout_s: float) -> None:
+    """Reap until nothing is in flight (or `timeout_s` passed): before memory goes away."""
+    deadline = time.monotonic() + timeout_s
+    while push.is_busy() and time.monotonic() < deadline:
+        push.reap(time.monotonic())
+        time.sleep(0.001)

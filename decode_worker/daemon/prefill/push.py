@@ -70,14 +70,6 @@ class PushPipeline:
         when it cannot: too few pages, a model error, a WRITE that fails to post."""
         self._pushes.append(self._prefill_and_post(job, dec))
 
-    def drain(self, timeout_s: float) -> None:
-        """Reap until every posted WRITE has landed (or `timeout_s` passed): before memory goes
-        away at close."""
-        deadline = time.monotonic() + timeout_s
-        while self._pushes and time.monotonic() < deadline:
-            self.reap(time.monotonic())
-            time.sleep(0.001)
-
     def reap(self, now: float) -> None:
         """Finish every push whose WRITEs are all DONE, failed, or past the request deadline."""
         for push in list(self._pushes):

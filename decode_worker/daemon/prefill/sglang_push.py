@@ -92,13 +92,6 @@ class SglangPushPipeline:
         cannot serve (SGLang's reason text where it has one), a WRITE that fails to post."""
         self._pushes.append(self._prefill_and_post(room))
 
-    def drain(self, timeout_s: float) -> None:
-        """Reap until every posted WRITE has settled (or `timeout_s`): before memory goes."""
-        deadline = time.monotonic() + timeout_s
-        while self._pushes and time.monotonic() < deadline:
-            self.reap(time.monotonic())
-            time.sleep(0.001)
-
     def reap(self, now: float) -> None:
         """Finish every push whose WRITEs all settled, or that is past its deadline."""
         for push in list(self._pushes):

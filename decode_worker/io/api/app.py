@@ -29,7 +29,7 @@ from decode_worker.io.api.limits import check_model, resolve_max_new_tokens
 from decode_worker.io.api.message import Request, Response, StreamResponse
 from decode_worker.io.api.openai import handle_chat, handle_completions
 from decode_worker.io.api.run import GenerationRun, RejectedAtStart
-from decode_worker.io.api.schemas import Bootstrap
+from decode_worker.io.api.schemas import Target
 from decode_worker.io.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ class ApiApp:
     # -- used by the endpoint modules ------------------------------------------------------
 
     def make_input(
-        self, rid: str | None, ids: list[int], sampling: SamplingParams, boot: Bootstrap,
+        self, rid: str | None, ids: list[int], sampling: SamplingParams, target: Target,
         *, stream: bool, return_logprob: bool, endpoint: str, received_at: float = 0.0,
         top_logprobs: int = 0,
     ) -> GenerateInput:
@@ -126,8 +126,7 @@ class ApiApp:
         return GenerateInput(
             rid=internal, input_ids=ids, sampling=sampling, stream=stream,
             return_logprob=return_logprob, top_logprobs=top_logprobs if return_logprob else 0,
-            bootstrap_host=boot.bootstrap_host,
-            bootstrap_port=boot.bootstrap_port, bootstrap_room=boot.bootstrap_room,
+            bootstrap_host=target.host, bootstrap_port=target.port, bootstrap_room=target.room,
             received_at=received_at or time.monotonic(), endpoint=endpoint,
             extra={"client_rid": client_rid},
         )

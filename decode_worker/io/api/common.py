@@ -125,12 +125,14 @@ async def collect(run: GenerationRun) -> GenerationRun:
 
 
 class RunStream:
-    """The SSE body of a run. Closing it ends the run even if no byte was produced yet (an
-    async generator closed before its first step never runs its `finally`)."""
+    """The SSE body of a request's runs (one per sample). Closing it ends every run even if no
+    byte was produced yet (an async generator closed before its first step never runs its
+    `finally`)."""
 
-    def __init__(self, chunks: AsyncGenerator[bytes, None], run: GenerationRun) -> None:
+    def __init__(self, chunks: AsyncGenerator[bytes, None],
+                 runs: Sequence[GenerationRun]) -> None:
         self._chunks = chunks
-        self._run = run
+        self._runs = list(runs)
 
     def __aiter__(self) -> RunStream:
         return self
@@ -142,4 +144,5 @@ class RunStream:
         try:
             await self._chunks.aclose()
         finally:
-            await self._run.close()
+            for run in self._runs:
+                await run.close()

@@ -12,7 +12,7 @@ from decode_worker.core.sampling import SamplingParams
 from decode_worker.io.api.backend import GenerateBackend, GenerateInput
 from decode_worker.io.api.common import ApiConfig
 from decode_worker.io.api.run import GenerationRun
-from decode_worker.io.api.schemas import Bootstrap
+from decode_worker.io.api.schemas import Target
 from decode_worker.io.metrics import Metrics
 
 
@@ -24,7 +24,7 @@ class ApiContext(Protocol):
     metrics: Metrics | None
 
     def make_input(
-        self, rid: str | None, ids: list[int], sampling: SamplingParams, boot: Bootstrap,
+        self, rid: str | None, ids: list[int], sampling: SamplingParams, target: Target,
         *, stream: bool, return_logprob: bool, endpoint: str, received_at: float = 0.0,
         top_logprobs: int = 0,
     ) -> GenerateInput:

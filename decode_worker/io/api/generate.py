@@ -1,7 +1,9 @@
 """SGLang's native `POST /generate` (non-streaming and SSE).
 
 Streaming events carry the cumulative `text`, `output_ids` and `meta_info` (SGLang's default,
-non-incremental stream output), then `data: [DONE]`. An error after the stream started is an
+non-incremental stream output), then `data: [DONE]`. A batch (`text` or `input_ids` as a list of
+prompts) or `sampling_params.n > 1` is answered with a list in sample order (`samples.py`), and
+each streamed event names its sample's `index`. An error after the stream started is an
 SSE `data: {"error": {...}}` event followed by `data: [DONE]`.
 """
 
@@ -17,7 +19,6 @@ from decode_worker.io.api.common import (
     SSE_DONE,
     RunStream,
     check_prompt,
-    collect,
     error_obj,
     sse,
     vocab_size_of,
@@ -25,10 +26,16 @@ from decode_worker.io.api.common import (
 from decode_worker.io.api.context import ApiContext
 from decode_worker.io.api.message import Request, Response, StreamResponse
 from decode_worker.io.api.run import GenerationRun
+from decode_worker.io.api.samples import (
+    Prompt,
+    build_inputs,
+    collect_all,
+    merged_steps,
+    start_all,
+)
 from decode_worker.io.api.schemas import (
     GenerateReq,
     SamplingIn,
-    check_bootstrap,
     decode_body,
     sampling_from_generate,
 )
@@ -36,29 +43,55 @@ from decode_worker.io.api.schemas import (
 
 async def handle_generate(app: ApiContext, req: Request) -> Response | StreamResponse:
     body = decode_body(req.body, GenerateReq)
-    check_bootstrap(body)
+    sp = body.sampling_params or SamplingIn()
+    prompts = [Prompt(ids, sampling_from_generate(  # up to the context when omitted
+                   sp, app.max_new_tokens(len(ids), sp.max_new_tokens, default=None)))
+               for ids in _prompt_ids(app, body)]
+    inps = build_inputs(app, prompts, sp.n, body, body.rid, stream=body.stream,
+                        return_logprob=body.return_logprob,
+                        top_logprobs=check_top_logprobs(body.top_logprobs_num,
+                                                        "top_logprobs_num"),
+                        endpoint="generate", received_at=req.received_at)
+    # a batch or n > 1 is answered with a list (streams: each event names its `index`)
+    many = isinstance(body.text, list) or _is_id_batch(body.input_ids) or len(inps) > 1
+    runs = await start_all(app, inps)
+    if body.stream:
+        return StreamResponse(200, RunStream(_stream(runs, many), runs))
+    fin = await collect_all(runs)
+    if fin is not None:
+        return Response.json(error_obj(fin.message or "", fin.status, fin.code), fin.status)
+    bodies = [_body(run) for run in runs]
+    return Response.json(bodies if many else bodies[0])
+
+
+def _prompt_ids(app: ApiContext, body: GenerateReq) -> list[list[int]]:
+    """The checked prompts: `text` (a string or a list of them) or `input_ids` (a list of ids
+    or a list of such lists). Raises ClientError."""
     if (body.text is None) == (body.input_ids is None):
         raise ClientError("give exactly one of `text` or `input_ids`")
-    text = body.text
-    raw_ids = app.backend.tokenizer.encode(text) if text is not None else body.input_ids or []
-    ids = check_prompt(raw_ids, app.config.max_prompt_tokens,
-                       vocab_size_of(app.backend.tokenizer))
-    sp = body.sampling_params or SamplingIn()
-    sampling = sampling_from_generate(
-        sp, app.max_new_tokens(len(ids), sp.max_new_tokens, default=None))  # up to the context
-    inp = app.make_input(body.rid, ids, sampling, body, stream=body.stream,
-                         return_logprob=body.return_logprob, endpoint="generate",
-                         received_at=req.received_at,
-                         top_logprobs=check_top_logprobs(body.top_logprobs_num,
-                                                         "top_logprobs_num"))
-    run = await app.start_run(inp)
-    if body.stream:
-        return StreamResponse(200, RunStream(_stream(run), run))
-    await collect(run)
-    fin = run.finish
-    if fin is not None and fin.reason == "error":
-        return Response.json(error_obj(fin.message or "", fin.status, fin.code), fin.status)
-    return Response.json(_body(run, run.text.text, run.output_ids))
+    if body.text is not None:
+        texts = body.text if isinstance(body.text, list) else [body.text]
+        raw = [app.backend.tokenizer.encode(t) for t in texts]
+    else:
+        raw = _id_lists(body.input_ids or [])
+    if not raw:
+        raise ClientError("the batch is empty")
+    vocab = vocab_size_of(app.backend.tokenizer)
+    return [check_prompt(r, app.config.max_prompt_tokens, vocab) for r in raw]
+
+
+def _is_id_batch(ids: list[Any] | None) -> bool:
+    return bool(ids) and isinstance(ids[0], list)  # type: ignore[index]
+
+
+def _id_lists(ids: list[Any]) -> list[list[int]]:
+    """`input_ids` as a list of prompts; ClientError unless it is a list of ints or a list of
+    lists of ints."""
+    batch = ids if _is_id_batch(ids) else [ids]
+    for prompt in batch:
+        if not isinstance(prompt, list) or any(type(t) is not int for t in prompt):
+            raise ClientError("input_ids must be a list of token ids or a list of such lists")
+    return batch
 
 
 def _meta(run: GenerationRun) -> dict[str, Any]:
@@ -77,17 +110,21 @@ def _meta(run: GenerationRun) -> dict[str, Any]:
     return meta
 
 
-def _body(run: GenerationRun, text: str, output_ids: list[int]) -> dict[str, Any]:
-    return {"text": text, "output_ids": list(output_ids), "meta_info": _meta(run)}
+def _body(run: GenerationRun, index: int | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"text": run.text.text, "output_ids": list(run.output_ids),
+                            "meta_info": _meta(run)}
+    if index is not None:
+        body["index"] = index
+    return body
 
 
-async def _stream(run: GenerationRun) -> AsyncGenerator[bytes, None]:
-    async with contextlib.aclosing(run.steps()) as steps:
-        async for step in steps:
+async def _stream(runs: list[GenerationRun], many: bool) -> AsyncGenerator[bytes, None]:
+    async with contextlib.aclosing(merged_steps(runs)) as steps:
+        async for k, step in steps:
             fin = step.finish
             if fin is not None and fin.reason == "error":
                 yield sse(error_obj(fin.message or "internal error", fin.status, fin.code))
                 break
             if step.text or step.token_ids or fin is not None:
-                yield sse(_body(run, run.text.text, run.output_ids))
+                yield sse(_body(runs[k], k if many else None))
     yield SSE_DONE

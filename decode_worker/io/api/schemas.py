@@ -6,6 +6,7 @@ Unknown fields are accepted and ignored (the router adds many). Type errors surf
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
@@ -35,19 +36,20 @@ class SamplingIn(msgspec.Struct):
 
 
 class Bootstrap(msgspec.Struct):
-    """The router's P/D fields, shared by every generation body."""
+    """The router's P/D fields, shared by every generation body: scalars for one sample, arrays
+    with one entry per sample for `n > 1` or an array prompt (see `sample_targets`)."""
 
-    bootstrap_host: str | None = None
-    bootstrap_port: int | None = None
-    bootstrap_room: int | None = None
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int] | None = None
+    bootstrap_room: int | list[int] | None = None
 
 
 class GenerateReq(Bootstrap):
-    text: str | None = None
-    input_ids: list[int] | None = None
+    text: str | list[str] | None = None
+    input_ids: list[Any] | None = None  # token ids, or a batch of token id lists
     sampling_params: SamplingIn | None = None
     stream: bool = False
-    rid: str | None = None
+    rid: str | list[str] | None = None
     return_logprob: bool = False
     top_logprobs_num: int | None = None
 
@@ -131,11 +133,8 @@ def build_sampling(
     ignore_eos: bool = False,
     no_stop_trim: bool = False,
     skip_special_tokens: bool = True,
-    n: int = 1,
 ) -> SamplingParams:
     """SamplingParams from request fields, validated. Raises ClientError (400)."""
-    if n != 1:
-        raise ClientError(f"n={n}: only n=1 is supported")
     params = SamplingParams(
         max_new_tokens=max_new_tokens,
         temperature=1.0 if temperature is None else temperature,
@@ -160,7 +159,7 @@ def sampling_from_generate(sp: SamplingIn, max_new_tokens: int) -> SamplingParam
         temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
         seed=sp.seed if sp.seed is not None else sp.sampling_seed, stop=sp.stop,
         stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos, no_stop_trim=sp.no_stop_trim,
-        skip_special_tokens=sp.skip_special_tokens, n=sp.n,
+        skip_special_tokens=sp.skip_special_tokens,
     )
 
 
@@ -176,14 +175,48 @@ def sampling_from_openai(req: OpenAIBase, max_new_tokens: int) -> SamplingParams
         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
         seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos, no_stop_trim=req.no_stop_trim,
-        skip_special_tokens=req.skip_special_tokens, n=req.n,
+        skip_special_tokens=req.skip_special_tokens,
     )
 
 
-def check_bootstrap(req: Bootstrap) -> None:
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where one sample's KV comes from: the prefill peer's host, bootstrap port and room
+    (all None when the request came without the router's P/D fields)."""
+
+    host: str | None = None
+    port: int | None = None
+    room: int | None = None
+
+
+def sample_targets(boot: Bootstrap, num_samples: int) -> list[Target]:
+    """One `Target` per sample, in sample order. Each field is a scalar (the same for every
+    sample; a scalar room only for one sample) or an array with one entry per sample. A
+    one-sample request with arrays uses entry 0: the router reads a token-id `prompt` list as a
+    batch of that many prompts, and both servers then agree on the room. Raises ClientError."""
+    fields = {"bootstrap_host": boot.bootstrap_host, "bootstrap_port": boot.bootstrap_port,
+              "bootstrap_room": boot.bootstrap_room}
+    columns: dict[str, list[Any]] = {}
+    for name, value in fields.items():
+        if not isinstance(value, list):
+            if name == "bootstrap_room" and value is not None and num_samples > 1:
+                raise ClientError(f"{num_samples} samples need one bootstrap_room each "
+                                  f"(an array of {num_samples}), got a single room")
+            columns[name] = [value] * num_samples
+        elif len(value) == num_samples or (num_samples == 1 and value):
+            columns[name] = value[:num_samples]
+        else:
+            raise ClientError(f"{name} has {len(value)} entries for {num_samples} samples "
+                              f"(one per sample: len(prompts) * n)")
+    targets = [Target(*row) for row in zip(*columns.values(), strict=True)]
+    for t in targets:
+        _check_target(t)
+    return targets
+
+
+def _check_target(t: Target) -> None:
     """Raise ClientError for a room or port outside their ranges."""
-    room, port = req.bootstrap_room, req.bootstrap_port
-    if room is not None and not 0 <= room < 2**64:
-        raise ClientError(f"bootstrap_room={room}: must be in [0, 2**64)")
-    if port is not None and not 0 < port < 65536:
-        raise ClientError(f"bootstrap_port={port}: must be in (0, 65536)")
+    if t.room is not None and not 0 <= t.room < 2**64:
+        raise ClientError(f"bootstrap_room={t.room}: must be in [0, 2**64)")
+    if t.port is not None and not 0 < t.port < 65536:
+        raise ClientError(f"bootstrap_port={t.port}: must be in (0, 65536)")

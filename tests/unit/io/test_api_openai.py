@@ -100,9 +100,12 @@ def test_chat_stop_strings_list(client: httpx.Client, backend: FakeBackend) -> N
 
 
 @pytest.mark.parametrize(("path", "body", "needle"), [
-    ("/v1/completions", {"prompt": ["a", "b"]}, "no batches"),
+    ("/v1/completions", {"prompt": ["a", [1]]}, "a batch"),
+    ("/v1/completions", {"prompt": []}, "a batch"),
     ("/v1/completions", {}, "prompt is required"),
-    ("/v1/completions", {"prompt": "a", "n": 3}, "n=3"),
+    ("/v1/completions", {"prompt": "a", "n": 0}, "n=0"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2,
+                              "bootstrap_room": 3}, "one bootstrap_room each"),
     ("/v1/completions", {"prompt": "a", "echo": True}, "echo"),
     ("/v1/completions", {"prompt": "a", "temperature": -1}, "temperature"),
     ("/v1/chat/completions", {"messages": []}, "non-empty"),

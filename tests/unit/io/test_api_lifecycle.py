@@ -122,7 +122,7 @@ def test_closing_an_unstarted_stream_still_aborts_the_run() -> None:
     async def main() -> None:
         run = GenerationRun(backend, GenerateInput("r", [1], SamplingParams(max_new_tokens=9)))
         await run.start()
-        stream = RunStream(_stream(run), [run])
+        stream = RunStream(_stream([run], False), [run])
         await stream.aclose()  # the client left before the first byte was written
         await stream.aclose()  # idempotent
 

@@ -2,9 +2,9 @@
 
 A request asks for `len(prompts) * n` samples; sample `k = i * n + j` is the j-th sample of
 prompt i (OpenAI's choice index, SGLang's batch order). Each sample is a run of its own in the
-backend, with its own transfer: sglang-router (PD mode) sends `bootstrap_host`,
-`bootstrap_port` and `bootstrap_room` as arrays with one entry per sample whenever the body has
-`n > 1` or an array prompt, and scalars otherwise (`schemas.sample_targets`). On the decode
+backend, with its own transfer and room: sglang-router (PD mode) sends `bootstrap_host`,
+`bootstrap_port` and `bootstrap_room` as arrays for an array prompt and one room for `n > 1`
+(0.3.2), which SGLang spreads as room + k (`schemas.sample_targets` has the rules). On the decode
 worker the samples of one prompt share its prefix KV through the radix tree once they run.
 
 Both servers (decode worker, prefill peer) build the samples from the same body with this
@@ -74,7 +74,7 @@ def build_inputs(
 ) -> list[GenerateInput]:
     """Every sample's GenerateInput, in sample order. Raises ClientError."""
     total = check_n(n, len(prompts))
-    targets = sample_targets(boot, total)
+    targets = sample_targets(boot, len(prompts), n)
     rids = sample_rids(rid, total)
     inps = []
     for k in range(total):

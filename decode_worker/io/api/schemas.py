@@ -189,29 +189,44 @@ class Target:
     room: int | None = None
 
 
-def sample_targets(boot: Bootstrap, num_samples: int) -> list[Target]:
-    """One `Target` per sample, in sample order. Each field is a scalar (the same for every
-    sample; a scalar room only for one sample) or an array with one entry per sample. A
-    one-sample request with arrays uses entry 0: the router reads a token-id `prompt` list as a
-    batch of that many prompts, and both servers then agree on the room. Raises ClientError."""
-    fields = {"bootstrap_host": boot.bootstrap_host, "bootstrap_port": boot.bootstrap_port,
-              "bootstrap_room": boot.bootstrap_room}
-    columns: dict[str, list[Any]] = {}
-    for name, value in fields.items():
-        if not isinstance(value, list):
-            if name == "bootstrap_room" and value is not None and num_samples > 1:
-                raise ClientError(f"{num_samples} samples need one bootstrap_room each "
-                                  f"(an array of {num_samples}), got a single room")
-            columns[name] = [value] * num_samples
-        elif len(value) == num_samples or (num_samples == 1 and value):
-            columns[name] = value[:num_samples]
-        else:
-            raise ClientError(f"{name} has {len(value)} entries for {num_samples} samples "
-                              f"(one per sample: len(prompts) * n)")
-    targets = [Target(*row) for row in zip(*columns.values(), strict=True)]
+def sample_targets(boot: Bootstrap, num_prompts: int, n: int) -> list[Target]:
+    """One `Target` per sample (`num_prompts * n`, sample k = prompt k // n, its sample k % n).
+
+    Each field may be a scalar, an array with one entry per sample, or one per prompt:
+    - a scalar host or port serves every sample; a scalar room R gives sample k the room R + k
+      (SGLang's own rule: sglang-router 0.3.2 sends one room for `n > 1`);
+    - one entry per prompt (the router's arrays for a batch of prompts with `n > 1`): sample j
+      of prompt i gets entry i (a room: entry i + j);
+    - a one-sample request with arrays uses entry 0 (the router reads a token-id `prompt` list
+      as a batch of that many prompts).
+    Both servers apply these rules to the same body, so they agree. Raises ClientError."""
+    total = num_prompts * n
+    room = boot.bootstrap_room
+    rooms = _column(room, "bootstrap_room", num_prompts, n)
+    if isinstance(room, int):  # one room for all samples: R + k
+        rooms = [room + k for k in range(total)]
+    elif isinstance(room, list) and len(room) != total and total > 1:  # one per prompt: + j
+        rooms = [r + k % n for k, r in enumerate(rooms)]
+    targets = [Target(*row) for row in zip(
+        _column(boot.bootstrap_host, "bootstrap_host", num_prompts, n),
+        _column(boot.bootstrap_port, "bootstrap_port", num_prompts, n), rooms, strict=True)]
     for t in targets:
         _check_target(t)
     return targets
+
+
+def _column(value: Any, name: str, num_prompts: int, n: int) -> list[Any]:
+    """`value` spread over the samples: a scalar to all, one entry per sample, or one per
+    prompt (repeated for its n samples). Raises ClientError for another length."""
+    total = num_prompts * n
+    if not isinstance(value, list):
+        return [value] * total
+    if len(value) == total or (total == 1 and value):
+        return list(value[:total])
+    if len(value) == num_prompts:
+        return [value[k // n] for k in range(total)]
+    raise ClientError(f"{name} has {len(value)} entries for {total} samples (one per sample, "
+                      f"or one per prompt: {num_prompts} prompt(s) x n={n})")
 
 
 def _check_target(t: Target) -> None:

@@ -57,6 +57,26 @@ def test_generate_n2_gives_each_sample_its_own_seed_and_room(
     assert [(i.sampling.seed, i.bootstrap_room) for i in backend.inputs] == [(40, 11), (41, 22)]
 
 
+def test_one_room_for_many_samples_gives_consecutive_rooms_as_sglang_does(
+        client: httpx.Client, backend: FakeBackend) -> None:
+    """sglang-router 0.3.2 sends one room for chat n=2; SGLang then uses room + k."""
+    r = client.post("/v1/chat/completions", json={
+        "messages": CHAT, "n": 3, "max_tokens": 2, "bootstrap_host": "h", "bootstrap_port": 9,
+        "bootstrap_room": 100})
+    assert r.status_code == 200, r.text
+    assert [(i.bootstrap_host, i.bootstrap_port, i.bootstrap_room) for i in backend.inputs] == [
+        ("h", 9, 100), ("h", 9, 101), ("h", 9, 102)]
+
+
+def test_one_room_per_prompt_with_n2_gives_each_sample_its_own_room(
+        client: httpx.Client, backend: FakeBackend) -> None:
+    r = client.post("/v1/completions", json={
+        "prompt": ["a", "b"], "n": 2, "max_tokens": 2, "bootstrap_host": ["h", "h"],
+        "bootstrap_port": [9, 9], "bootstrap_room": [100, 200]})
+    assert r.status_code == 200, r.text
+    assert [i.bootstrap_room for i in backend.inputs] == [100, 101, 200, 201]
+
+
 def test_generate_token_id_prompt_with_router_arrays_uses_the_first_room(
         client: httpx.Client, backend: FakeBackend) -> None:
     """The router reads a token-id list as a batch of that many prompts (one room each)."""

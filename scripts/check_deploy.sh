@@ -6,6 +6,7 @@
 #   kubectl kustomize   renders the overlays where kubectl exists (else our own renderer)
 #   systemd-analyze     verifies the unit where systemd exists (else a parse check)
 #   python -m scripts.deploy_check   the project's rules, PromQL sanity, metric names
+#   promtool check rules   Prometheus' own check of the alert rules (Debian `prometheus`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -35,6 +36,12 @@ if command -v systemd-analyze >/dev/null 2>&1; then
   fi
 else
   echo "check_deploy: systemd-analyze not available; unit gets the parse check only" >&2
+fi
+
+if command -v promtool >/dev/null 2>&1; then
+  promtool check rules deploy/prometheus/*.yml || fail=1
+else
+  echo "check_deploy: promtool not available; rules get the project's own checks only" >&2
 fi
 
 "$PY" -m scripts.deploy_check --kubectl || fail=1

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Literal
 
 from decode_worker.errors import ClientError
 
@@ -19,13 +21,60 @@ def check_top_logprobs(n: int | None, field_name: str) -> int:
     return n
 
 
+GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf"]
+GRAMMAR_KINDS: tuple[GrammarKind, ...] = ("json_schema", "json_object", "regex", "ebnf")
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """A constraint on the output text (structured output), compiled by device/grammar.py.
+
+    `source` is the JSON schema text (json_schema), the regular expression (regex) or the
+    grammar in xgrammar's EBNF (ebnf); json_object takes none (""). Hashable: the compiled
+    grammar is cached by spec.
+    """
+
+    kind: GrammarKind
+    source: str = ""
+
+    def validate(self) -> None:
+        """Cheap checks only (compiling is the device's): raise ClientError naming the kind."""
+        if self.kind not in GRAMMAR_KINDS:
+            raise ClientError(f"grammar kind {self.kind!r}: must be one of {GRAMMAR_KINDS}")
+        if self.kind == "json_object":
+            return
+        if not self.source.strip():
+            raise ClientError(f"{self.kind}: empty")
+        if self.kind == "json_schema":
+            try:
+                schema = json.loads(self.source)
+            except ValueError as exc:
+                raise ClientError(f"json_schema is not valid JSON: {exc}") from None
+            if not isinstance(schema, dict | bool):
+                raise ClientError("json_schema must be a JSON object (a JSON Schema)")
+
+
+def pick_grammar(candidates: dict[str, GrammarSpec | None]) -> GrammarSpec | None:
+    """The one grammar among a request's fields (field name -> its spec or None), validated;
+    ClientError naming the fields when more than one is set."""
+    given = {name: spec for name, spec in candidates.items() if spec is not None}
+    if len(given) > 1:
+        raise ClientError(f"give at most one output constraint, got {', '.join(sorted(given))}")
+    spec = next(iter(given.values()), None)
+    if spec is not None:
+        spec.validate()
+    return spec
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to pick tokens and when to stop.
 
     temperature 0 means greedy (argmax). top_k 0 or less means off; top_p 1.0 off; min_p 0.0 off.
     `seed` makes a sampled request reproducible. Stop tokens and strings end generation; the stop
-    string itself is trimmed from the text unless `no_stop_trim`.
+    string itself is trimmed from the text unless `no_stop_trim`. `grammar` (structured output)
+    limits the tokens to those its grammar allows; `extra` carries what the device attaches
+    (the compiled grammar, device/grammar.py) and is left out of comparisons.
     """
 
     max_new_tokens: int = 128
@@ -39,6 +88,7 @@ class SamplingParams:
     ignore_eos: bool = False
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
+    grammar: GrammarSpec | None = None
     extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     @property
@@ -59,3 +109,5 @@ class SamplingParams:
             raise ClientError(f"top_k={self.top_k}: must be -1 (off) or >= 1")
         if any(not s for s in self.stop):
             raise ClientError("stop: empty stop strings are not allowed")
+        if self.grammar is not None:
+            self.grammar.validate()

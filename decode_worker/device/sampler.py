@@ -9,6 +9,10 @@ gives the same tokens whatever the batch around it; other rows share the sampler
 Logprobs (on request) are those of the chosen token under the model's raw distribution
 (log_softmax of the unscaled logits, before temperature and filters); `top_logprobs` > 0 asks for
 that many most likely tokens of the same distribution too, most likely first.
+
+A row with a grammar (structured output, device/grammar.py) samples from its logits with every
+token the grammar forbids at -inf, before temperature and the filters (greedy rows too); its
+logprobs stay those of the raw distribution. A batch without a grammar does no mask work.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from decode_worker.core.sampling import SamplingParams, TopLogprobs
+from decode_worker.device.grammar import GrammarState, mask_logits
 
 _SEED_MIX = 1_000_003
 
@@ -26,12 +31,15 @@ _SEED_MIX = 1_000_003
 @dataclass(frozen=True, slots=True)
 class SampleRow:
     """One request of the batch: its params, how many tokens it produced so far (the seed's
-    step), whether it wants the chosen token's logprob, and how many top alternatives."""
+    step), whether it wants the chosen token's logprob, how many top alternatives, and its
+    grammar state (already caught up with the row's output tokens; None: unconstrained). A step
+    with a grammar row must be sampled only after the row's previous token was committed."""
 
     params: SamplingParams
     step: int = 0
     return_logprob: bool = False
     top_logprobs: int = 0
+    grammar: GrammarState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +65,22 @@ class Sampler:
         """logits: [bs, V] (any float dtype); rows: bs entries, in the same order."""
         logits = logits.float()  # [bs, V]
         greedy = [r.params.is_greedy for r in rows]
+        allowed = logits  # [bs, V]: grammar rows' forbidden tokens at -inf (a copy)
+        if any(r.grammar is not None for r in rows):
+            allowed = mask_logits(logits, [r.grammar for r in rows])
         # all-greedy batches take the argmax path only; chosen: [bs]
-        chosen = logits.argmax(dim=-1) if all(greedy) else self._sample(logits, rows, greedy)
+        chosen = allowed.argmax(dim=-1) if all(greedy) else self._sample(allowed, rows, greedy)
         logprobs, top = _logprobs(logits, chosen, rows)
         return SampleOutput(chosen.tolist(), logprobs, top)
+
+    @torch.inference_mode()
+    def choose(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
+        """The tokens `sample` would choose, [bs] i64 left on the device (no host sync on the
+        greedy path), without logprobs: the overlapped decode step feeds them to the next
+        step on the device. Rows with more than params (logprobs) go through `sample`."""
+        logits = logits.float()  # [bs, V]
+        greedy = [r.params.is_greedy for r in rows]
+        return logits.argmax(dim=-1) if all(greedy) else self._sample(logits, rows, greedy)
 
     def _sample(self, logits: torch.Tensor, rows: Sequence[SampleRow],
                 greedy: list[bool]) -> torch.Tensor:

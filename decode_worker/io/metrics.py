@@ -47,7 +47,9 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 DESCRIPTOR_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
-TRANSFER_FAILURE_REASONS = ("transfer_failed", "peer_dead", "kv_timeout", "bad_request")
+DECODE_ABORT_OUTCOMES = ("answered", "early", "late")  # prefill peer: decode-side room ends
+TRANSFER_FAILURE_REASONS = ("transfer_failed", "peer_dead", "kv_timeout", "bad_request",
+                            "kv_checksum")
 
 
 class Metrics:
@@ -95,6 +97,15 @@ class Metrics:
             "transfer_quiesce_expired", "Failed or aborted transfers whose pages were released "
             "by transfer.abort_quiesce_s, not by the peer's acknowledgement")
         self.transfer_bad_frames = c("transfer_bad_frames", "Undecodable messages from peers")
+        self.transfer_pushes = c("transfer_pushes", "KV transfers pushed (prefill peer)")
+        self.transfer_pushed_bytes = c("transfer_pushed_bytes", "KV bytes pushed (prefill peer)")
+        self.transfer_kv_checksum_failures = c(
+            "transfer_kv_checksum_failures", "Transfers whose KV checksum did not match "
+            "(transfer.kv_checksum; the request fails with kv_checksum)")
+        self.transfer_decode_aborts = c(
+            "transfer_decode_aborts", "Prefill peer: requests a decode worker ended before their "
+            "KV went, by outcome (answered, early: before the prompt came, late: ignored)",
+            ["outcome"])
         self._totals: dict[tuple[str, str], float] = {}  # what set_totals has reached
 
     def _build_gauges(self) -> None:
@@ -103,7 +114,9 @@ class Metrics:
         self.pages_used = g("kv_pages_used", "KV pages held by requests or the tree", ["pool"])
         self.pages_evictable = g("kv_pages_evictable", "Tree pages that can be evicted", ["pool"])
         self.pages_protected = g("kv_pages_protected", "Tree pages locked by requests", ["pool"])
-        self.pages_total = g("kv_pages_total", "KV pages in the pool (page 0 excluded)", ["pool"])
+        # not `kv_pages_total`: a gauge must not end in `_total` (promtool check metrics)
+        self.pages_total = g("kv_pages_capacity", "KV pages in the pool (page 0 excluded)",
+                             ["pool"])
         self.queue_requests = g("queue_requests", "Requests per queue", ["queue"])
         self.draining = g("draining", "1 while the worker drains (SIGTERM), else 0")
         self.transfer_peers = g("transfer_peers", "Prefill peers known, by the protocol they "
@@ -136,6 +149,8 @@ class Metrics:
             self.evicted_pages.labels(pool=pool)
         for protocol in PEER_PROTOCOLS:
             self.transfer_peers.labels(protocol=protocol)
+        for outcome in DECODE_ABORT_OUTCOMES:
+            self.transfer_decode_aborts.labels(outcome=outcome)
 
     def _pool_gauges(self) -> tuple[Gauge, ...]:
         return (self.pages_available, self.pages_used, self.pages_evictable,
@@ -185,6 +200,16 @@ class Metrics:
         self.transfer_duration.observe(duration_s)
         self.transfer_descriptors.observe(num_descriptors)
         self.transfer_received_tokens.inc(num_tokens)
+
+    def observe_push(self, num_bytes: int) -> None:
+        """One KV transfer the prefill peer completed to a decode worker."""
+        self.transfer_pushes.inc()
+        self.transfer_pushed_bytes.inc(num_bytes)
+
+    def inc_decode_abort(self, outcome: str) -> None:
+        """Prefill peer: one decode-side end of a room ("answered", "early" or "late")."""
+        label = _known(outcome, DECODE_ABORT_OUTCOMES, "decode abort outcome", "late")
+        self.transfer_decode_aborts.labels(outcome=label).inc()
 
     def inc_transfer_failure(self, reason: str) -> None:
         """`reason` is a short snake_case word (e.g. an abort reason); anything else -> internal."""

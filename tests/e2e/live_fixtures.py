@@ -54,9 +54,12 @@ class Metrics:
         return {s.name for s in self.samples}
 
     def pool(self, pool: str) -> dict[str, float]:
-        """available/used/evictable/protected/total pages of one pool."""
-        return {what: self.value(f"decode_worker_kv_pages_{what}", pool=pool)
-                for what in ("available", "used", "evictable", "protected", "total")}
+        """available/used/evictable/protected/total pages of one pool ("total": the
+        `decode_worker_kv_pages_capacity` gauge)."""
+        named = {"available": "available", "used": "used", "evictable": "evictable",
+                 "protected": "protected", "total": "capacity"}
+        return {what: self.value(f"decode_worker_kv_pages_{name}", pool=pool)
+                for what, name in named.items()}
 
 
 class Live:

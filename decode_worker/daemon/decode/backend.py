@@ -27,6 +27,7 @@ from decode_worker.daemon.decode.bridge import (
     Inbox,
     Tokens,
 )
+from decode_worker.device.grammar import prepare_sampling
 from decode_worker.errors import ClientError, ServiceUnavailable
 from decode_worker.io.api.backend import (
     FlushResult,
@@ -84,6 +85,8 @@ class DecodeBackend:
 
     async def generate(self, inp: GenerateInput) -> AsyncIterator[OutputChunk]:
         self._check_can_accept(inp)
+        if inp.sampling.grammar is not None:  # compiled off the loop, cached; bad: 400
+            inp.sampling = await asyncio.to_thread(prepare_sampling, self._tokenizer, inp.sampling)
         queue: asyncio.Queue[OutputChunk] = asyncio.Queue()
         self._queues[inp.rid] = queue
         self._inbox.put(AddRequest(

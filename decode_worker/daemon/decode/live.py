@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from decode_worker.core.request import DecodeRequest
 from decode_worker.core.sampling import TopLogprobs
 from decode_worker.daemon.decode.bridge import AddRequest, Ended, Tokens
+from decode_worker.device.grammar import GrammarState
 from decode_worker.device.sampler import SampleRow
 from decode_worker.io.api.backend import FinishReason, OutputChunk
 
@@ -30,6 +31,8 @@ class LiveRequest:
     emitted: int = 0  # output tokens already sent to the client
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)  # when cmd.top_logprobs
+    grammar: GrammarState | None = field(default=None, init=False)  # made by the first row
+    _grammar_made: bool = field(default=False, init=False, repr=False)
 
     @property
     def rid(self) -> str:
@@ -39,10 +42,23 @@ class LiveRequest:
     def has_peer(self) -> bool:
         return self.cmd.bootstrap_host is not None and self.cmd.bootstrap_room is not None
 
+    @property
+    def has_grammar(self) -> bool:
+        """Structured output: its next token depends on every token before it being committed
+        (a scheduler runs such a step synchronously)."""
+        return self.cmd.sampling.grammar is not None
+
     def sample_row(self) -> SampleRow:
+        """This request's row of the next sample. With a grammar, its matcher first accepts the
+        output tokens it has not seen (the first one came from the prefill peer)."""
+        if not self._grammar_made:
+            self._grammar_made = True
+            self.grammar = GrammarState.for_sampling(self.cmd.sampling)
+        if self.grammar is not None:
+            self.grammar.catch_up(self.req.output_ids)
         return SampleRow(self.cmd.sampling, step=len(self.req.output_ids),
                          return_logprob=self.cmd.return_logprob,
-                         top_logprobs=self.cmd.top_logprobs)
+                         top_logprobs=self.cmd.top_logprobs, grammar=self.grammar)
 
     def record_logprobs(self, logprob: float | None, top: TopLogprobs | None) -> None:
         """Keep the new token's logprob (and its alternatives when asked for)."""

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.prefill.state import PrefillResult
+from decode_worker.device.grammar import prepare_sampling
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import ClientError
 from decode_worker.io.api.backend import FlushResult, GenerateInput, Health, Load, OutputChunk
@@ -62,6 +63,8 @@ class PrefillBackend:
         """Raises ClientError (400) without `bootstrap_room`."""
         if inp.bootstrap_room is None:
             raise ClientError("the prefill peer serves only P/D requests: bootstrap_room missing")
+        # a grammar is compiled here (cached; the first token must obey it): a bad one is a 400
+        inp.sampling = prepare_sampling(self._tokenizer, inp.sampling)
         loop = asyncio.get_running_loop()
         done: asyncio.Future[PrefillResult] = loop.create_future()
 
@@ -86,11 +89,14 @@ class PrefillBackend:
         finally:
             self._pending_tokens.pop(inp.rid, None)
         if result.error is not None or result.token_id is None:
-            self._count("transfer_failed")
+            code = result.error_code or "transfer_failed"  # else: the decode side's reason
+            self._count(code)
             yield OutputChunk(prompt_tokens=n, error=result.error or "prefill failed",
-                              error_code="transfer_failed")  # fmt: skip
+                              error_code=code)  # fmt: skip
             return
         self._count("finished")
+        if self.metrics is not None:  # the transfer this request fed
+            self.metrics.observe_push(result.num_bytes)
         logprobs = [result.logprob] if inp.return_logprob else None
         top = [result.top_logprobs[:inp.top_logprobs]] if inp.top_logprobs else None
         yield OutputChunk(token_ids=[result.token_id], logprobs=logprobs,
@@ -101,13 +107,13 @@ class PrefillBackend:
         request came for the room); failed (transfer_failed, also a transfer failure)."""
         if self.metrics is None:
             return
-        if outcome == "kv_timeout":
-            self.metrics.inc_abort(outcome)
-        elif outcome == "transfer_failed":
+        if outcome == "transfer_failed":
             self.metrics.inc_request("failed")
             self.metrics.inc_transfer_failure(outcome)
-        else:
+        elif outcome == "finished":
             self.metrics.inc_request(outcome)
+        else:  # kv_timeout, or the reason the decode side ended the request for
+            self.metrics.inc_abort(outcome)
 
     def abort(self, rid: str, reason: str) -> None:
         """Nothing to stop: the KV push runs to completion (the decode side owns aborts)."""

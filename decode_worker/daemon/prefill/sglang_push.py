@@ -20,6 +20,7 @@ from decode_worker.core.sampling import MAX_TOP_LOGPROBS, SamplingParams, TopLog
 from decode_worker.core.types import MemoryRegion
 from decode_worker.daemon.prefill.sglang_state import Room
 from decode_worker.daemon.prefill.state import PageFreeList, PrefillResult
+from decode_worker.device.grammar import GrammarState
 from decode_worker.device.runner import ModelRunner
 from decode_worker.device.sampler import Sampler, SampleRow
 from decode_worker.errors import OutOfPages, TransferError
@@ -170,7 +171,8 @@ class SglangPushPipeline:
     ) -> tuple[int, float, TopLogprobs]:
         """The first output token, its logprob under the raw distribution and the
         MAX_TOP_LOGPROBS most likely tokens (as the native pipeline picks them)."""
-        row = SampleRow(sampling or SamplingParams(temperature=0.0), step=0, return_logprob=True,
-                        top_logprobs=MAX_TOP_LOGPROBS)
+        sampling = sampling or SamplingParams(temperature=0.0)
+        row = SampleRow(sampling, step=0, return_logprob=True, top_logprobs=MAX_TOP_LOGPROBS,
+                        grammar=GrammarState.for_sampling(sampling))  # structured output
         out = self.sampler.sample(logits[None], [row])  # logits[None]: [1, V]
         return out.token_ids[0], float(out.logprobs[0] or 0.0), out.top_logprobs[0] or []

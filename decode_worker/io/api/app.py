@@ -29,7 +29,7 @@ from decode_worker.io.api.limits import check_model, resolve_max_new_tokens
 from decode_worker.io.api.message import Request, Response, StreamResponse
 from decode_worker.io.api.openai import handle_chat, handle_completions
 from decode_worker.io.api.run import GenerationRun, RejectedAtStart
-from decode_worker.io.api.schemas import Target
+from decode_worker.io.api.targets import Target
 from decode_worker.io.metrics import Metrics
 
 log = logging.getLogger(__name__)

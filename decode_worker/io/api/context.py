@@ -12,7 +12,7 @@ from decode_worker.core.sampling import SamplingParams
 from decode_worker.io.api.backend import GenerateBackend, GenerateInput
 from decode_worker.io.api.common import ApiConfig
 from decode_worker.io.api.run import GenerationRun
-from decode_worker.io.api.schemas import Target
+from decode_worker.io.api.targets import Target
 from decode_worker.io.metrics import Metrics
 
 

@@ -4,7 +4,7 @@ A request asks for `len(prompts) * n` samples; sample `k = i * n + j` is the j-t
 prompt i (OpenAI's choice index, SGLang's batch order). Each sample is a run of its own in the
 backend, with its own transfer and room: sglang-router (PD mode) sends `bootstrap_host`,
 `bootstrap_port` and `bootstrap_room` as arrays for an array prompt and one room for `n > 1`
-(0.3.2), which SGLang spreads as room + k (`schemas.sample_targets` has the rules). On the decode
+(0.3.2), which SGLang spreads as room + k (`targets.py` has the rules). On the decode
 worker the samples of one prompt share its prefix KV through the radix tree once they run.
 
 Both servers (decode worker, prefill peer) build the samples from the same body with this
@@ -25,7 +25,8 @@ from decode_worker.io.api.backend import GenerateInput
 from decode_worker.io.api.common import collect
 from decode_worker.io.api.context import ApiContext
 from decode_worker.io.api.run import Finish, GenerationRun, Step
-from decode_worker.io.api.schemas import Bootstrap, sample_targets
+from decode_worker.io.api.schemas import Bootstrap
+from decode_worker.io.api.targets import sample_targets
 
 MAX_SAMPLES = 128  # samples per HTTP request (len(prompts) * n)
 

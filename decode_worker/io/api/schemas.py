@@ -6,13 +6,13 @@ Unknown fields are accepted and ignored (the router adds many). Type errors surf
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
 
-from decode_worker.core.sampling import SamplingParams
+from decode_worker.core.sampling import GrammarSpec, SamplingParams
 from decode_worker.errors import ClientError
+from decode_worker.io.api import structured
 
 T = TypeVar("T")
 
@@ -33,11 +33,14 @@ class SamplingIn(msgspec.Struct):
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
     n: int = 1
+    json_schema: str | dict[str, Any] | None = None  # structured output (structured.py)
+    regex: str | None = None
+    ebnf: str | None = None
 
 
 class Bootstrap(msgspec.Struct):
     """The router's P/D fields, shared by every generation body: scalars for one sample, arrays
-    with one entry per sample for `n > 1` or an array prompt (see `sample_targets`)."""
+    with one entry per sample for `n > 1` or an array prompt (see `targets.py`)."""
 
     bootstrap_host: str | list[str] | None = None
     bootstrap_port: int | list[int] | None = None
@@ -78,6 +81,11 @@ class OpenAIBase(Bootstrap):
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
     rid: str | None = None
+    response_format: structured.ResponseFormat | None = None  # structured output (structured.py)
+    tools: list[Any] | None = None  # refused with a 400 until tool calls are parsed
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
 
 
 class CompletionReq(OpenAIBase):
@@ -133,6 +141,7 @@ def build_sampling(
     ignore_eos: bool = False,
     no_stop_trim: bool = False,
     skip_special_tokens: bool = True,
+    grammar: GrammarSpec | None = None,
 ) -> SamplingParams:
     """SamplingParams from request fields, validated. Raises ClientError (400)."""
     params = SamplingParams(
@@ -147,6 +156,7 @@ def build_sampling(
         ignore_eos=ignore_eos,
         no_stop_trim=no_stop_trim,
         skip_special_tokens=skip_special_tokens,
+        grammar=grammar,
     )
     params.validate()
     return params
@@ -160,6 +170,7 @@ def sampling_from_generate(sp: SamplingIn, max_new_tokens: int) -> SamplingParam
         seed=sp.seed if sp.seed is not None else sp.sampling_seed, stop=sp.stop,
         stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos, no_stop_trim=sp.no_stop_trim,
         skip_special_tokens=sp.skip_special_tokens,
+        grammar=structured.grammar_from_sampling(sp.json_schema, sp.regex, sp.ebnf),
     )
 
 
@@ -169,69 +180,14 @@ def requested_max_tokens(req: OpenAIBase) -> int | None:
 
 
 def sampling_from_openai(req: OpenAIBase, max_new_tokens: int) -> SamplingParams:
-    """`max_new_tokens` is the resolved limit (`limits.resolve_max_new_tokens`)."""
+    """`max_new_tokens` is the resolved limit (`limits.resolve_max_new_tokens`). Raises
+    ClientError (400), also for a request that asks for tool calls (`structured.py`)."""
+    structured.refuse_tools(req.tools, req.tool_choice, req.functions, req.function_call)
     return build_sampling(
         max_new_tokens=max_new_tokens,
         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
         seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos, no_stop_trim=req.no_stop_trim,
         skip_special_tokens=req.skip_special_tokens,
+        grammar=structured.grammar_from_response_format(req.response_format),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """Where one sample's KV comes from: the prefill peer's host, bootstrap port and room
-    (all None when the request came without the router's P/D fields)."""
-
-    host: str | None = None
-    port: int | None = None
-    room: int | None = None
-
-
-def sample_targets(boot: Bootstrap, num_prompts: int, n: int) -> list[Target]:
-    """One `Target` per sample (`num_prompts * n`, sample k = prompt k // n, its sample k % n).
-
-    Each field may be a scalar, an array with one entry per sample, or one per prompt:
-    - a scalar host or port serves every sample; a scalar room R gives sample k the room R + k
-      (SGLang's own rule: sglang-router 0.3.2 sends one room for `n > 1`);
-    - one entry per prompt (the router's arrays for a batch of prompts with `n > 1`): sample j
-      of prompt i gets entry i (a room: entry i + j);
-    - a one-sample request with arrays uses entry 0 (the router reads a token-id `prompt` list
-      as a batch of that many prompts).
-    Both servers apply these rules to the same body, so they agree. Raises ClientError."""
-    total = num_prompts * n
-    room = boot.bootstrap_room
-    rooms = _column(room, "bootstrap_room", num_prompts, n)
-    if isinstance(room, int):  # one room for all samples: R + k
-        rooms = [room + k for k in range(total)]
-    elif isinstance(room, list) and len(room) != total and total > 1:  # one per prompt: + j
-        rooms = [r + k % n for k, r in enumerate(rooms)]
-    targets = [Target(*row) for row in zip(
-        _column(boot.bootstrap_host, "bootstrap_host", num_prompts, n),
-        _column(boot.bootstrap_port, "bootstrap_port", num_prompts, n), rooms, strict=True)]
-    for t in targets:
-        _check_target(t)
-    return targets
-
-
-def _column(value: Any, name: str, num_prompts: int, n: int) -> list[Any]:
-    """`value` spread over the samples: a scalar to all, one entry per sample, or one per
-    prompt (repeated for its n samples). Raises ClientError for another length."""
-    total = num_prompts * n
-    if not isinstance(value, list):
-        return [value] * total
-    if len(value) == total or (total == 1 and value):
-        return list(value[:total])
-    if len(value) == num_prompts:
-        return [value[k // n] for k in range(total)]
-    raise ClientError(f"{name} has {len(value)} entries for {total} samples (one per sample, "
-                      f"or one per prompt: {num_prompts} prompt(s) x n={n})")
-
-
-def _check_target(t: Target) -> None:
-    """Raise ClientError for a room or port outside their ranges."""
-    if t.room is not None and not 0 <= t.room < 2**64:
-        raise ClientError(f"bootstrap_room={t.room}: must be in [0, 2**64)")
-    if t.port is not None and not 0 < t.port < 65536:
-        raise ClientError(f"bootstrap_port={t.port}: must be in (0, 65536)")

@@ -73,7 +73,7 @@ def test_known_label_values_are_exported_at_zero_from_the_start() -> None:
     text = Metrics().exposition()[0].decode()
     for reason in ABORT_REASONS:
         assert f'decode_worker_aborts_total{{reason="{reason}"}} 0.0' in text
-    assert 'decode_worker_kv_pages_total{pool="full"} 0.0' in text
+    assert 'decode_worker_kv_pages_capacity{pool="full"} 0.0' in text
 
 
 def test_two_instances_do_not_share_a_registry() -> None:

@@ -1,0 +1,82 @@
+"""Structured output and tool fields over HTTP (fake backend): what reaches the backend as the
+request's `GrammarSpec`, and the 400s (two constraints, a malformed one, tools)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from decode_worker.core.sampling import GrammarSpec
+from decode_worker.io.api import ApiApp, ApiConfig
+from tests.fakes.fake_backend import FakeBackend, ServerThread
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    return FakeBackend()
+
+
+@pytest.fixture
+def client(backend: FakeBackend) -> Iterator[httpx.Client]:
+    app = ApiApp(backend, ApiConfig(served_model_name="tiny", default_max_new_tokens=5))
+    with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=5) as c:
+        yield c
+
+
+def _chat(**kw: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **kw}
+
+
+@pytest.mark.parametrize(("path", "body", "want"), [
+    ("/v1/chat/completions", _chat(response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}),
+     GrammarSpec("json_schema", json.dumps(SCHEMA, sort_keys=True, separators=(",", ":")))),
+    ("/v1/completions", {"prompt": "a", "response_format": {"type": "json_object"}},
+     GrammarSpec("json_object")),
+    ("/v1/chat/completions", _chat(response_format={"type": "text"}), None),
+    ("/v1/chat/completions", _chat(tools=[TOOL], tool_choice="none"), None),
+    ("/generate", {"text": "a", "sampling_params": {"json_schema": json.dumps(SCHEMA)}},
+     GrammarSpec("json_schema", json.dumps(SCHEMA))),
+    ("/generate", {"text": "a", "sampling_params": {"regex": "[0-9]+"}},
+     GrammarSpec("regex", "[0-9]+")),
+    ("/generate", {"text": "a", "sampling_params": {"ebnf": 'root ::= "x"'}},
+     GrammarSpec("ebnf", 'root ::= "x"')),
+])
+def test_the_constraint_reaches_the_backend(client: httpx.Client, backend: FakeBackend,
+                                            path: str, body: dict[str, Any],
+                                            want: GrammarSpec | None) -> None:
+    r = client.post(path, json=body)
+    assert r.status_code == 200, r.text
+    assert backend.inputs[0].sampling.grammar == want
+
+
+@pytest.mark.parametrize(("path", "body", "words"), [
+    ("/v1/chat/completions", _chat(tools=[TOOL]), "tool calls are not supported yet"),
+    ("/v1/completions", {"prompt": "a", "tools": [TOOL], "tool_choice": "auto"},
+     "tool calls are not supported yet"),
+    ("/v1/chat/completions", _chat(tool_choice={"type": "function", "function": {"name": "f"}}),
+     "tool_choice"),
+    ("/v1/chat/completions", _chat(functions=[TOOL["function"]]), "functions"),
+    ("/v1/chat/completions", _chat(response_format={"type": "json_schema"}),
+     "response_format.json_schema.schema is required"),
+    ("/v1/chat/completions", _chat(response_format={"type": "yaml"}), "response_format.type"),
+    ("/generate", {"text": "a", "sampling_params": {"regex": "a", "ebnf": 'root ::= "a"'}},
+     "at most one output constraint"),
+    ("/generate", {"text": "a", "sampling_params": {"json_schema": "{nope"}},
+     "json_schema is not valid JSON"),
+    ("/generate", {"text": "a", "sampling_params": {"regex": ""}}, "regex: empty"),
+])
+def test_bad_or_unsupported_constraints_are_400_with_a_message(
+        client: httpx.Client, backend: FakeBackend, path: str, body: dict[str, Any],
+        words: str) -> None:
+    r = client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert words in r.json()["error"]["message"]
+    assert backend.inputs == []  # nothing was started

@@ -102,6 +102,11 @@ class SchedulerSettings(_Section):
         "a broken invariant stops the worker"
     )
     cuda_graph: bool = Field(True, description="Capture the decode step in CUDA graphs (GPU)")
+    overlap_schedule: bool = Field(
+        True, description="Prepare decode step N+1 (admission, pages, inputs) while step N runs "
+        "on the device, its input tokens read on the device; false runs each step to the end "
+        "first. Greedy tokens are the same either way"
+    )
     cuda_graph_batch_sizes: list[int] = Field(
         [1, 2, 4, 8, 16, 24, 32, 48, 64], description="Graph buckets; eager above the largest"
     )
@@ -124,8 +129,11 @@ class TransferSettings(_Section):
     backend: str = Field("UCX", description="NIXL backend plugin")
     bootstrap_host: str = Field("127.0.0.1", description="Prefill peer: ZMQ bind address")
     bootstrap_port: int = Field(8998, gt=0, lt=65536, description="Prefill peer: ZMQ port")
-    heartbeat_interval_s: float = Field(1.0, gt=0, description="Peer liveness ping period")
-    peer_dead_after_s: float = Field(5.0, gt=0, description="No heartbeat this long = peer gone")
+    heartbeat_interval_s: float = Field(0.5, gt=0, description="Peer liveness ping period")
+    peer_dead_after_s: float = Field(
+        2.0, gt=0, description="A ping unanswered this long = peer gone (a dead peer is found "
+        "within heartbeat_interval_s + peer_dead_after_s)"
+    )
     progress_delay_us: int = Field(
         100, ge=0, le=100_000, description="NIXL progress thread: longest sleep between polls "
         "(it wakes on transfer events); 0 = busy-poll, a core per process even when idle"
@@ -145,6 +153,11 @@ class TransferSettings(_Section):
     prefill_rank_port: int = Field(
         0, ge=0, lt=65536, description="Prefill peer, sglang protocol: its rank's ZMQ PULL port "
         "(0 = any free port)"
+    )
+    kv_checksum: bool = Field(
+        False, description="Decode worker: ask native prefill peers for a CRC-32 of the KV pages "
+        "of each transfer and check it before the request starts (DRAM pools only; SGLang's "
+        "protocol has no checksum)"
     )
 
 

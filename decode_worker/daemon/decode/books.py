@@ -33,7 +33,8 @@ def receiver_totals(stats: ReceiverStats) -> dict[str, int | dict[str, int]]:
             "transfer_received_tokens": stats.tokens_received,
             "transfer_failures": dict(stats.failures),
             "transfer_quiesce_expired": stats.quiesce_expired,
-            "transfer_bad_frames": stats.bad_frames}
+            "transfer_bad_frames": stats.bad_frames,
+            "transfer_kv_checksum_failures": stats.kv_checksum_failures}
 
 
 class Books:

@@ -146,7 +146,9 @@ class KVFetcher:
         if slot is not None and ev.protocol == "sglang":
             row = self.aux.sglang.check(slot, ev.room, live.cmd.top_logprobs)
         elif slot is not None:
-            row = self.aux.native.check(slot, ev.room, ev.transfer_id)
+            # the peer wrote the id it was sent, not the router's (they part after a failure
+            # the router answers itself, e.g. an unreachable peer)
+            row = self.aux.native.check(slot, ev.room, ev.wire_id or ev.transfer_id)
         if row is None:
             self.table.end(live, "transfer_failed", "first token missing or for another room",
                            now, failed=True)

@@ -36,9 +36,11 @@ FINISHED = frozenset({"stop", "length"})  # end reasons of a request that finish
 
 class TransferStopper(Protocol):
     """What the table needs of the KV receiver: stop one transfer (its pages come back with the
-    receiver's "released" or "done" event)."""
+    receiver's "released" or "done" event); tell a prefill peer that a room's request ended."""
 
     def abort(self, transfer_id: int) -> None: ...
+
+    def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None: ...
 
 
 class RequestTable:
@@ -90,6 +92,7 @@ class RequestTable:
         status = "finished" if reason in FINISHED else "failed" if failed else "aborted"
         self._count(live.req, status, reason)
         self.outbox.put(live.ended)
+        self._tell_peer(live, reason, message)
         if live.transfer_id is not None:  # the peer may still be writing: wait for it
             self.draining[live.transfer_id] = (live, status)
             self.transfers.abort(live.transfer_id)
@@ -114,6 +117,18 @@ class RequestTable:
         return True
 
     # -- internals ------------------------------------------------------------------------------
+    def _tell_peer(self, live: LiveRequest, reason: str, message: str) -> None:
+        """A request that ends before its KV arrived (refused at admission, client abort, drain,
+        a failed transfer) ends at its prefill peer too, which then answers the router's copy of
+        the request with `reason` at once instead of at its own timeout. Not sent to a peer
+        found dead, nor once the first token came (the peer answered already)."""
+        cmd = live.cmd
+        host, port, room = cmd.bootstrap_host, cmd.bootstrap_port or 0, cmd.bootstrap_room
+        if (not host or room is None or not 0 < port < 65536 or live.req.output_ids
+                or reason in FINISHED or reason == "peer_dead"):
+            return
+        self.transfers.cancel_room(host, port, room, reason, message)
+
     def _count(self, req: DecodeRequest, status: str, reason: str) -> None:
         self.requests_total[status] += 1
         decided_by_admission = req.state is S.ABORTED  # admission aborts before the shell hears

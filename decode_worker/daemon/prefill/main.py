@@ -45,13 +45,14 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
     runner, name, model_dir = build_runner(settings)
     wait_s = settings.scheduler.kv_timeout_s
     peer: PrefillPeer | SglangPrefillPeer
+    metrics = Metrics()  # HTTP requests, request outcomes, prefill time (TTFT / e2e)
     if settings.transfer.prefill_protocol == "sglang":
         peer = SglangPrefillPeer(runner, settings.transfer, settings.server.port,
                                  match_timeout_s=wait_s)
     else:
-        peer = PrefillPeer(runner, settings.transfer, name, match_timeout_s=wait_s)
+        peer = PrefillPeer(runner, settings.transfer, name, match_timeout_s=wait_s,
+                           metrics=metrics)
     try:
-        metrics = Metrics()  # HTTP requests, request outcomes, prefill time (TTFT / e2e)
         backend = PrefillBackend(peer, model_dir, wait_s, metrics=metrics,
                                  context_length=runner.model.cfg.max_position_embeddings)
         app = ApiApp(backend, ApiConfig.from_settings(settings), metrics)

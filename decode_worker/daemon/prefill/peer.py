@@ -32,9 +32,11 @@ from decode_worker.io.kv import protocol as p
 from decode_worker.io.kv.bootstrap import BootstrapServer
 from decode_worker.io.kv.nixl_agent import NixlAgent, unique_agent_name
 from decode_worker.io.kv.protocol_check import check_compat, validate_request
+from decode_worker.io.metrics import Metrics
 from decode_worker.settings import TransferSettings
 
 log = logging.getLogger(__name__)
+DECODE_SILENT_S = 10.0  # a decode peer silent this long (at least) is judged gone
 
 
 class PrefillPeer:
@@ -45,9 +47,9 @@ class PrefillPeer:
 
     def __init__(
         self, runner: ModelRunner, settings: TransferSettings, model_name: str,
-        num_aux_rows: int = 256, match_timeout_s: float = 60.0,
+        num_aux_rows: int = 256, match_timeout_s: float = 60.0, metrics: Metrics | None = None,
     ) -> None:  # fmt: skip
-        self.runner, self.settings = runner, settings
+        self.runner, self.settings, self.metrics = runner, settings, metrics
         self.compat = model_compat(runner, model_name)
         self.aux = AuxBuffer(num_aux_rows)
         self.regions = region_layouts(runner.pools, self.aux)
@@ -77,8 +79,14 @@ class PrefillPeer:
         `on_done` runs on the compute thread once the KV is handed off or the room
         failed/expired; it must not block."""
         with self._lock:
-            job = self._matcher.add_prompt(room, token_ids, on_done, time.monotonic(), sampling)
+            refused = self._matcher.take_cancelled(room)
+            job = None if refused is not None else self._matcher.add_prompt(
+                room, token_ids, on_done, time.monotonic(), sampling)
             displaced = self._matcher.take_displaced()
+        if refused is not None:  # the decode side ended this room before its prompt came
+            if on_done is not None:
+                on_done(refused)
+            return
         self._fail_halves(displaced, "replaced by a newer request for the same room")
         if job is not None:
             self._jobs.put(job)
@@ -88,6 +96,10 @@ class PrefillPeer:
         with self._lock:
             if (dec := self._decoders.get(peer)) is not None:
                 dec.last_seen = now
+        if isinstance(msg, p.Abort) and msg.reason:  # the decode side ended the room's request
+            self._cancel(msg, now)
+            if msg.transfer_id == 0:
+                return []
         if dec is None and not isinstance(msg, p.Hello):
             # A peer we never greeted (we restarted): it drops us and handshakes again.
             return [p.Refused("no handshake from this peer (the prefill peer restarted?)")]
@@ -103,6 +115,19 @@ class PrefillPeer:
                     acked = self._matcher.abort(peer, tid)
                 return [p.AbortAck(tid, room)] if acked else []
         return [p.Refused(f"unexpected {type(msg).__name__}")]
+
+    def _cancel(self, msg: p.Abort, now: float) -> None:
+        """Answer the HTTP side of `msg.room` with the decode side's reason (now, or when its
+        prompt comes); a room that ran already is ignored. Counted by outcome."""
+        answer = PrefillResult(msg.room, None, 0.0, 0, f"the decode worker ended this request "
+                               f"({msg.reason}): {msg.detail}", error_code=msg.reason)
+        with self._lock:
+            outcome, on_done = self._matcher.cancel(msg.room, answer, now)
+        log.info("room %d: the decode side ended it (%s): %s", msg.room, msg.reason, outcome)
+        if self.metrics is not None:
+            self.metrics.inc_decode_abort(outcome)
+        if on_done is not None:
+            on_done(answer)
 
     def _hello(self, peer: bytes, msg: p.Hello, now: float) -> p.Message:
         try:
@@ -175,19 +200,22 @@ class PrefillPeer:
         else:
             log.info("room %d rid=%s: pushed %d bytes", req.room, req.rid, result.num_bytes)
         with self._lock:
-            aborted = self._matcher.finish(job)
+            aborted, answered = self._matcher.finish(job)
         if aborted:
             self.server.send(job.peer, p.AbortAck(req.transfer_id, req.room))
-        if job.on_done is not None:
+        if job.on_done is not None and not answered:
             job.on_done(result)
 
     def _sweep(self, now: float) -> None:
         """Expire unmatched halves, and the waiting requests of decode peers silent for
-        `peer_dead_after_s` (their handshake is kept: a stalled peer may come back)."""
+        `peer_dead_after_s` or `DECODE_SILENT_S`, the longer (their handshake is kept: a stalled
+        peer may come back). A decode worker pings from its compute thread, which one long step
+        (a local prefill on CPU) may hold for seconds; nothing but memory waits on this."""
+        silent_s = max(self.settings.peer_dead_after_s, DECODE_SILENT_S)
         with self._lock:
             expired = self._matcher.expire(now)
             for key, dec in self._decoders.items():
-                if now - dec.last_seen > self.settings.peer_dead_after_s:
+                if now - dec.last_seen > silent_s:
                     expired += self._matcher.drop_peer(key)
         self._fail_halves(expired, "expired before its other half arrived (or its peer is silent)")
 

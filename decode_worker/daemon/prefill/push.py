@@ -17,10 +17,12 @@ import torch
 from decode_worker.core.sampling import MAX_TOP_LOGPROBS, SamplingParams, TopLogprobs
 from decode_worker.daemon.prefill.state import Decoder, Job, PageFreeList, PrefillResult
 from decode_worker.device.aux_buffer import AuxBuffer
+from decode_worker.device.grammar import GrammarState
 from decode_worker.device.runner import ModelRunner
 from decode_worker.device.sampler import Sampler, SampleRow
 from decode_worker.errors import OutOfPages
 from decode_worker.io.kv import protocol as p
+from decode_worker.io.kv.kv_checksum import check_host_regions, kv_checksum
 from decode_worker.io.kv.nixl_agent import NixlAgent, XferHandle
 from decode_worker.io.kv.sender import KVSender, SourcePages, plan_writes
 from decode_worker.utils.mathx import cdiv
@@ -110,22 +112,37 @@ class PushPipeline:
                 torch.cuda.synchronize(self.runner.device)
             src = SourcePages(full_ids, swa_ids, row)
             plan = plan_writes(req, ps, self.regions, dec.regions, src)
+            crc = self._checksum(req, src)  # the bytes the WRITEs send (nothing changes them)
             handles = self.sender.post(dec.agent_name, req, plan)
         except BaseException:
             self._free.give(full_ids, swa_ids)
             self._aux_rows.append(row)
             raise
         result = PrefillResult(req.room, token, logprob, plan.num_bytes, None, top)
-        done = p.TransferDone(req.transfer_id, req.room, plan.num_bytes, plan.num_descriptors)
+        done = p.TransferDone(req.transfer_id, req.room, plan.num_bytes, plan.num_descriptors,
+                              crc)
         deadline = time.monotonic() + req.deadline_s
         return _Push(job, handles, src, result, done, deadline)
+
+    def _checksum(self, req: p.TransferRequest, src: SourcePages) -> int | None:
+        """The CRC-32 of the source pages this transfer writes, when it asks (`kv_checksum.py`).
+        Raises ConfigError when the pools are not in host memory (the request fails)."""
+        if not req.kv_checksum:
+            return None
+        ps = self.runner.pools.page_size
+        n, first_full, first_swa = (cdiv(req.prompt_len, ps), req.reused_len // ps,
+                                    req.swa_window_start // ps)  # fmt: skip
+        check_host_regions(self.regions)
+        return kv_checksum(self.regions, src.full_page_ids[first_full:n],
+                           src.swa_page_ids[first_swa:n])  # fmt: skip
 
     def _first_token(
         self, logits: torch.Tensor, sampling: SamplingParams | None
     ) -> tuple[int, float, TopLogprobs]:
         """The first output token, its logprob under the raw distribution and the
         MAX_TOP_LOGPROBS most likely tokens (the decode side keeps what its request asked)."""
-        row = SampleRow(sampling or SamplingParams(temperature=0.0), step=0, return_logprob=True,
-                        top_logprobs=MAX_TOP_LOGPROBS)
+        sampling = sampling or SamplingParams(temperature=0.0)
+        row = SampleRow(sampling, step=0, return_logprob=True, top_logprobs=MAX_TOP_LOGPROBS,
+                        grammar=GrammarState.for_sampling(sampling))  # structured output
         out = self.sampler.sample(logits[None], [row])  # logits[None]: [1, V]
         return out.token_ids[0], float(out.logprobs[0] or 0.0), out.top_logprobs[0] or []

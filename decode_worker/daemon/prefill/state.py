@@ -6,6 +6,7 @@ Plain records; the caller (`PrefillPeer`) holds its lock around every `Matcher` 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,9 +25,11 @@ class PrefillResult:
     num_bytes: int
     error: str | None
     top_logprobs: TopLogprobs = field(default_factory=list)  # the first token's alternatives
+    error_code: str | None = None  # the abort label of `error` (None: transfer_failed)
 
 
 OnDone = Callable[[PrefillResult], None]
+MAX_RECENT_ROOMS = 4096  # rooms remembered to tell a late decode-side abort from an early one
 
 
 @dataclass
@@ -73,6 +76,10 @@ class Matcher:
         self.requests: dict[int, Half] = {}
         self.running: dict[tuple[bytes, int], bool] = {}  # (peer, transfer id) -> aborted
         self.displaced: list[Half] = []
+        self.jobs: dict[int, Job] = {}  # room -> its running job
+        self.answered: set[int] = set()  # rooms of running jobs whose HTTP side was answered
+        self.cancelled: dict[int, tuple[float, PrefillResult]] = {}  # room -> (when, answer)
+        self.recent: OrderedDict[int, None] = OrderedDict()  # rooms that ran or were cancelled
 
     def add_prompt(
         self, room: int, prompt: list[int], on_done: OnDone | None, now: float,
@@ -112,7 +119,8 @@ class Matcher:
         sampling: SamplingParams | None = None,
     ) -> Job:  # fmt: skip
         self.running[(peer, req.transfer_id)] = False
-        return Job(peer, req, prompt, on_done, sampling)
+        job = self.jobs[req.room] = Job(peer, req, prompt, on_done, sampling)
+        return job
 
     def abort(self, peer: bytes, transfer_id: int) -> bool:
         """True if the peer may be told now that nothing will be written (AbortAck)."""
@@ -129,9 +137,47 @@ class Matcher:
     def is_aborted(self, job: Job) -> bool:
         return self.running.get((job.peer, job.req.transfer_id), False)
 
-    def finish(self, job: Job) -> bool:
-        """Forget a job; True if it was aborted while running (its ack is due now)."""
-        return self.running.pop((job.peer, job.req.transfer_id), False)
+    def finish(self, job: Job) -> tuple[bool, bool]:
+        """Forget a job: (aborted while running: its ack is due now, its HTTP side was already
+        answered by `cancel`)."""
+        room = job.req.room
+        if self.jobs.get(room) is job:
+            del self.jobs[room]
+            self._remember(room)
+        answered = room in self.answered
+        self.answered.discard(room)
+        return self.running.pop((job.peer, job.req.transfer_id), False), answered
+
+    def cancel(self, room: int, answer: PrefillResult, now: float) -> tuple[str, OnDone | None]:
+        """The decode side ended `room`'s request: (outcome, the HTTP callback to call with
+        `answer` now). Outcomes: "answered" (a waiting prompt or a running job; the job still
+        runs to free its pages), "early" (no prompt yet: it is answered `answer` on arrival,
+        see `take_cancelled`), "late" (the room ran or was cancelled already: ignored)."""
+        if room in self.recent or room in self.cancelled or room in self.answered:
+            return "late", None
+        half = self.prompts.pop(room, None)
+        job = self.jobs.get(room)
+        if half is None and job is None:
+            if len(self.cancelled) >= MAX_RECENT_ROOMS:  # a flood of unknown rooms: oldest go
+                del self.cancelled[next(iter(self.cancelled))]
+            self.cancelled[room] = (now, answer)
+            return "early", None
+        self._remember(room)
+        if job is not None:
+            self.answered.add(room)
+        return "answered", half.on_done if half is not None else job.on_done if job else None
+
+    def take_cancelled(self, room: int) -> PrefillResult | None:
+        """The answer for a prompt whose room the decode side already cancelled, or None."""
+        entry = self.cancelled.pop(room, None)
+        if entry is not None:
+            self._remember(room)
+        return entry[1] if entry is not None else None
+
+    def _remember(self, room: int) -> None:
+        self.recent[room] = None
+        while len(self.recent) > MAX_RECENT_ROOMS:
+            self.recent.popitem(last=False)
 
     def expire(self, now: float) -> list[Half]:
         """Remove and return the halves older than `timeout_s` (or their request deadline)."""
@@ -141,6 +187,9 @@ class Matcher:
                 limit = half.req.deadline_s if half.req is not None else self.timeout_s
                 if now - half.arrived_at > limit:
                     out.append(table.pop(room))
+        for room, (at, _) in list(self.cancelled.items()):
+            if now - at > self.timeout_s:
+                del self.cancelled[room]
         return out
 
     def drop_peer(self, peer: bytes) -> list[Half]:

@@ -14,7 +14,7 @@ from decode_worker.core.types import MemoryRegion
 from decode_worker.errors import TransferError
 from decode_worker.io.kv.bootstrap import BootstrapClient
 from decode_worker.io.kv.nixl_agent import NixlAgent
-from decode_worker.io.kv.protocol import Notif, Ping, RegionLayout, TransferRequest
+from decode_worker.io.kv.protocol import Notif, Ping, RegionLayout, TransferDone, TransferRequest
 
 Phase = Literal["queued", "sent", "aborting"]
 
@@ -76,6 +76,8 @@ class Transfer:
     release_at: float = 0.0
     parts: set[int] = field(default_factory=set)
     num_descriptors: int = 0
+    landed: bool = False  # every part's notification came
+    peer_done: TransferDone | None = None  # the peer's TransferDone (its checksum), once come
 
     def add_part(self, notif: Notif) -> bool:
         """Record one WRITE's notification; True once every part has landed."""
@@ -104,6 +106,7 @@ class TransferEvent:
     num_tokens: int = 0
     duration_s: float = 0.0
     protocol: str = "native"  # "native" or "sglang": the wire protocol of the transfer's peer
+    wire_id: int = 0  # the transfer id the peer was sent (the ProtocolRouter's own id differs)
 
 
 @dataclass(slots=True)
@@ -123,6 +126,7 @@ class ReceiverStats:
     samples: list[tuple[float, int]] = field(default_factory=list)
     quiesce_expired: int = 0
     bad_frames: int = 0
+    kv_checksum_failures: int = 0
 
     def count_done(self, num_bytes: int, num_tokens: int, duration_s: float,
                    num_descriptors: int) -> None:
@@ -150,6 +154,7 @@ class ReceiverStats:
         self.tokens_received = sum(p.tokens_received for p in parts)
         self.quiesce_expired = sum(p.quiesce_expired for p in parts)
         self.bad_frames = sum(p.bad_frames for p in parts)
+        self.kv_checksum_failures = sum(p.kv_checksum_failures for p in parts)
         for p in parts:
             self.samples += p.take_samples()
         if len(self.samples) > MAX_SAMPLES:
@@ -177,6 +182,8 @@ class TransferReceiver(Protocol):
     ) -> int: ...
 
     def abort(self, transfer_id: int) -> None: ...
+
+    def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None: ...
 
     def poll(self) -> list[TransferEvent]: ...
 

@@ -9,8 +9,14 @@ Control plane (ZMQ DEALER on the decode side -> ROUTER on the prefill peer):
                                           <- Pong(seq)
       TransferRequest(transfer_id, room, ...) ->
                                           <- TransferDone | TransferFailed   (after the WRITEs)
-      Abort(transfer_id, room)            ->
+      Abort(transfer_id, room, reason)    ->
                                           <- AbortAck(transfer_id, room)     (no more writes)
+
+`Abort` also carries the decode side's end of a request (`reason`, `detail`): the prefill peer
+answers its own HTTP client with that reason. `transfer_id` 0 names no transfer (the decode side
+refused the request before asking for one); such an Abort needs no handshake.
+With `TransferRequest.kv_checksum`, `TransferDone.kv_checksum` is the CRC-32 of the pages written
+(`kv_checksum.py`); the decode side checks it before the request starts.
 
 Data plane: NIXL WRITEs from the prefill pools into the decode regions; each WRITE carries a
 `Notif` (encoded with `encode_notif`) naming the transfer and its part; the decode side
@@ -33,7 +39,7 @@ import msgspec
 
 from decode_worker.errors import ProtocolError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 NOTIF_PREFIX = b"dw1:"
 
 
@@ -128,11 +134,17 @@ class TransferRequest(_Msg, frozen=True):
     aux_slot: int
     deadline_s: float
     prompt_ids: list[int] | None = None  # set when no router sends the prompt to prefill's HTTP
+    kv_checksum: bool = False  # ask for TransferDone.kv_checksum
 
 
 class Abort(_Msg, frozen=True):
+    """The decode side ended the request of `room` (`reason`: its abort label, `detail`: its
+    message); `transfer_id` 0: no transfer was asked for (only the HTTP side is answered)."""
+
     transfer_id: int
     room: int
+    reason: str = ""
+    detail: str = ""
 
 
 class AbortAck(_Msg, frozen=True):
@@ -147,6 +159,7 @@ class TransferDone(_Msg, frozen=True):
     room: int
     num_bytes: int
     num_descriptors: int
+    kv_checksum: int | None = None  # CRC-32 of the written pages, when the request asked
 
 
 class TransferFailed(_Msg, frozen=True):

@@ -11,7 +11,7 @@ at least every ~100 ms. Every failure fails only its own transfer. Per transfer 
 
 Failure reasons are the abort labels of docs/CONTRACTS.md: transfer_failed (peer-reported
 error, refused handshake, NIXL error), peer_dead (no heartbeat answer for `peer_dead_after_s`),
-kv_timeout (the transfer's deadline passed), bad_request (invalid page ids).
+kv_timeout (the transfer's deadline passed), bad_request (invalid page ids), kv_checksum.
 
 The per-transfer book (deadlines, quiesce, events, stats) is `kv_transfers.TransferBook`; this
 module is the plumbing around it: the NIXL agent, the peers' ZMQ sockets, handshakes, heartbeats.
@@ -28,6 +28,7 @@ import zmq
 
 from decode_worker.errors import PageError, TransferError
 from decode_worker.io.kv import protocol as p
+from decode_worker.io.kv.kv_checksum import landed_checksum
 from decode_worker.io.kv.nixl_agent import NixlAgent, unique_agent_name
 from decode_worker.io.kv.peer import Peer, ReceiverStats, Transfer, TransferEvent, register_regions
 from decode_worker.io.kv.protocol_check import check_compat, validate_request
@@ -53,14 +54,10 @@ class KVReceiver:
     """
 
     def __init__(
-        self,
-        settings: TransferSettings,
-        compat: p.ModelCompat,
-        regions: dict[str, p.RegionLayout],
-        kv_timeout_s: float = 30.0,
-        agent_name: str | None = None,
-        agent: NixlAgent | None = None,
-    ) -> None:
+        self, settings: TransferSettings, compat: p.ModelCompat,
+        regions: dict[str, p.RegionLayout], kv_timeout_s: float = 30.0,
+        agent_name: str | None = None, agent: NixlAgent | None = None,
+    ) -> None:  # fmt: skip
         self.settings, self.compat, self.regions = settings, compat, regions
         self.kv_timeout_s, self._owns_agent = kv_timeout_s, agent is None
         if agent is None:
@@ -68,34 +65,22 @@ class KVReceiver:
                               settings.progress_delay_us)
             register_regions(agent, regions)
         self.agent = agent
-        self._hello = p.Hello(
-            p.PROTOCOL_VERSION, compat, self.agent.name, self.agent.metadata(),
-            list(regions.values()),
-        )  # fmt: skip
+        self._hello = p.Hello(p.PROTOCOL_VERSION, compat, self.agent.name,
+                              self.agent.metadata(), list(regions.values()))  # fmt: skip
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._peers: dict[str, Peer] = {}
-        self._book = TransferBook(regions, settings.abort_quiesce_s, self._send_abort)
+        self._book = TransferBook(regions, settings.abort_quiesce_s, self._send_abort,
+                                  checksum_of=landed_checksum(settings.kv_checksum, regions))
         self._next_id = 1
         self.stats = self._book.stats
 
     # -- owner API -------------------------------------------------------------------------
 
     def submit(
-        self,
-        host: str,
-        port: int,
-        *,
-        rid: str,
-        room: int,
-        prompt_len: int,
-        reused_len: int,
-        swa_window_start: int,
-        full_page_ids: list[int],
-        swa_page_ids: list[int],
-        aux_slot: int,
-        timeout_s: float | None = None,
-        prompt_ids: list[int] | None = None,
-    ) -> int:
+        self, host: str, port: int, *, rid: str, room: int, prompt_len: int, reused_len: int,
+        swa_window_start: int, full_page_ids: list[int], swa_page_ids: list[int],
+        aux_slot: int, timeout_s: float | None = None, prompt_ids: list[int] | None = None,
+    ) -> int:  # fmt: skip
         """Ask the prefill peer at host:port for this request's KV; returns the transfer id.
         `prompt_ids`: send the prompt too (when no router gives it to the peer over HTTP).
 
@@ -106,6 +91,7 @@ class KVReceiver:
         req = p.TransferRequest(
             tid, room, rid, prompt_len, reused_len, swa_window_start, list(full_page_ids),
             list(swa_page_ids), aux_slot, timeout_s or self.kv_timeout_s, prompt_ids,
+            self.settings.kv_checksum,
         )  # fmt: skip
         now = time.monotonic()
         xfer = self._book.add(req, f"{host}:{port}", now)
@@ -128,6 +114,18 @@ class KVReceiver:
     def abort(self, transfer_id: int) -> None:
         """Stop waiting for this transfer. Its pages come back with a later "released" event."""
         self._book.abort(transfer_id, time.monotonic())
+
+    def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None:
+        """Tell the peer at host:port that this side ended `room`'s request (`reason`: its abort
+        label) before its KV arrived: `Abort(0, room, reason)`, which needs no transfer and no
+        handshake (a peer not connected yet is). Best effort: never raises."""
+        try:
+            key, now = f"{host}:{port}", time.monotonic()
+            peer = self._peers.get(key) or self._connect(host, port, now)
+            peer.client.send(p.Abort(0, room, reason, detail[:512]))
+        except TransferError as exc:
+            log.info("room %d: cannot tell prefill peer %s:%s about %s: %s", room, host, port,
+                     reason, exc)
 
     def poll(self) -> list[TransferEvent]:
         """Do all pending work without blocking; returns the events since the last call."""
@@ -170,7 +168,9 @@ class KVReceiver:
                     return
                 case p.TransferFailed(transfer_id=tid, reason=reason):
                     self._book.on_peer_failed(tid, reason, now)
-                case p.AbortAck(transfer_id=tid) | p.TransferDone(transfer_id=tid):
+                case p.TransferDone():
+                    self._book.on_peer_done(msg, now)
+                case p.AbortAck(transfer_id=tid):
                     self._book.on_peer_stopped(tid, now)
                 case p.Pong():
                     pass

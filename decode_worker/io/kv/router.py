@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["auto", "native", "sglang"]
 Kind = Literal["native", "sglang", "unavailable"]
+_CANCEL_WAIT_S = 5.0  # how long a room's cancel waits for its peer's protocol to be known
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -95,6 +96,7 @@ class ProtocolRouter:
         self._routes: dict[int, tuple[str, int, str]] = {}  # our id -> (kind, inner id, peer)
         self._ours: dict[tuple[str, int], int] = {}  # (kind, inner id) -> our id
         self._synthetic: list[TransferEvent] = []
+        self._cancels: list[tuple[float, str, int, int, str, str]] = []  # (until, peer, room..)
         self._own_failures: Counter[str] = Counter()  # of the transfers failed here
         self._next_id = 1
         self.stats = ReceiverStats()
@@ -175,6 +177,23 @@ class ProtocolRouter:
         self._ours[proto.kind, inner] = tid
         return tid
 
+    def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None:
+        """Tell the prefill peer at host:port, in its protocol, that this worker ended `room`'s
+        request (`reason`) before its KV arrived; until that protocol is known the message waits
+        (at most `_CANCEL_WAIT_S`) in `poll`. Never raises."""
+        until = time.monotonic() + _CANCEL_WAIT_S
+        self._cancels.append((until, host, port, room, reason, detail))
+        self._send_cancels()
+
+    def _send_cancels(self) -> None:
+        cancels, self._cancels = self._cancels, []
+        for until, host, port, room, reason, detail in cancels:
+            proto = self.protocol_of(host, port)
+            if (receiver := self._receiver(proto.kind if proto else "")) is not None:
+                receiver.cancel_room(host, port, room, reason, detail)
+            elif proto is None and time.monotonic() < until:
+                self._cancels.append((until, host, port, room, reason, detail))
+
     def abort(self, transfer_id: int) -> None:
         route = self._routes.get(transfer_id)
         receiver = self._receiver(route[0]) if route else None
@@ -184,6 +203,7 @@ class ProtocolRouter:
     def poll(self) -> list[TransferEvent]:
         """Both receivers' events, under the router's ids; totals `stats`."""
         events, self._synthetic = self._synthetic, []
+        self._send_cancels()
         for kind in ("native", "sglang"):
             receiver = self._receiver(kind)
             if receiver is not None:
@@ -219,7 +239,7 @@ class ProtocolRouter:
             self._routes.pop(tid, None)
         elif ev.reason == "peer_dead" and route is not None:
             self._known.pop(route[2], None)  # it may come back as something else: probe again
-        return dataclasses.replace(ev, transfer_id=tid)
+        return dataclasses.replace(ev, transfer_id=tid, wire_id=ev.wire_id or ev.transfer_id)
 
     def _synthesize(self, tid: int, rid: str, room: int, reason: str, detail: str) -> None:
         log.warning("transfer %d rid=%s room=%d failed (%s): %s", tid, rid, room, reason, detail)

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from decode_worker.io.kv.peer import ReceiverStats, Transfer, TransferEvent, transfer_bytes
-from decode_worker.io.kv.protocol import Notif, RegionLayout, TransferRequest
+from decode_worker.io.kv.protocol import Notif, RegionLayout, TransferDone, TransferRequest
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,12 @@ class TransferBook:
         send_abort: Callable[[Transfer], None],
         protocol: str = "native",
         size_of: Callable[[TransferRequest], int] | None = None,
+        checksum_of: Callable[[TransferRequest], int] | None = None,
     ) -> None:
         """`protocol` labels every event; `size_of(req)` is the bytes a "done" transfer moved
-        (default: `transfer_bytes` over `regions`)."""
+        (default: `transfer_bytes` over `regions`); `checksum_of(req)`: the checksum of what
+        landed, checked against the peer's for a request with `kv_checksum`."""
+        self._checksum_of = checksum_of
         self.regions, self.abort_quiesce_s = regions, abort_quiesce_s
         self._send_abort = send_abort
         self.protocol = protocol
@@ -79,7 +82,37 @@ class TransferBook:
             log.info("%s notification %s from %s", "late" if late else "unknown", notif, sender)
             return
         if xfer.add_part(notif):
+            xfer.landed = True
+            self._settle(xfer, now)
+
+    def on_peer_done(self, done: TransferDone, now: float) -> None:
+        """The peer's TransferDone: its WRITEs are over (an aborting transfer is quiet) and it
+        carries the checksum a `kv_checksum` request waits for."""
+        xfer = self._transfers.get(done.transfer_id)
+        if xfer is None:
+            return
+        if xfer.phase == "aborting":
+            self.release(xfer, now)
+            return
+        xfer.peer_done = done
+        if xfer.landed:
+            self._settle(xfer, now)
+
+    def _settle(self, xfer: Transfer, now: float) -> None:
+        """Every part landed: "done", unless the request asked for a checksum (then only once
+        the peer's checksum came, and only if it matches what landed; else `kv_checksum`)."""
+        if not xfer.req.kv_checksum or xfer.phase == "aborting" or self._checksum_of is None:
             self.complete(xfer, now)
+            return
+        if xfer.peer_done is None:
+            return  # wait for the peer's TransferDone (the transfer deadline still runs)
+        theirs, ours = xfer.peer_done.kv_checksum, self._checksum_of(xfer.req)
+        if theirs == ours:
+            self.complete(xfer, now)
+            return
+        self.stats.kv_checksum_failures += 1
+        self.fail(xfer, "kv_checksum", f"KV checksum mismatch: peer {theirs:#x}, landed {ours:#x}"
+                  if theirs is not None else "the peer sent no KV checksum", now, acked=True)
 
     def on_peer_failed(self, tid: int, reason: str, now: float) -> None:
         """The peer reported `TransferFailed`: it stopped, so the pages are quiet either way."""

@@ -115,7 +115,7 @@ class SglangPeers:
         """Start the set-up job when due, take its result when done. Raises PeerLostError."""
         if peer.job is None:
             peer.waiting = [tid for tid in peer.waiting if is_live(tid)]
-            if not peer.waiting:
+            if not peer.waiting and not peer.cancels:
                 return self._lose(peer, "", "")  # nobody waits: forget it quietly
             if now >= peer.retry_at:
                 peer.job = self._pool.submit(fetch_setup, peer.host, peer.port, self.compat,

@@ -77,6 +77,7 @@ class SglangPeer:
     our_ip: str = ""
     our_port: int = 0
     waiting: list[int] = field(default_factory=list)  # transfer ids queued until ready
+    cancels: list[tuple[int, str, str]] = field(default_factory=list)  # rooms to ABORT once ready
     health: Future[None] | None = None
     next_health: float = 0.0
     awaiting_since: float | None = None  # when our oldest unanswered /health was asked

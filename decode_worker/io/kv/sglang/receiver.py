@@ -122,6 +122,17 @@ class SglangReceiver:
         """Stop waiting for this transfer; "released" follows once no rank can be writing."""
         self._book.abort(transfer_id, time.monotonic())
 
+    def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None:
+        """`ABORT room` (no ip/port: no ack) to the ranks holding `room`, once the peer is ready.
+        SGLang's ABORT has no reason field: the prefill answers its client without `reason`."""
+        peer = self._peers.get_or_add(f"{host}:{port}", host, port, time.monotonic())
+        if peer.ready and peer.links is not None:
+            for rank in peer.ranks_of(room):
+                with contextlib.suppress(TransferError):
+                    peer.links.send(rank, m.encode_abort(f.Abort(room)))
+        else:
+            peer.cancels.append((room, reason, detail))
+
     def poll(self) -> list[TransferEvent]:
         """Do all pending work without blocking; returns the events since the last call."""
         now = time.monotonic()
@@ -160,6 +171,9 @@ class SglangReceiver:
             [addr for addr, _, _ in self.aux_buffers], self.regions["full"].device_id))
 
     def _on_ready(self, peer: SglangPeer, now: float) -> None:
+        cancels, peer.cancels = peer.cancels, []
+        for cancel in cancels:
+            self.cancel_room(peer.host, peer.port, *cancel)
         waiting, peer.waiting = peer.waiting, []
         for tid in waiting:
             if (xfer := self._book.get(tid)) is not None and xfer.phase == "queued":

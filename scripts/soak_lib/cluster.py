@@ -1,0 +1,184 @@
+"""The soak's real processes on loopback: a prefill peer, a decode worker with tiny pools, and
+the SGLang router in front of them when it is installed. Each can be killed and restarted on
+the same ports. Metric names come from `decode_worker.io.metrics`, not from string literals."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from decode_worker.daemon.shared.procs import ServerProcess, free_port, http_json
+from decode_worker.io.metrics import Metrics
+
+PAGE_SIZE = 16
+DRAIN_GRACE_S = 4.0
+# small pools force eviction and retraction; short deadlines keep every failure bounded
+DECODE_SETTINGS = {
+    "cache.num_full_pages": "128", "cache.num_swa_pages": "40",
+    "scheduler.decode_reserve_tokens": "0", "scheduler.integrity_check_interval_s": "0.2",
+    "scheduler.kv_timeout_s": "4", "scheduler.queue_timeout_s": "15",
+    "transfer.peer_dead_after_s": "2", "transfer.abort_quiesce_s": "2",
+    "server.drain_grace_s": str(DRAIN_GRACE_S),
+}
+_M = Metrics()
+Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]  # (name, labels) -> value
+
+
+def metric_name(attr: str) -> str:
+    """The exposed name of `Metrics().<attr>` (a renamed metric is followed automatically)."""
+    return str(getattr(_M, attr).describe()[0].name)
+
+
+def _sets(values: dict[str, str]) -> list[str]:
+    return [x for k, v in values.items() for x in ("--set", f"{k}={v}")]
+
+
+class Cluster:
+    """Start with `start()`, stop everything with `stop()`; `restart_*` reuse the ports."""
+
+    def __init__(self, model: Path, with_router: bool = True) -> None:
+        self.model = model
+        self.prefill_port, self.boot_port = free_port(), free_port()
+        self.decode_port = free_port()
+        self.router_port = free_port() if with_router and has_router() else None
+        self.prefill = self._prefill_proc()
+        self.decode = self._decode_proc()
+        self.router: subprocess.Popen[bytes] | None = None
+        self.logs: list[str] = []
+
+    @property
+    def decode_url(self) -> str:
+        return f"http://127.0.0.1:{self.decode_port}"
+
+    @property
+    def prefill_url(self) -> str:
+        return f"http://127.0.0.1:{self.prefill_port}"
+
+    @property
+    def router_url(self) -> str | None:
+        return None if self.router_port is None else f"http://127.0.0.1:{self.router_port}"
+
+    def _prefill_proc(self) -> ServerProcess:
+        return ServerProcess("soak-prefill", [
+            "prefill", "--port", str(self.prefill_port), "--bootstrap-port", str(self.boot_port),
+            "--model", str(self.model), "--set", f"cache.page_size={PAGE_SIZE}"],
+            self.prefill_port)
+
+    def _decode_proc(self) -> ServerProcess:
+        return ServerProcess("soak-decode", [
+            "serve", "--port", str(self.decode_port), "--model", str(self.model),
+            "--set", f"cache.page_size={PAGE_SIZE}", *_sets(DECODE_SETTINGS)], self.decode_port)
+
+    def start(self) -> None:
+        self.prefill.__enter__()
+        self.decode.__enter__()
+        self.prefill.wait_ready(180)
+        self.decode.wait_ready(180)
+        self.logs += [self.prefill.log.name, self.decode.log.name]
+        if self.router_port is not None:
+            self._start_router()
+
+    def _start_router(self) -> None:
+        assert self.router_port is not None
+        log = open(Path(self.decode.log.name).with_suffix(".router.log"), "wb")  # noqa: SIM115
+        self.logs.append(log.name)
+        self.router = subprocess.Popen([
+            sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+            "--prefill", self.prefill_url, str(self.boot_port), "--decode", self.decode_url,
+            "--host", "127.0.0.1", "--port", str(self.router_port), "--prometheus-host",
+            "127.0.0.1", "--prometheus-port", str(free_port()),
+            "--worker-startup-check-interval", "1", "--health-check-interval-secs", "2",
+            "--request-timeout-secs", "30", "--policy", "round_robin",
+            "--disable-circuit-breaker"], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                listed = http_json(f"{self.router_url}/workers", timeout_s=2)
+                workers = listed.get("workers", listed) if isinstance(listed, dict) else listed
+                if isinstance(workers, list) and len(workers) >= 2:
+                    return
+            except Exception:
+                pass
+            time.sleep(0.5)
+        self.router.kill()
+        self.router, self.router_port = None, None  # soak on without it, and say so
+
+    def restart_prefill(self) -> None:
+        self.prefill.stop(timeout_s=10)
+        self.prefill = self._prefill_proc()
+        self.prefill.__enter__()
+        self.prefill.wait_ready(180)
+        self.logs.append(self.prefill.log.name)
+
+    def restart_decode(self) -> None:
+        self.decode = self._decode_proc()
+        self.decode.__enter__()
+        self.decode.wait_ready(180)
+        self.logs.append(self.decode.log.name)
+
+    def stop(self) -> None:
+        if self.router is not None:
+            self.router.terminate()
+            try:
+                self.router.wait(10)
+            except subprocess.TimeoutExpired:
+                self.router.kill()
+        self.decode.stop(timeout_s=DRAIN_GRACE_S + 10)
+        self.prefill.stop(timeout_s=10)
+
+    def decode_metrics(self) -> Scrape:
+        """One /metrics scrape of the decode worker: (name, sorted labels) -> value."""
+        with_text = http_json_text(f"{self.decode_url}/metrics")
+        out = {}
+        for fam in text_string_to_metric_families(with_text):
+            for s in fam.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+        return out
+
+
+def has_router() -> bool:
+    return importlib.util.find_spec("sglang_router") is not None
+
+
+def http_json_text(url: str, timeout_s: float = 10.0) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        return str(resp.read().decode())
+
+
+def value(scrape: Scrape, attr: str,
+          **labels: str) -> float:
+    """Sum of the samples of metric `Metrics().<attr>` whose labels include `labels`; a
+    counter's samples are named `<name>_total`."""
+    name = metric_name(attr)
+    names = {name, f"{name}_total"}
+    return sum(v for (n, lab), v in scrape.items() if n in names
+               and all(dict(lab).get(k) == want for k, want in labels.items()))
+
+
+def held_pages(scrape: Scrape) -> int:
+    """Pages neither free nor evictable (held by requests, or cached but locked), both pools
+    together: 0 on an idle worker whose books balance."""
+    held = 0.0
+    for pool in ("full", "swa"):
+        held += (value(scrape, "pages_total", pool=pool) - value(scrape, "pages_available",
+                 pool=pool) - value(scrape, "pages_evictable", pool=pool))
+    return int(held)
+
+
+def is_idle(scrape: Scrape) -> bool:
+    return value(scrape, "queue_requests") == 0 and value(scrape, "draining") == 0
+
+
+def health_ok(url: str) -> bool:
+    try:
+        http_json(f"{url}/health", timeout_s=3)
+        return True
+    except Exception:
+        return False

@@ -1,0 +1,31 @@
+"""CI's chaos run: `scripts/soak.py --duration 60 --seed 1` against real processes exits 0 and
+ends with the contract line, every request answered and no page leaked."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+LAST = re.compile(r"soak: seconds=(\d+) faults=(\d+) requests=(\d+) unanswered=(\d+) "
+                  r"leaked_pages=(\d+)")
+
+
+def test_soak_60s_answers_everything_and_leaks_nothing(e2e_model_dir: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "soak.py"), "--duration", "60", "--seed", "1",
+         "--model", str(e2e_model_dir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=280, check=False)
+    lines = out.stdout.strip().splitlines()
+    assert lines, out.stderr[-3000:]
+    m = LAST.fullmatch(lines[-1])
+    assert m, f"last line {lines[-1]!r}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    seconds, faults, requests, unanswered, leaked = map(int, m.groups())
+    assert out.returncode == 0, out.stdout[-4000:]
+    assert unanswered == 0 and leaked == 0, out.stdout[-4000:]
+    assert seconds >= 60 and faults >= 5 and requests > faults, out.stdout[-4000:]

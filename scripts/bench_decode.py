@@ -2,8 +2,9 @@
 """Decode throughput of the paged runtime next to transformers' `generate`, same weights, same run.
 
 For each batch size: prefill `--prompt-len` random tokens per request, then time `--steps`
-batched decode steps (per-step latency median / p90, tokens/s). The reference is
-`GptOssForCausalLM.generate` (greedy) on the same directory, timed as
+batched decode steps (per-step latency median / p90, tokens/s), through page lists rebuilt per
+step (`runtime eager`) and through the daemon's persistent inputs (`runtime slots`). The
+reference is `GptOssForCausalLM.generate` (greedy) on the same directory, timed as
 (time(steps new tokens) - time(1 new token)) / (steps - 1) per step, so its prefill cancels out.
 On CUDA the runtime is measured with CUDA graphs and eager. Greedy tokens of both are compared.
 
@@ -64,6 +65,40 @@ def bench_runtime(runner: ModelRunner, prompts: list[list[int]], steps: int
         t0 = time.perf_counter()
         tokens = runner.decode(batch).argmax(-1).tolist()
         sync(dev)
+        times.append(time.perf_counter() - t0)
+        for s, t in zip(seqs, tokens, strict=True):
+            s.append(t)
+    return times, [s[len(p):] for s, p in zip(seqs, prompts, strict=True)]
+
+
+def bench_slots(runner: ModelRunner, prompts: list[list[int]], steps: int
+                ) -> tuple[list[float], list[list[int]]]:
+    """`bench_runtime` through the daemon's path: persistent page-table rows and next tokens
+    written on the device by the argmax (`decode_slots`), only new pages written per step."""
+    ps, dev = runner.pools.page_size, runner.device
+    slots = runner.new_slots(len(prompts))
+    ids, seqs, tables, nxt = [], [], [], 1
+    for prompt in prompts:
+        pages = list(range(nxt, nxt + cdiv(len(prompt) + steps, ps)))
+        nxt += len(pages)
+        seqs.append([*prompt, int(runner.prefill(prompt, pages, pages).argmax())])
+        ids.append(slots.acquire())
+        tables.append(pages)
+        slots.write_full(ids[-1], 0, pages)
+        slots.write_swa(ids[-1], 0, pages[:len(prompt) // ps + 1])
+        slots.write_token(ids[-1], seqs[-1][-1])
+    times = []
+    for _ in range(steps - 1):
+        positions = [len(s) - 1 for s in seqs]
+        sync(dev)
+        t0 = time.perf_counter()
+        for slot, pages, pos in zip(ids, tables, positions, strict=True):
+            if pos % ps == 0:  # the page the core just added
+                slots.write_swa(slot, pos // ps, [pages[pos // ps]])
+        logits, slots_t = runner.decode_slots(slots, ids, positions)
+        chosen = logits.argmax(-1)  # [bs]
+        slots.tokens[slots_t] = chosen
+        tokens = runner.fetch_tokens(chosen).wait()
         times.append(time.perf_counter() - t0)
         for s, t in zip(seqs, tokens, strict=True):
             s.append(t)
@@ -149,6 +184,12 @@ def bench_batch(args: argparse.Namespace, model, ref,  # type: ignore[no-untyped
         runner = make_runner(model, args.page_size, bs, need, graphs, sizes)
         bench_runtime(runner, prompts[:1] * bs, 4)  # warm-up (and graph capture)
         times, tokens = bench_runtime(runner, prompts, args.steps)
+        results[label] = (report(label, bs, times), tokens)
+        runner.destroy()
+    for label, graphs in [("runtime slots eager", False)] + [("runtime slots graph", True)] * cuda:
+        runner = make_runner(model, args.page_size, bs, need, graphs, sizes)
+        bench_slots(runner, prompts[:1] * bs, 4)  # warm-up (and graph capture)
+        times, tokens = bench_slots(runner, prompts, args.steps)
         results[label] = (report(label, bs, times), tokens)
         runner.destroy()
     if cuda:

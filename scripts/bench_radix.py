@@ -18,6 +18,7 @@ Reports per page size:
   prefix, uncapped) and vs a window-safe match (SGLang's rule: the deepest node with a live SWA
   window, capped at S);
 - memory (`--memory-scale`): tracemalloc of the tree and pools at the end, and the peak.
+`--compare-sglang` runs only the side-by-side run against SGLang (`bench_radix_sglang.py`).
 """
 
 from __future__ import annotations
@@ -184,19 +185,8 @@ def run_trace(
 
 
 def merge(into: Stats, one: Stats) -> None:
-    for k in (
-        "keys_s",
-        "match_s",
-        "insert_s",
-        "finish_s",
-        "n_req",
-        "prompt_tokens",
-        "reused",
-        "bound",
-        "window_safe",
-        "evicted_full",
-        "evicted_swa",
-    ):
+    for k in ("keys_s", "match_s", "insert_s", "finish_s", "n_req", "prompt_tokens", "reused",
+              "bound", "window_safe", "evicted_full", "evicted_swa"):
         setattr(into, k, getattr(into, k) + getattr(one, k))
 
 
@@ -224,31 +214,43 @@ def conv_tokens(args: argparse.Namespace) -> float:
     return args.turns * (165 + 225)
 
 
+def compare(args: argparse.Namespace) -> None:
+    from scripts.bench_radix_sglang import run_compare, sglang_missing
+
+    why = sglang_missing()
+    if why:
+        raise SystemExit(why)
+    run_compare(args, make_trace(args, max(1, round(args.compare_scale / conv_tokens(args))),
+                                 args.seed))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--page-sizes", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument(
-        "--scales",
-        type=int,
-        nargs="+",
-        default=[10_000, 100_000, 1_000_000],
-        help="cached-token targets for the scaling runs",
-    )
+    ap.add_argument("--scales", type=int, nargs="+", default=[10_000, 100_000, 1_000_000],
+                    help="cached-token targets for the scaling runs")
     ap.add_argument("--window", type=int, default=127, help="tokens (HF sliding_window - 1)")
     ap.add_argument("--systems", type=int, default=4)
     ap.add_argument("--system-len", type=int, default=1500)
     ap.add_argument("--turns", type=int, default=6)
-    ap.add_argument(
-        "--pressure",
-        type=float,
-        default=0.25,
-        help="full pool as a share of what the trace needs, for the eviction run",
-    )
+    ap.add_argument("--pressure", type=float, default=0.25,
+                    help="full pool as a share of what the trace needs, for the eviction run")
     ap.add_argument("--reuse-scale", type=int, default=100_000)
     ap.add_argument("--memory-scale", type=int, default=300_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compare-sglang", action="store_true",
+                    help="only the side-by-side run against SGLang 0.5.23's tree "
+                    "(scripts/bench_radix_sglang.py says how to run it)")
+    ap.add_argument("--compare-scale", type=int, default=1_000_000, help="tokens of that trace")
+    ap.add_argument("--compare-page-size", type=int, default=64)
+    ap.add_argument("--sglang-pool", type=float, default=0.6,
+                    help="full pool as a share of what that trace needs (eviction)")
+    ap.add_argument("--sglang-reps", type=int, default=2, help="alternating runs of each")
     args = ap.parse_args()
     args.memory = False
+    if args.compare_sglang:
+        compare(args)
+        return
     for ps in args.page_sizes:
         print(f"--- page size {ps}, window {args.window} ---")
         args.reuse = False

@@ -27,7 +27,9 @@ import importlib.util as u
 assert m.version("sglang") == "$SGLANG_VERSION"
 assert m.version("torch").split("+")[0] == "$TORCH_VERSION"
 assert m.version("nixl") == "$NIXL_VERSION"
-assert all(u.find_spec(n) for n in ("sglang", "torch", "nixl", "triton"))
+# openai, partial_json_parser: sglang.srt.mem_cache imports them (scripts/bench_radix.py --compare-sglang)
+assert all(u.find_spec(n) for n in (
+    "sglang", "torch", "nixl", "triton", "openai", "partial_json_parser"))
 import torchvision
 assert torchvision.PLACEHOLDER_REVISION == $PLACEHOLDER_REVISION
 EOF
@@ -50,7 +52,7 @@ PIP=("$VPY" -m pip install -q --disable-pip-version-check -c "$CONSTRAINTS")
 "${PIP[@]}" "nixl==$NIXL_VERSION" \
   pyzmq msgspec msgpack requests aiohttp numpy orjson psutil pybase64 packaging pillow \
   starlette pydantic tqdm ipython dill "apache-tvm-ffi==0.1.11" "transformers==5.19.0" \
-  fastapi uvicorn "sentencepiece==0.2.1" "compressed-tensors==0.18.0" gguf
+  fastapi uvicorn openai partial-json-parser "sentencepiece==0.2.1" "compressed-tensors==0.18.0" gguf
 "${PIP[@]}" --no-deps "sglang==$SGLANG_VERSION" "triton==$TRITON_VERSION"
 
 SITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -17,11 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from decode_worker.core.admission_budget import AdmissionBudget
-from decode_worker.core.admission_plan import plan_native, plan_sglang
+from decode_worker.core.admission_plan import plan_native, plan_sglang, reserved_kv
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.radix_locks import LockRef
-from decode_worker.core.radix_node import page_keys
-from decode_worker.core.req_kv import ReqKV
 from decode_worker.core.request import DecodeRequest, RequestState
 from decode_worker.errors import ServiceUnavailable
 from decode_worker.utils.mathx import cdiv
@@ -110,8 +108,7 @@ class PreallocQueue:
         if why:
             return self._abort(req, now, "too_large", why)
         req.entered_at[S.QUEUED] = now
-        self._queued[req.rid] = req
-        self._waiting.append(req)
+        self._enqueue(req, self._waiting)
         return None
 
     def requeue(self, reqs: Iterable[DecodeRequest], now: float) -> None:
@@ -120,8 +117,14 @@ class PreallocQueue:
         for req in reqs:
             req.transition(S.QUEUED, now)
             self._budget.pop(req.rid)
-            self._queued[req.rid] = req
-            self._retracted.append(req)
+            self._enqueue(req, self._retracted)
+
+    def _enqueue(self, req: DecodeRequest, q: deque[DecodeRequest]) -> None:
+        """`req` waits in `q`; its page keys are built (or extended) here: passes read them."""
+        if self.ctx.tree is not None:
+            req.page_keys(self.ctx.page_size)
+        self._queued[req.rid] = req
+        q.append(req)
 
     def abort(self, rid: str, now: float, reason: str, message: str = "") -> Abort | None:
         """Abort a request queued here or admitted from here (in any non-terminal state),
@@ -182,19 +185,21 @@ class PreallocQueue:
                                           [ new SWA pages (tail, rounded up) ]
         ```
         The match may also end past `swa_start` (full KV reused further than the window start):
-        the new SWA pages then cover `[swa_start, fill_len)` under the locked prefix too. For an
-        SGLang prefill (`req.sglang_page_size`) the window follows SGLang's rule
-        (`admission_plan.plan_sglang`).
+        the new SWA pages then cover `[swa_start, fill_len)` under the locked prefix too. An
+        SGLang prefill's window follows SGLang's rule (`admission_plan.plan_sglang`).
         """
+        if self._budget.still_blocked(req):
+            return None  # it waited last pass and nothing it depends on changed: O(1)
         ctx, fill = self.ctx, req.fill_len
         ps, tree, swa = ctx.page_size, ctx.tree, ctx.swa
-        keys = page_keys(req.fill_ids, ps) if tree is not None else []  # once: match + ReqKV
+        keys = req.page_keys(ps) if tree is not None else []  # cached: built once per request
         r = (plan_sglang(ctx, req, keys) if req.sglang_page_size and swa is not None
              else plan_native(ctx, req, keys))
         need_full = cdiv(fill, ps) - r.prefix // ps
         need_swa = cdiv(fill - r.fresh_from, ps) if swa is not None else 0
         if not self._budget.fits(req, need_full, need_swa, r.swa_start):
             self._unlock(r.lock)
+            self._budget.block(req)
             return None
         # a full shortfall cannot remain (the full budget counted only evictable pages); were it
         # to, `full.alloc` below raises `OutOfPages`: a broken invariant, not this request's fault
@@ -204,21 +209,9 @@ class PreallocQueue:
             return self._abort(req, now, "swa_reclaim_insufficient", f"{msg}, req={req.rid}")
         new_full = ctx.full.alloc(need_full)
         new_swa = swa.alloc(need_swa) if swa is not None else []
-        swa_ids = [0] * (r.swa_start // ps) + r.tree_swa + new_swa if swa is not None else []
-        kv = ReqKV(req.fill_ids, r.full_ids + new_full, swa_ids, r.swa_start, r.prefix, r.lock,
-                   keys)
-        if swa is not None and r.fresh_from < r.prefix:  # the fresh tail starts in the prefix
-            kv.swa_owned_from = r.fresh_from
-        req.transition(S.RESERVED, now, kv=kv)
-        self._count_admit(req, r.prefix)
+        req.transition(S.RESERVED, now, kv=reserved_kv(ctx, req, r, keys, new_full, new_swa))
+        ctx.stats.count_admit(fill, r.prefix, resumed=req.is_resumed)
         return Admit(req, r.prefix, r.sent_start, new_full, new_swa)
-
-    def _count_admit(self, req: DecodeRequest, prefix: int) -> None:
-        st = self.ctx.stats
-        st.admissions_total += 1
-        st.resumed_admissions_total += req.is_resumed
-        st.prefix_query_tokens_total += req.fill_len
-        st.prefix_hit_tokens_total += prefix
 
     # -- plumbing ------------------------------------------------------------------------------
     def _abort(self, req: DecodeRequest, now: float, reason: str, message: str, *,

@@ -38,6 +38,7 @@ class AdmissionBudget:
                          if ctx.swa is not None else 0)
         self._active: dict[str, DecodeRequest] = {}
         self._pass_res: list[int] | None = None
+        self._blocked: tuple[DecodeRequest, tuple[int, int, int, int]] | None = None
 
     # -- ledger --------------------------------------------------------------------------------
     def requests(self) -> list[DecodeRequest]:
@@ -84,15 +85,35 @@ class AdmissionBudget:
         tree, ps, swa = ctx.tree, ctx.page_size, ctx.swa
         max_full = self._max_full(req)
         full_want = need_full + max(0, min(self.reserve_pages, max_full - cdiv(req.fill_len, ps)))
-        full_room = ctx.full.num_free + (tree.full_stats().evictable if tree is not None else 0)
+        led = tree.ledger if tree is not None else None  # its counters: no stats record built
+        full_room = ctx.full.num_free + (led.full_evictable if led is not None else 0)
         swa_want = swa_room = 0
         if swa is not None:
             swa_want = need_swa + max(0, min(self.swa_peak, max_full - swa_start // ps) - need_swa)
-            swa_room = swa.num_free + (tree.swa_stats().evictable if tree is not None else 0)
+            swa_room = swa.num_free + (led.swa_evictable if led is not None else 0)
         if full_want > full_room or swa_want > swa_room:
             return False
         full_res, swa_res = self._pass_reserves()
         return full_want <= full_room - full_res and swa_want <= swa_room - swa_res
+
+    def block(self, req: DecodeRequest) -> None:
+        """`req` did not fit: remember what its verdict depended on (`seen`)."""
+        self._blocked = (req, self.seen(req))
+
+    def still_blocked(self, req: DecodeRequest) -> bool:
+        """`req` was the last request refused and nothing its verdict depends on changed since
+        (then a new match and `fits` would refuse it again: O(1) instead)."""
+        b = self._blocked
+        return b is not None and b[0] is req and b[1] == self.seen(req)
+
+    def seen(self, req: DecodeRequest) -> tuple[int, int, int, int]:
+        """What a verdict on `req` (its match, `fits`) depends on that can change while it
+        waits: the tree (contents, evictable counts, locks), both pools (free pages; the growth
+        of admitted requests allocates, so their reserves move with it) and `req`'s length.
+        Equal values mean an equal verdict."""
+        ctx = self.ctx
+        return (ctx.tree.version if ctx.tree is not None else 0, ctx.full.version,
+                ctx.swa.version if ctx.swa is not None else 0, req.fill_len)
 
     def never_fits(self, req: DecodeRequest) -> str:
         """Why `req` can never fit the pools even alone ('' if it can)."""

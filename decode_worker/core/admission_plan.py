@@ -18,6 +18,7 @@ from decode_worker.core.kv_context import KVContext
 from decode_worker.core.radix_locks import LockRef
 from decode_worker.core.radix_node import PageKey
 from decode_worker.core.radix_tree import MatchMode
+from decode_worker.core.req_kv import ReqKV
 from decode_worker.core.request import DecodeRequest
 from decode_worker.core.window import sglang_window_start
 from decode_worker.utils.mathx import align_down, cdiv
@@ -50,7 +51,7 @@ def plan_native(ctx: KVContext, req: DecodeRequest, keys: list[PageKey]) -> Reus
     cap = ctx.max_reuse_len(fill)
     if tree is None or cap <= 0:
         return r
-    m = tree.match_prefix(req.fill_ids, MatchMode.TRANSFER, cap, keys=keys)
+    m = tree.match_prefix((), MatchMode.TRANSFER, cap, keys=keys)
     if m.prefix_len <= 0:
         return r
     p = r.prefix = m.prefix_len
@@ -72,7 +73,7 @@ def plan_sglang(ctx: KVContext, req: DecodeRequest, keys: list[PageKey]) -> Reus
     fill, ps, tree = req.fill_len, ctx.page_size, ctx.tree
     low = max(fill - ctx.window, 0)
     if tree is not None:
-        m = tree.match_prefix(req.fill_ids, MatchMode.RESUME, align_down(fill, ps), keys=keys)
+        m = tree.match_prefix((), MatchMode.RESUME, align_down(fill, ps), keys=keys)
         if m.prefix_len > low:  # live SWA of [low, P) in the tree: SWA arrives from P
             start = align_down(low, ps)
             return Reuse(m.prefix_len, m.full_page_ids, tree.lock(m.node), start,
@@ -80,10 +81,26 @@ def plan_sglang(ctx: KVContext, req: DecodeRequest, keys: list[PageKey]) -> Reus
     r = Reuse()
     cap = align_down(low, ps) if ctx.radix_cache else 0
     if tree is not None and cap > 0:
-        m = tree.match_prefix(req.fill_ids, MatchMode.TRANSFER, cap, keys=keys)
+        m = tree.match_prefix((), MatchMode.TRANSFER, cap, keys=keys)
         if m.prefix_len > 0:
             r.prefix, r.full_ids = m.prefix_len, m.full_page_ids
             r.lock = tree.lock(m.node, swa=False)
     r.sent_start = sglang_window_start(r.prefix, fill, ctx.window, req.sglang_page_size)
     r.swa_start = r.fresh_from = align_down(r.sent_start, ps)
     return r
+
+
+def reserved_kv(ctx: KVContext, req: DecodeRequest, r: Reuse, keys: list[PageKey],
+                new_full: list[int], new_swa: list[int]) -> ReqKV:
+    """The `ReqKV` of an admission by plan `r` with the new pages: the reused prefix (locked)
+    then `new_full`; SWA 0 below the window start, the tree's live pages, then `new_swa`. Its
+    tokens are the prompt itself while that is the whole fill (`ReqKV.shares_tokens`: no copy)
+    and its keys a copy of the request's (the `ReqKV` extends its own as it decodes)."""
+    ps = ctx.page_size
+    swa_ids = [0] * (r.swa_start // ps) + r.tree_swa + new_swa if ctx.swa is not None else []
+    tokens, shared = req.kv_tokens()
+    kv = ReqKV(tokens, r.full_ids + new_full, swa_ids, r.swa_start, r.prefix, r.lock, keys[:],
+               shares_tokens=shared)
+    if ctx.swa is not None and r.fresh_from < r.prefix:  # the fresh tail starts in the prefix
+        kv.swa_owned_from = r.fresh_from
+    return kv

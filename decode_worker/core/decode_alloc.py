@@ -20,7 +20,7 @@ fitting alone (it aborts those at `add`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from decode_worker.core.kv_context import KVContext
@@ -61,40 +61,44 @@ class DecodeAllocator:
         """RUNNING -> FINISHED: cache the computed KV, return the rest, drop the lock."""
         req.transition(S.FINISHED, now, releaser=self.ctx)
 
-    def prepare_step(self, running: Sequence[DecodeRequest], now: float) -> StepPlan:
+    def prepare_step(self, running: Sequence[DecodeRequest], now: float,
+                     in_flight: Collection[str] = ()) -> StepPlan:
         """Slide every request's SWA window, then give each the page its next position needs,
         evicting from the tree and then retracting (see the module policy) when short.
-        Raises `InvalidTransition` for a request that is not RUNNING."""
+        `in_flight`: rids with a launched step not yet committed (overlapped scheduling): their
+        next position is `kv.seq_len + 1` (the window still slides by `kv.seq_len`, which the
+        launched step reads). Raises `InvalidTransition` for a request that is not RUNNING."""
         for req in running:
             if req.state is not S.RUNNING or req.kv is None:
                 raise InvalidTransition(f"req={req.rid}: prepare_step in {req.state.value}")
             self._slide_window(req.kv)
         plan = StepPlan(runnable=list(running))
-        while self.ctx.evict_for(*self._needs(plan.runnable)):  # a pool is still short
+        while self.ctx.evict_for(*self._needs(plan.runnable, in_flight)):  # a pool is short
             victim = min(plan.runnable, key=_retract_order)
             plan.runnable.remove(victim)
             victim.transition(S.RETRACTED, now, releaser=self.ctx)
             plan.retracted.append(victim)
             self.ctx.stats.retractions_total += 1
         for req in plan.runnable:
-            self._grow(req.kv)  # type: ignore[arg-type]  # RUNNING requests hold kv
+            self._grow(req.kv, req.rid in in_flight)  # type: ignore[arg-type]  # RUNNING: kv
         return plan
 
     # -- internals -----------------------------------------------------------------------------
-    def _needs(self, reqs: Sequence[DecodeRequest]) -> tuple[int, int]:
+    def _needs(self, reqs: Sequence[DecodeRequest], in_flight: Collection[str]
+               ) -> tuple[int, int]:
         """Full and SWA pages the next step of `reqs` needs."""
         ps, has_swa, n_full, n_swa = self.ctx.page_size, self.ctx.swa is not None, 0, 0
         for req in reqs:
             kv = req.kv
             assert kv is not None  # RUNNING holds kv (checked in prepare_step)
-            idx = kv.seq_len // ps
+            idx = (kv.seq_len + (req.rid in in_flight)) // ps
             n_full += idx >= len(kv.full_page_ids)
             n_swa += has_swa and idx >= len(kv.swa_page_ids)
         return n_full, n_swa
 
-    def _grow(self, kv: ReqKV) -> None:
+    def _grow(self, kv: ReqKV, ahead: bool) -> None:
         ctx = self.ctx
-        idx = kv.seq_len // ctx.page_size
+        idx = (kv.seq_len + ahead) // ctx.page_size
         if idx >= len(kv.full_page_ids):
             kv.full_page_ids += ctx.full.alloc(1)
             ctx.stats.decode_pages_allocated_total += 1

@@ -47,6 +47,7 @@ class PageAllocator:
         self._num_pages = num_pages
         self._free: list[int] = list(range(num_pages, 0, -1))  # stack: pops 1, 2, 3, ...
         self._state = bytearray([_FREE]) * (num_pages + 1)  # index 0 unused (reserved page)
+        self.version = 0  # bumped by every alloc and free that moves a page
 
     @property
     def num_total(self) -> int:
@@ -83,6 +84,7 @@ class PageAllocator:
             raise OutOfPages(f"pool {self.name!r}: asked for {n} pages, {len(free)} free")
         pages = free[-n:]
         del free[-n:]
+        self.version += 1
         pages.reverse()
         state = self._state
         for p in pages:
@@ -101,6 +103,7 @@ class PageAllocator:
         for p in ids:
             state[p] = _FREE
         self._free.extend(ids)
+        self.version += 1
 
     def _first_bad(self, ids: list[int]) -> str:
         """Why `free(ids)` is refused (the first offending id)."""

@@ -34,6 +34,10 @@ class TreeBase:
         self.ledger = RadixLedger()
         self._tick = 0
         self._uuid = 0
+        # bumped by every change a match or an admission budget can see (insert, evict, lock,
+        # unlock); not by a match (its splits and LRU touches change no answer). A caller that
+        # saw the same version sees the same matches and the same evictable/protected counts.
+        self.version = 0
         # pages of one page-aligned window: the leaf size when insert caps a long live run
         self._window_pages = max(1, cdiv(window, page_size))
 

@@ -62,6 +62,7 @@ class InsertOps(TreeBase):
             raise PageError("insert: a full page id is not allocated")
         self._validate_insert(n, full_ids, swa_ids, sprot, live_from)
         self._tick += 1
+        self.version += 1
         node, i, path = self.root, 0, []
         free_full: list[int] = []
         free_swa: list[int] = []

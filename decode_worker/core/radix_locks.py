@@ -46,6 +46,7 @@ class LockOps(TreeBase):
         if node.parent is None and node is not self.root:
             raise LockStateError(f"lock of an evicted node {node!r} (lock right after the match)")
         self._tick += 1
+        self.version += 1
         ledger, root = self.ledger, self.root
         n = node
         while n is not root:
@@ -88,6 +89,7 @@ class LockOps(TreeBase):
         if lock.swa_held:
             self.release_swa_lock(lock)
         lock.full_held = False
+        self.version += 1
         ledger, root = self.ledger, self.root
         n = lock.node
         while n is not root:
@@ -108,6 +110,7 @@ class LockOps(TreeBase):
         if not lock.swa_held:
             return
         lock.swa_held = False
+        self.version += 1
         ledger, root, n = self.ledger, self.root, lock.node
         while n is not root:
             if n.swa is not None and n.swa_epoch < lock.epoch:

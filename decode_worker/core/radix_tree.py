@@ -86,6 +86,7 @@ class UnifiedRadixTree(InsertOps, LockOps):
         freed: list[int] = []
         swa_freed: list[int] = []
         ledger = self.ledger
+        self.version += 1
         while len(freed) < num_pages:
             node = ledger.pop_lru_leaf()
             if node is None:
@@ -115,6 +116,7 @@ class UnifiedRadixTree(InsertOps, LockOps):
             return []
         freed: list[int] = []
         ledger = self.ledger
+        self.version += 1
         for node in ledger.swa_victims(num_pages):
             assert node.swa is not None
             freed.extend(node.swa)

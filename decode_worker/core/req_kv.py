@@ -36,6 +36,9 @@ class ReqKV:
       `cache_protected_len` only between admission and the first insert into the tree.
     - `page_keys` caches the page keys of `token_ids` (computed once, extended as tokens are
       appended; reset it if `token_ids` is ever rewritten other than by appending).
+    - `shares_tokens`: `token_ids` is the request's own prompt list (admission copies nothing:
+      a 1,000-token copy per admission was most of a pass's cost, in the copy and in garbage
+      collection of it); `append_token` copies it first. Never mutate `token_ids` in place.
     """
 
     token_ids: list[int]
@@ -46,11 +49,19 @@ class ReqKV:
     lock: LockRef | None = field(default=None)
     page_keys: list[PageKey] = field(default_factory=list, repr=False)
     swa_owned_from: int | None = None
+    shares_tokens: bool = False
 
     @property
     def seq_len(self) -> int:
         """Tokens whose KV the request holds."""
         return len(self.token_ids)
+
+    def append_token(self, token_id: int) -> None:
+        """One more token with KV; the first append copies a shared `token_ids`."""
+        if self.shares_tokens:
+            self.token_ids = self.token_ids[:]
+            self.shares_tokens = False
+        self.token_ids.append(token_id)
 
     def keys(self, page_size: int) -> list[PageKey]:
         """Page keys of the page-aligned prefix of `token_ids`, computing only new pages."""

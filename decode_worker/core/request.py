@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from decode_worker.core.radix_node import PageKey, page_keys
 from decode_worker.core.req_kv import ReqKV
 from decode_worker.errors import InvalidTransition
 
@@ -33,6 +34,8 @@ class RequestState(enum.Enum):
     FINISHED = "finished"
     ABORTED = "aborted"
     FAILED = "failed"
+
+    __hash__ = object.__hash__  # members are singletons; Enum's hashes the name in Python
 
 
 S = RequestState
@@ -68,6 +71,8 @@ class DecodeRequest:
     `prompt_ids` never change; `output_ids` grow by one per step. The KV the request must hold
     covers `fill_ids` = prompt + every output token but the last (the last one is the next
     step's input). `entered_at[state]` is the `now` at which it last entered that state.
+    `key_cache` holds the page keys of `fill_ids` built so far (`page_keys`): because the
+    token sequence only grows, keys are built once and extended, never rebuilt.
     """
 
     rid: str
@@ -82,6 +87,8 @@ class DecodeRequest:
     num_retractions: int = 0
     entered_at: dict[RequestState, float] = field(default_factory=dict)
     sglang_page_size: int = 0  # its KV comes from an SGLang prefill of this page size (0: not)
+    key_cache: list[PageKey] = field(default_factory=list, repr=False)
+    key_page_size: int = field(default=0, repr=False)  # the page size of `key_cache` (0: none)
 
     @property
     def fill_len(self) -> int:
@@ -92,6 +99,35 @@ class DecodeRequest:
     def fill_ids(self) -> list[int]:
         """Token ids of `fill_len` (what prefill is asked to provide KV for)."""
         return self.prompt_ids + self.output_ids[:-1]
+
+    def kv_tokens(self) -> tuple[list[int], bool]:
+        """The token list a new `ReqKV` starts from and whether it is shared: `prompt_ids`
+        itself while `fill_ids` is just the prompt (`ReqKV.shares_tokens`), else a copy."""
+        if len(self.output_ids) <= 1:
+            return self.prompt_ids, True
+        return self.fill_ids, False
+
+    def page_keys(self, page_size: int) -> list[PageKey]:
+        """Page keys of the page-aligned prefix of `fill_ids` (the cached list itself: do not
+        mutate it). Only pages completed since the last call are built, from one packed buffer
+        of the new tokens, so a request that waits in the queue costs nothing here per pass."""
+        keys = self.key_cache
+        if page_size != self.key_page_size:
+            keys.clear()
+            self.key_page_size = page_size
+        n = self.fill_len // page_size
+        have = len(keys)
+        if have < n:
+            lo, hi, prompt = have * page_size, n * page_size, self.prompt_ids
+            np_ = len(prompt)
+            if lo == 0 and hi <= np_:
+                new = prompt  # the first build: `page_keys` drops the partial page, no copy
+            elif hi <= np_:
+                new = prompt[lo:hi]
+            else:
+                new = prompt[lo:] + self.output_ids[max(0, lo - np_) : hi - np_]
+            keys += page_keys(new, page_size)
+        return keys
 
     @property
     def is_resumed(self) -> bool:
@@ -158,7 +194,7 @@ class DecodeRequest:
         input (`output_ids[-1]`) at position `kv.seq_len`, and sampled `token_id`."""
         if self.state is not S.RUNNING or self.kv is None or not self.output_ids:
             raise InvalidTransition(f"req={self.rid}: append_token in {self.state.value}")
-        self.kv.token_ids.append(self.output_ids[-1])
+        self.kv.append_token(self.output_ids[-1])
         self.output_ids.append(token_id)
 
 

@@ -34,6 +34,12 @@ class SchedulerStats:
     swa_pages_released_total: int = 0
     decode_pages_allocated_total: int = 0
 
+    def count_admit(self, fill_len: int, prefix_len: int, *, resumed: bool) -> None:
+        self.admissions_total += 1
+        self.resumed_admissions_total += resumed
+        self.prefix_query_tokens_total += fill_len
+        self.prefix_hit_tokens_total += prefix_len
+
     def count_abort(self, reason: str) -> None:
         self.aborts_total[reason] = self.aborts_total.get(reason, 0) + 1
 

@@ -100,14 +100,18 @@ class DecodeAttention:
 
     def __init__(self, pools: KVPools, window: int, positions: torch.Tensor,
                  full_table: torch.Tensor, swa_table: torch.Tensor) -> None:
-        """positions: [bs] i64; full_table / swa_table: [bs, max_pages] i64 (0-padded)."""
+        """positions: [bs] i64; full_table: [bs, max_pages] (0-padded); swa_table:
+        [bs, R] holds SWA page `i` at column `i % R` (a ring: R >= cdiv(window, page_size) + 1
+        keeps the window's pages apart; a plain table at least as wide as the full one is the
+        case where `i % R == i`). Tables are i32 or i64."""
         ps = pools.page_size
         self.pools = pools
         bs, width = full_table.shape
+        ring = swa_table.shape[1]
         rows = torch.arange(bs, device=positions.device)[:, None]  # [bs, 1]
         last = (positions // ps)[:, None]  # [bs, 1]
         self.full_w_page = full_table.gather(1, last)[:, 0]  # [bs]
-        self.swa_w_page = swa_table.gather(1, last)[:, 0]  # [bs]
+        self.swa_w_page = swa_table.gather(1, last % ring)[:, 0]  # [bs]
         self.w_off = positions % ps  # [bs]
         kpos = torch.arange(width * ps, device=positions.device)  # [L]
         self.full_pages = full_table[:, kpos // ps]  # [bs, L]
@@ -116,7 +120,7 @@ class DecodeAttention:
         # spos: [bs, W + 1] key positions p - window .. p (negative = before the sequence)
         spos = positions[:, None] - window + torch.arange(window + 1, device=positions.device)
         sclamped = spos.clamp(min=0)  # spos/sclamped: [bs, W + 1]
-        self.swa_pages = swa_table[rows, sclamped // ps]  # [bs, W + 1]
+        self.swa_pages = swa_table[rows, (sclamped // ps) % ring]  # [bs, W + 1]
         self.swa_offs = sclamped % ps  # [bs, W + 1]
         self.swa_bias = mask_bias(spos >= 0)[:, None]  # [bs, 1, W + 1]
         self.scale = pools.spec.head_dim ** -0.5

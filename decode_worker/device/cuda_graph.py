@@ -148,7 +148,7 @@ class _Graph:
     tokens: torch.Tensor  # [B] i64
     positions: torch.Tensor  # [B] i64
     full_t: torch.Tensor  # [B, P] i64
-    swa_t: torch.Tensor  # [B, P] i64
+    swa_t: torch.Tensor  # [B, ring] i64
     out: torch.Tensor  # [B, V] f32
 
 
@@ -168,11 +168,15 @@ class CudaGraphDecoder:
     """Captures and replays `step(tokens, positions, full_t, swa_t) -> logits`."""
 
     def __init__(self, step: StepFn, device: torch.device, batch_sizes: list[int],
-                 max_pages: int, backend: GraphBackend | None = None) -> None:
+                 max_pages: int, backend: GraphBackend | None = None, *,
+                 swa_ring: int) -> None:
+        """`swa_ring`: columns of the SWA table (a ring sized to the window, see
+        `device/decode_slots.py`); every graph's SWA buffer has exactly that width."""
         self.step = step
         self.device = device
         self.batch_sizes = sorted(set(batch_sizes))
         self.max_pages = max_pages
+        self.swa_ring = swa_ring
         self.backend = backend if backend is not None else CudaGraphBackend(device)
         self.graphs: dict[tuple[int, int], _Graph] = {}
 
@@ -184,7 +188,10 @@ class CudaGraphDecoder:
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, full_t: torch.Tensor,
             swa_t: torch.Tensor) -> torch.Tensor:
-        """Copy the batch into the bucket's static buffers, replay, return logits [bs, V]."""
+        """Copy the batch into the bucket's static buffers, replay, return logits [bs, V].
+
+        The logits are a view of the graph's static output, valid until the next `run`
+        (sample them first, or clone). swa_t: [bs, swa_ring]."""
         bs, width = full_t.shape
         key = self.bucket(bs, width)
         g = self.graphs.get(key) or self._capture(*key)
@@ -195,9 +202,9 @@ class CudaGraphDecoder:
         g.tokens[:bs].copy_(tokens)
         g.positions[:bs].copy_(positions)
         g.full_t[:bs, :width].copy_(full_t)
-        g.swa_t[:bs, :width].copy_(swa_t)
+        g.swa_t[:bs].copy_(swa_t)
         g.replay()
-        return g.out[:bs].clone()  # [bs, V]; the static buffer is reused by the next replay
+        return g.out[:bs]  # [bs, V]; a view: the next replay overwrites it
 
     def capture_all(self, widths: list[int]) -> None:
         """Capture every (size bucket, width) now instead of on first use (warm-up)."""
@@ -212,7 +219,7 @@ class CudaGraphDecoder:
         tokens = torch.zeros(size, dtype=torch.long, device=dev)  # [B]
         positions = torch.zeros(size, dtype=torch.long, device=dev)  # [B]
         full_t = torch.zeros(size, pages, dtype=torch.long, device=dev)  # [B, P]
-        swa_t = torch.zeros(size, pages, dtype=torch.long, device=dev)  # [B, P]
+        swa_t = torch.zeros(size, self.swa_ring, dtype=torch.long, device=dev)  # [B, ring]
 
         def step() -> torch.Tensor:
             return self.step(tokens, positions, full_t, swa_t)  # [B, V]

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from decode_worker.device.attention import DecodeAttention, PrefillAttention
 from decode_worker.device.cuda_graph import CudaGraphDecoder, GraphBackend
+from decode_worker.device.decode_slots import DecodeSlots, HostTokens
 from decode_worker.device.kv_pool import KVPools
 from decode_worker.device.model.gpt_oss import GptOssModel
 from decode_worker.errors import ClientError, PageError
@@ -38,6 +40,18 @@ class DecodeBatch:
     swa_page_tables: list[list[int]]
 
 
+class DecodeRunner(Protocol):
+    """What the decode stepper needs of a runner: `ModelRunner`, or a test/benchmark stand-in
+    (`tests/fakes/fake_device.py`)."""
+
+    def new_slots(self, num_rows: int) -> DecodeSlots: ...
+
+    def decode_slots(self, slots: DecodeSlots, slot_ids: list[int], positions: list[int]
+                     ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def fetch_tokens(self, chosen: torch.Tensor) -> HostTokens: ...
+
+
 class ModelRunner:
     """Runs `model` over `pools`; owns the CUDA graphs (if any)."""
 
@@ -53,12 +67,14 @@ class ModelRunner:
         self.window = model.cfg.window
         self.has_swa = pools.spec.num_swa_layers > 0  # else SWA tables are never read
         self.device = model.device
+        self.swa_ring = cdiv(self.window, pools.page_size) + 1  # SWA table columns (a ring)
+        self.max_pages = min(cdiv(model.cfg.max_position_embeddings, pools.page_size),
+                             pools.num_pages["full"])  # widest page table
         self.graphs: CudaGraphDecoder | None = None
         if use_cuda_graph and (self.device.type == "cuda" or graph_backend is not None):
-            max_pages = max_graph_pages or min(
-                cdiv(model.cfg.max_position_embeddings, pools.page_size), pools.num_pages["full"])
             self.graphs = CudaGraphDecoder(self._decode_step, self.device, graph_batch_sizes,
-                                           max_pages, graph_backend)
+                                           max_graph_pages or self.max_pages, graph_backend,
+                                           swa_ring=self.swa_ring)
 
     @torch.inference_mode()
     def prefill(self, token_ids: list[int], full_page_ids: list[int], swa_page_ids: list[int],
@@ -104,9 +120,46 @@ class ModelRunner:
         _check_ids(swa_page_ids[:need], self.pools.num_pages["swa"], "swa")
         return need
 
+    def new_slots(self, num_rows: int) -> DecodeSlots:
+        """Persistent decode inputs for up to `num_rows` running requests (`decode_slots`)."""
+        pools = self.pools
+        return DecodeSlots(num_rows, self.max_pages, self.window, pools.page_size,
+                           (pools.num_pages["full"], pools.num_pages["swa"]), self.device)
+
+    @torch.inference_mode()
+    def decode_slots(self, slots: DecodeSlots, slot_ids: list[int], positions: list[int]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step for the requests in rows `slot_ids` of `slots`, each at `positions[i]`,
+        its input token `slots.tokens[slot]`. The caller keeps the rows' tables covering the
+        positions (SWA: the window) and page ids are checked when written, not here.
+
+        Returns (logits [bs, V] f32, slot ids [bs] i64 on the device). The logits may be the
+        graph's static output: valid until the next decode call (sample before it).
+        """
+        slots.flush()
+        bs, width = len(slot_ids), max(positions) // self.pools.page_size + 1
+        both = slots.to_device(slot_ids + positions)  # [2 * bs] i64: slots, then positions
+        slots_t, positions_t = both[:bs], both[bs:]  # [bs] each
+        tokens, full_t, swa_t = slots.gather(slots_t, width)  # [bs], [bs, width], [bs, ring]
+        return self._run(tokens, positions_t, full_t, swa_t), slots_t
+
+    def fetch_tokens(self, chosen: torch.Tensor) -> HostTokens:
+        """Start copying sampled token ids [bs] to the host; `wait()` on the result blocks
+        until this step (and only the work launched before it) is done."""
+        return HostTokens(chosen)
+
+    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, full_t: torch.Tensor,
+             swa_t: torch.Tensor) -> torch.Tensor:
+        """Graph (when one fits) or eager: [bs, V] f32 logits, maybe a static buffer's view."""
+        if self.graphs is not None and self.graphs.can_run(*full_t.shape):
+            return self.graphs.run(tokens, positions, full_t, swa_t)
+        return self._decode_step(tokens, positions, full_t, swa_t)
+
     @torch.inference_mode()
     def decode(self, batch: DecodeBatch) -> torch.Tensor:
-        """One step for every request of `batch`: logits [bs, V] float32 (row i = request i)."""
+        """One step for every request of `batch`: logits [bs, V] float32 (row i = request i).
+
+        Page lists are checked and converted on every call: the daemon uses `decode_slots`."""
         bs = len(batch.token_ids)
         if not bs or not (bs == len(batch.positions) == len(batch.full_page_tables)
                           == len(batch.swa_page_tables)):
@@ -123,12 +176,12 @@ class ModelRunner:
                                 f"[{max(0, pos - self.window)}, {pos}] held")
         dev = self.device
         full_t = _pad_tables(batch.full_page_tables, width, dev)  # [bs, width]
-        swa_t = _pad_tables(batch.swa_page_tables, width, dev)  # [bs, width]
+        rings = [_swa_ring(t, pos // ps, self.swa_ring)
+                 for t, pos in zip(batch.swa_page_tables, batch.positions, strict=True)]
+        swa_t = torch.tensor(rings, dtype=torch.long, device=dev)  # [bs, ring]
         tokens = torch.tensor(batch.token_ids, dtype=torch.long, device=dev)  # [bs]
         positions = torch.tensor(batch.positions, dtype=torch.long, device=dev)  # [bs]
-        if self.graphs is not None and self.graphs.can_run(bs, width):
-            return self.graphs.run(tokens, positions, full_t, swa_t)
-        return self._decode_step(tokens, positions, full_t, swa_t)
+        return self._run(tokens, positions, full_t, swa_t).clone()  # [bs, V], owned
 
     def _decode_step(self, tokens: torch.Tensor, positions: torch.Tensor,
                      full_t: torch.Tensor, swa_t: torch.Tensor) -> torch.Tensor:
@@ -162,6 +215,14 @@ class ModelRunner:
 def _pad_tables(tables: list[list[int]], width: int, dev: torch.device) -> torch.Tensor:
     rows = [t + [0] * (width - len(t)) for t in tables]  # pad with the dummy page 0
     return torch.tensor(rows, dtype=torch.long, device=dev)  # [bs, width]
+
+
+def _swa_ring(table: list[int], last_idx: int, ring: int) -> list[int]:
+    """Pages [last_idx - ring + 1, last_idx] of `table` at columns `idx % ring`."""
+    row = [0] * ring
+    for i in range(max(0, last_idx - ring + 1), min(last_idx + 1, len(table))):
+        row[i % ring] = table[i]
+    return row
 
 
 def _check_ids(ids: list[int], num_pages: int, pool: str) -> None:

@@ -94,7 +94,9 @@ class DecodeEngine:
                                   outbox or Outbox.unbound())
         self.fetcher = KVFetcher(self.receiver, AuxRows(aux, sglang_aux), self.table, rt.runner,
                                  sampler)
-        self.stepper = DecodeStepper(self.table, self.queue, decode_alloc, rt.runner, sampler)
+        self.stepper = DecodeStepper(self.table, self.queue, decode_alloc, rt.runner, sampler,
+                                     max_running=sched.max_running_requests,
+                                     overlap=sched.overlap_schedule)
         self.books = Books(self.kv_ctx, self.table, self.fetcher, self.stepper, metrics)
         self._eos_ids = frozenset(rt.tokenizer.eos_token_ids)
         self._drain_deadline: float | None = None
@@ -153,11 +155,15 @@ class DecodeEngine:
     def step(self, now: float) -> None:
         """inbox -> transfers -> admit -> start -> decode step (and commit) -> publish.
 
+        With `scheduler.overlap_schedule` the decode step launches step N+1 and commits step N
+        (see `stepper.py`), so everything before it runs while the device computes step N.
+
         Without a batch to run it blocks on the inbox first: `_WAITING_S` while requests wait
         (a transfer's end is polled, not signalled), `_IDLE_WAIT_S` when idle."""
         table = self.table
         waiting = self.fetcher.num_in_flight or self.queue.num_queued or self.fetcher.resolving
-        wait_s = 0.0 if table.running else _WAITING_S if waiting else _IDLE_WAIT_S
+        busy = table.running or self.stepper.busy
+        wait_s = 0.0 if busy else _WAITING_S if waiting else _IDLE_WAIT_S
         for cmd in self.inbox.get_all(wait_s):
             self.handle(cmd, now)
         now = time.monotonic()  # the inbox wait may have blocked
@@ -167,7 +173,7 @@ class DecodeEngine:
         self._admit(now)
         for live in table.ready():
             self.stepper.start(live, now)
-        if table.running:
+        if table.running or self.stepper.busy:  # busy: a launched step to commit (overlap)
             self.stepper.step(now)
         self.books.publish()
         self._maybe_check_integrity(now)
@@ -253,7 +259,8 @@ class DecodeEngine:
         """Between batches, every `integrity_check_interval_s`: pages and locks balance, or
         FatalError ends the engine (the supervisor restarts a worker whose books are wrong)."""
         interval = self.settings.scheduler.integrity_check_interval_s
-        if interval <= 0 or self.table.running or now < self._next_integrity_check:
+        if (interval <= 0 or self.table.running or self.stepper.busy
+                or now < self._next_integrity_check):
             return
         self._next_integrity_check = now + interval
         self.books.check_integrity()

@@ -146,7 +146,7 @@ def test_a_step_that_fails_the_guard_is_never_captured() -> None:
                  swa_t: torch.Tensor) -> torch.Tensor:
         return torch.zeros(tokens.shape[0], 3) + int(tokens.sum())
 
-    decoder = CudaGraphDecoder(bad_step, CPU, [1, 2], 4, backend)
+    decoder = CudaGraphDecoder(bad_step, CPU, [1, 2], 4, backend, swa_ring=1)
     with pytest.raises(GraphCaptureError):
         decoder.run(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
                     torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long))

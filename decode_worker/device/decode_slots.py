@@ -1,0 +1,147 @@
+"""Decode inputs kept per request between steps, not rebuilt per token.
+
+Each running request owns a row ("slot") of three persistent device tensors:
+```
+full:   [rows + 1, max_pages]  i32  full page of position p at column p // page_size
+swa:    [rows + 1, ring]       i32  SWA page of position p at column (p // page_size) % ring
+tokens: [rows + 1]             i64  the next input token (the sampler writes it on the device)
+```
+Row 0 is the dummy row (all zeros: page 0 is the dummy page), the row of graph padding and of
+freed slots. `ring = cdiv(window, page_size) + 1` columns hold the pages of the `window + 1`
+positions a sliding query sees (`window` = earlier tokens seen, HF `sliding_window - 1`), so the
+SWA table is sized to the window, not to the context.
+
+Writes are queued as (row, column, value) triples and applied by `flush()` in one scatter per
+table, staged through pinned host memory with non-blocking copies on CUDA. A step reads
+`gather(slots, width)`: device-side row selects, so a step costs O(batch) host work however long
+the contexts are. Freed slots may be reused at once: on CUDA every write is stream-ordered after
+the steps already launched, so an in-flight step still reads the old row.
+
+Not thread-safe: the compute thread only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from decode_worker.errors import PageError
+from decode_worker.utils.mathx import cdiv
+
+
+class DecodeSlots:
+    """Persistent page tables and next-token buffer of up to `num_rows` running requests."""
+
+    def __init__(self, num_rows: int, max_pages: int, window: int, page_size: int,
+                 pool_pages: tuple[int, int], device: torch.device) -> None:
+        """`pool_pages`: (full, swa) pool sizes; page ids above them are refused (PageError)."""
+        self.device, self.page_size, self.max_pages = device, page_size, max_pages
+        self.ring = cdiv(window, page_size) + 1
+        self.pool_pages = pool_pages
+        rows = num_rows + 1
+        self.full = torch.zeros(rows, max_pages, dtype=torch.int32, device=device)  # [R, P]
+        self.swa = torch.zeros(rows, self.ring, dtype=torch.int32, device=device)  # [R, ring]
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)  # [R]
+        self._free = list(range(num_rows, 0, -1))  # pop() hands out 1, 2, ...
+        self._pin = device.type == "cuda"
+        # queued writes: flat (row, col, value) triples per table
+        self._full_w: list[int] = []
+        self._swa_w: list[int] = []
+        self._tok_w: list[int] = []
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def acquire(self) -> int:
+        """A free row (its tables are written by the caller before its first step)."""
+        if not self._free:
+            raise PageError("decode slots: every row is in use (more running requests than "
+                            "scheduler.max_running_requests)")
+        return self._free.pop()
+
+    def release(self, slot: int) -> None:
+        """Give `slot` back; its stale entries are overwritten before anyone reads them."""
+        self._free.append(slot)
+
+    def write_full(self, slot: int, first_idx: int, page_ids: list[int]) -> None:
+        """Full pages of logical pages [first_idx, first_idx + len(page_ids))."""
+        if first_idx + len(page_ids) > self.max_pages:
+            raise PageError(f"decode slots: page {first_idx + len(page_ids) - 1} past the "
+                            f"table width {self.max_pages}")
+        _check_ids(page_ids, self.pool_pages[0], "full")
+        w = self._full_w
+        for i, page in enumerate(page_ids, first_idx):
+            w += (slot, i, page)
+
+    def write_swa(self, slot: int, first_idx: int, page_ids: list[int]) -> None:
+        """SWA pages of logical pages [first_idx, ...); only the last `ring` can matter."""
+        _check_ids(page_ids, self.pool_pages[1], "swa")
+        start = max(first_idx, first_idx + len(page_ids) - self.ring)
+        w, ring = self._swa_w, self.ring
+        for i in range(start, first_idx + len(page_ids)):
+            w += (slot, i % ring, page_ids[i - first_idx])
+
+    def write_token(self, slot: int, token_id: int) -> None:
+        """The next input token of `slot`, from the host (a request's first step)."""
+        self._tok_w += (slot, token_id)
+
+    def flush(self) -> None:
+        """Apply every queued write (one scatter per table)."""
+        if self._full_w:
+            self._scatter2(self.full, self._full_w)
+        if self._swa_w:
+            self._scatter2(self.swa, self._swa_w)
+        if self._tok_w:
+            t = self._stage(self._tok_w).view(-1, 2)  # [n, 2] (row, token)
+            self.tokens[t[:, 0]] = t[:, 1]
+            self._tok_w = []
+
+    def gather(self, slots: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor,
+                                                                torch.Tensor]:
+        """Inputs of a step over `slots` ([bs] i64 on the device): (tokens [bs] i64,
+        full [bs, width] i32, swa [bs, ring] i32). Call `flush()` first."""
+        tokens = self.tokens[slots]  # [bs]
+        full = self.full[slots, :width]  # [bs, width]
+        swa = self.swa[slots]  # [bs, ring]
+        return tokens, full, swa
+
+    def to_device(self, values: list[int]) -> torch.Tensor:
+        """A [n] i64 device tensor of `values` (pinned staging, non-blocking on CUDA)."""
+        return self._stage(values)
+
+    def _scatter2(self, table: torch.Tensor, triples: list[int]) -> None:
+        t = self._stage(triples).view(-1, 3)  # [n, 3] (row, col, value)
+        table[t[:, 0], t[:, 1]] = t[:, 2].to(table.dtype)
+        triples.clear()
+
+    def _stage(self, values: list[int]) -> torch.Tensor:
+        host = torch.tensor(values, dtype=torch.long)  # [n]
+        if not self._pin:
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)  # [n]
+
+
+def _check_ids(ids: list[int], num_pages: int, pool: str) -> None:
+    if ids and (min(ids) < 0 or max(ids) > num_pages):
+        raise PageError(f"{pool} page ids must be in [0, {num_pages}], got {min(ids)}..{max(ids)}")
+
+
+class HostTokens:
+    """Sampled token ids on their way to the host: on CUDA a non-blocking copy into pinned
+    memory and an event; `wait()` blocks on that event only (later launches keep running)."""
+
+    def __init__(self, chosen: torch.Tensor) -> None:
+        """chosen: [bs] i64 on the device."""
+        self._event: torch.cuda.Event | None = None
+        if chosen.device.type == "cuda":
+            self._host = torch.empty(chosen.shape, dtype=chosen.dtype, pin_memory=True)  # [bs]
+            self._host.copy_(chosen, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = chosen  # [bs]
+
+    def wait(self) -> list[int]:
+        if self._event is not None:
+            self._event.synchronize()
+        return [int(t) for t in self._host.tolist()]

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Host time per decode step (schedule + prepare + commit), and how well it hides behind the device.
+
+Drives the daemon's own `DecodeStepper` (page planning in the core, persistent inputs, sampling,
+commit to the request table and the outbox) over `bs` running requests of `ctx`-token contexts:
+- with `FakeDeviceRunner` (tests/fakes): a forward that takes 2 ms or 10 ms of simulated device
+  time without holding the host, overlap on and off. Host time = the step's CPU time outside
+  the wait for the device; with overlap the step should last the device time (ratio = step
+  wall time / device time).
+- with the real CPU model (tiny gpt-oss) where its pools fit: host time = the step's CPU time
+  outside the forward (CPU runs it eagerly, so there is nothing to overlap).
+
+    python -m scripts.bench_step                 # about a minute on two cores
+    python -m scripts.bench_step --steps 100 --no-real-model
+
+Last line: `bench_step: host_ms_256x32k=<ms> overlap_ratio_max=<step time / device time, worst>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from decode_worker.utils.mathx import cdiv
+from tests.fakes.fake_device import FakeDeviceRunner, running_stepper
+
+PAGE = 16
+
+
+class _TimedRunner:
+    """A real runner whose forward time is counted as device time (CPU runs it eagerly)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.wait_s, self.wait_cpu_s = inner, 0.0, 0.0
+
+    def new_slots(self, num_rows: int) -> Any:
+        return self.inner.new_slots(num_rows)
+
+    def decode_slots(self, slots: Any, slot_ids: list[int], positions: list[int]) -> Any:
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        out = self.inner.decode_slots(slots, slot_ids, positions)
+        self.wait_s += time.perf_counter() - t0
+        self.wait_cpu_s += time.thread_time() - cpu0
+        return out
+
+    def fetch_tokens(self, chosen: torch.Tensor) -> Any:
+        return self.inner.fetch_tokens(chosen)
+
+
+def measure(runner: Any, bs: int, ctx: int, overlap: bool, steps: int) -> tuple[float, float]:
+    """(host ms, wall ms) per step, medians over `steps` steady-state steps. Host time is the
+    compute thread's CPU time outside the (simulated) device, so a shared machine's preemption
+    does not count as host work; the wall time is what the step lasted."""
+    stepper = running_stepper(runner, bs, ctx, overlap)
+    for _ in range(3):  # warm-up: rows written, the pipeline full
+        stepper.step(time.monotonic())
+    hosts, walls = [], []
+    for _ in range(steps):
+        runner.wait_s = runner.wait_cpu_s = 0.0
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        stepper.step(time.monotonic())
+        stepper.table.outbox.flush()
+        walls.append((time.perf_counter() - t0) * 1e3)
+        hosts.append((time.thread_time() - cpu0 - runner.wait_cpu_s) * 1e3)
+    if stepper.busy:  # commit the last launched step (outside the measurement)
+        stepper.step(time.monotonic())
+    return statistics.median(hosts), statistics.median(walls)
+
+
+def real_runner(bs: int, ctx: int, budget_bytes: int) -> Any | None:
+    """The tiny gpt-oss on CPU with pools for `bs` x `ctx`, or None when they exceed the budget
+    or the model's context."""
+    from decode_worker.device.default_model import write_model
+    from decode_worker.device.kv_pool import KVPools, KVSpec
+    from decode_worker.device.model.weights import load_model
+    from decode_worker.device.runner import ModelRunner
+
+    global _MODEL
+    if _MODEL is None:
+        tmp = tempfile.mkdtemp()
+        _MODEL = load_model(write_model(Path(tmp) / "tiny", seed=0), "cpu", torch.float32)
+    spec = KVSpec.from_config(_MODEL.cfg)
+    full, swa = bs * (cdiv(ctx, PAGE) + 64) + 8, bs * 16 + 8
+    if ctx + 64 > _MODEL.cfg.max_position_embeddings:
+        return None
+    if (full + swa) * PAGE * spec.head_dim * spec.num_kv_heads * 2 * 4 * len(_MODEL.layers) \
+            > budget_bytes:
+        return None
+    pools = KVPools(spec, full, swa, PAGE, "cpu", torch.float32)
+    return _TimedRunner(ModelRunner(_MODEL, pools, use_cuda_graph=False, graph_batch_sizes=[1]))
+
+
+_MODEL: Any = None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch-sizes", default="1,64,256")
+    p.add_argument("--contexts", default="1024,8192,32768")
+    p.add_argument("--device-ms", default="2,10", help="simulated device time per step")
+    p.add_argument("--no-real-model", action="store_true")
+    p.add_argument("--no-fake", action="store_true", help="only the real CPU model")
+    p.add_argument("--real-steps", type=int, default=4)
+    p.add_argument("--real-budget-mib", type=int, default=1024, help="largest real KV pools")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    sizes = [int(s) for s in args.batch_sizes.split(",")]
+    ctxs = [int(c) for c in args.contexts.split(",")]
+    host_256x32k, worst = float("nan"), 0.0
+    print(f"{'runner':<18}{'bs':>5}{'ctx':>7}  {'overlap':<8}{'host ms':>9}{'step ms':>9}"
+          f"{'step/dev':>9}")
+    for dev_ms in [] if args.no_fake else [float(d) for d in args.device_ms.split(",")]:
+        for bs in sizes:
+            for ctx in ctxs:
+                for overlap in (False, True):
+                    host, wall = measure(FakeDeviceRunner(dev_ms), bs, ctx, overlap, args.steps)
+                    ratio = wall / dev_ms
+                    if overlap:
+                        worst = max(worst, ratio)
+                    if bs == 256 and ctx == 32768:  # the worst of the runs
+                        host_256x32k = host if host_256x32k != host_256x32k else max(
+                            host_256x32k, host)
+                    print(f"{f'fake {dev_ms:g} ms':<18}{bs:>5}{ctx:>7}  {overlap!s:<8}"
+                          f"{host:>9.3f}{wall:>9.3f}{ratio:>9.3f}", flush=True)
+    if not args.no_real_model:
+        for bs in sizes:
+            for ctx in ctxs:
+                runner = real_runner(bs, ctx, args.real_budget_mib << 20)
+                if runner is None:
+                    print(f"{'cpu model':<18}{bs:>5}{ctx:>7}  skipped: past the model's "
+                          "context or the pool budget")
+                    continue
+                host, wall = measure(runner, bs, ctx, False, args.real_steps)
+                print(f"{'cpu model':<18}{bs:>5}{ctx:>7}  {'False':<8}{host:>9.3f}{wall:>9.3f}"
+                      f"{'':>9}", flush=True)
+    print(f"bench_step: host_ms_256x32k={host_256x32k:.3f} overlap_ratio_max={worst:.3f}")
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        main()

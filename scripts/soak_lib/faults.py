@@ -47,8 +47,12 @@ class Chaos:
                 return True
             time.sleep(0.5)
         self.notes.append(f"{self.state.phase}: no {'P/D' if pd else 'local'} probe answered "
-                          f"with tokens in {within_s:g}s (last: {got})")
+                          f"with tokens in {within_s:g}s (last: {got}: {self._last_detail(pd)})")
         return False
+
+    def _last_detail(self, pd: bool) -> str:
+        ans = self.req.last if pd else None
+        return f"{ans.status} {ans.detail[:160]!r}" if ans is not None else "-"
 
     def carry_counters(self) -> None:
         scrape = self.cluster.decode_metrics()

@@ -94,6 +94,7 @@ class Requester:
     def __init__(self, cluster: Cluster, state: State, tally: Tally) -> None:
         self.cluster, self.state, self.tally = cluster, state, tally
         self._side = ThreadPoolExecutor(8, thread_name_prefix="soak-prefill-half")
+        self._mine = threading.local()  # per thread: the last answer `pd` got (`last`)
 
     def pd(self, body: dict[str, Any], rng: random.Random, boot_port: int | None = None,
            with_prefill: bool = True) -> str:
@@ -108,7 +109,13 @@ class Requester:
         if side is not None:
             with contextlib.suppress(Exception):
                 side.result(timeout=40)
+        self._mine.last = ans
         return self.tally.record(phase, "decode", ans)
+
+    @property
+    def last(self) -> Answer | None:
+        """The last answer `pd` got in this thread (a probe's note says what it was)."""
+        return getattr(self._mine, "last", None)
 
     def local(self, path: str, body: dict[str, Any]) -> str:
         phase = self.state.phase

@@ -280,3 +280,53 @@ def test_the_matcher_answers_a_cancelled_room_once_whatever_its_stage() -> None:
     assert m.cancel(4, answer, 0.5)[0] == "early"
     m.expire(10.0)
     assert m.take_cancelled(4) is None  # forgotten after the match timeout
+
+
+def test_a_request_failed_while_its_peer_was_down_is_cancelled_at_the_restarted_peer(
+    model_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decode worker fails a request at once while its prefill peer is down (peer_dead:
+    unreachable); the peer comes back on the same port and gets the router's copy of that
+    request: it answers it at once with the decode side's reason instead of holding it to its
+    own timeout (30 s here). Found by scripts/soak.py (prefill_sigkill)."""
+    import decode_worker.io.kv.router as router_mod
+    from decode_worker.daemon.decode.engine import DecodeEngine
+
+    monkeypatch.setattr(router_mod, "_CANCEL_WAIT_S", 120.0)  # however slow the peer's start
+    bport, hport, room, prompt = free_port(), free_port(), 9101, [3, 1, 4, 1, 5, 9, 2, 6]
+    settings = load_settings(overrides={
+        "model.cache_dir": str(model_cache), "cache.num_full_pages": 32,
+        "cache.num_swa_pages": 32, "scheduler.cuda_graph": False}, environ={}).settings
+    loop = asyncio.new_event_loop()
+    eng = DecodeEngine.build(settings, Metrics())
+    events: list[Event] = []
+    eng.outbox = Outbox(loop, events.extend)
+
+    def step_until(cond: Any, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not cond():
+            assert time.monotonic() < deadline, what
+            eng.step(time.monotonic())
+            loop.run_until_complete(asyncio.sleep(0.001))
+
+    launch = None
+    try:
+        eng.inbox.put(AddRequest("down", prompt, SamplingParams(max_new_tokens=4), False,
+                                 "127.0.0.1", bport, room, 0.0))  # fmt: skip
+        step_until(lambda: any(isinstance(e, Ended) for e in events), 20, "not ended")
+        (ended,) = [e for e in events if isinstance(e, Ended)]
+        assert ended.reason == "peer_dead", ended
+        launch = PeerLaunch(bport, model_cache, "--set", "scheduler.kv_timeout_s=30",
+                            http_port=hport)  # the peer (re)starts on the same port
+        step_until(launch._ready.is_set, 120, "the prefill peer did not start")
+        t0 = time.monotonic()
+        posted = Posted(hport, bport, room, prompt)  # the router's copy reaches it now
+        step_until(posted.done, 10, "the restarted peer held the cancelled request")
+        resp, at = posted.result()
+    finally:
+        eng.receiver.close()
+        loop.close()
+        if launch is not None:
+            stop(launch.proc)
+    assert resp.status_code >= 500 and "peer_dead" in resp.text, resp.text
+    assert at - t0 < 5.0

@@ -120,12 +120,14 @@ class RequestTable:
     def _tell_peer(self, live: LiveRequest, reason: str, message: str) -> None:
         """A request that ends before its KV arrived (refused at admission, client abort, drain,
         a failed transfer) ends at its prefill peer too, which then answers the router's copy of
-        the request with `reason` at once instead of at its own timeout. Not sent to a peer
-        found dead, nor once the first token came (the peer answered already)."""
+        the request with `reason` at once instead of at its own timeout. Sent for a peer found
+        dead or unreachable too: one that restarts (or wakes from a stall) within seconds may
+        still get the router's copy of the request, and must not hold it to its timeout. Not
+        sent once the first token came (the peer answered already)."""
         cmd = live.cmd
         host, port, room = cmd.bootstrap_host, cmd.bootstrap_port or 0, cmd.bootstrap_room
         if (not host or room is None or not 0 < port < 65536 or live.req.output_ids
-                or reason in FINISHED or reason == "peer_dead"):
+                or reason in FINISHED):
             return
         self.transfers.cancel_room(host, port, room, reason, message)
 

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 Mode = Literal["auto", "native", "sglang"]
 Kind = Literal["native", "sglang", "unavailable"]
 _CANCEL_WAIT_S = 5.0  # how long a room's cancel waits for its peer's protocol to be known
+_MAX_CANCELS = 4096  # cancels waiting at once (a flood to a dead peer): the oldest go first
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -179,19 +180,24 @@ class ProtocolRouter:
 
     def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None:
         """Tell the prefill peer at host:port, in its protocol, that this worker ended `room`'s
-        request (`reason`) before its KV arrived; until that protocol is known the message waits
-        (at most `_CANCEL_WAIT_S`) in `poll`. Never raises."""
+        request (`reason`) before its KV arrived; until that protocol is known, or while the
+        peer is unreachable (a restarting peer may still receive the router's copy of the
+        request), the message waits in `poll`, at most `_CANCEL_WAIT_S`. Never raises."""
         until = time.monotonic() + _CANCEL_WAIT_S
         self._cancels.append((until, host, port, room, reason, detail))
+        del self._cancels[:-_MAX_CANCELS]
         self._send_cancels()
 
     def _send_cancels(self) -> None:
         cancels, self._cancels = self._cancels, []
+        protos: dict[tuple[str, int], PeerProtocol | None] = {}  # one lookup per peer
         for until, host, port, room, reason, detail in cancels:
-            proto = self.protocol_of(host, port)
+            if (host, port) not in protos:
+                protos[host, port] = self.protocol_of(host, port)
+            proto = protos[host, port]
             if (receiver := self._receiver(proto.kind if proto else "")) is not None:
                 receiver.cancel_room(host, port, room, reason, detail)
-            elif proto is None and time.monotonic() < until:
+            elif time.monotonic() < until:  # not known yet, or unreachable: it may be restarting
                 self._cancels.append((until, host, port, room, reason, detail))
 
     def abort(self, transfer_id: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -13,8 +14,23 @@ from pathlib import Path
 import pytest
 
 from decode_worker.daemon.shared.procs import free_port
+from decode_worker.device.default_model import write_model
 
 PEER_READY = "prefill peer ready"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in tiny gpt-oss (seeded weights), written once per test module."""
+    return write_model(tmp_path_factory.mktemp("model") / "tiny", seed=0)
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """A fresh event loop for an engine's outbox, closed after the test."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
 
 
 

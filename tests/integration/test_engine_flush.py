@@ -25,7 +25,6 @@ from decode_worker.daemon.decode.bridge import (
     Tokens,
 )
 from decode_worker.daemon.decode.engine import DecodeEngine
-from decode_worker.device.default_model import write_model
 from decode_worker.io.api.backend import FlushResult, Load
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import load_settings
@@ -34,11 +33,6 @@ pytestmark = pytest.mark.slow
 _RNG = random.Random(3)
 PROMPT = [_RNG.randrange(3, 250) for _ in range(150)]  # longer than window + a page
 OTHER = [_RNG.randrange(3, 250) for _ in range(40)]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("flush") / "tiny", seed=0)
 
 
 class Driver:

@@ -31,7 +31,6 @@ from decode_worker.daemon.decode.bridge import (
 )
 from decode_worker.daemon.decode.engine import DecodeEngine
 from decode_worker.daemon.shared.procs import free_port
-from decode_worker.device.default_model import write_model
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import load_settings
 
@@ -39,11 +38,6 @@ from decode_worker.settings import load_settings
 ALLOWED_ENDERS = {("_release", "decode_worker.daemon.decode.requests"),
                   ("finish", "decode_worker.core.decode_alloc"),
                   ("_abort", "decode_worker.core.admission")}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("one-exit") / "tiny", seed=0)
 
 
 class Recorder:

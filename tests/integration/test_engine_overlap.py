@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,23 +15,10 @@ import pytest
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.decode.bridge import AddRequest, Ended, Event, Outbox, Tokens
 from decode_worker.daemon.decode.engine import DecodeEngine
-from decode_worker.device.default_model import write_model
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import load_settings
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("overlap") / "tiny", seed=0)
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 def make_engine(model_dir: Path, overlap: bool, num_full_pages: int,

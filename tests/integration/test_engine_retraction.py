@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,18 +19,6 @@ from decode_worker.io.metrics import Metrics
 from decode_worker.settings import load_settings
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("retract") / "tiny", seed=0)
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 def make_engine(model_dir: Path, num_full_pages: int, loop: asyncio.AbstractEventLoop,

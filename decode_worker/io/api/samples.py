@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncGenerator, Sequence
+from typing import Any
 
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.errors import ClientError
@@ -125,11 +126,16 @@ async def collect_all(runs: Sequence[GenerationRun]) -> Finish | None:
                 return error
         return None
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for run in runs:
-            await run.close()
+        await _stop(tasks, runs)
+
+
+async def _stop(tasks: Sequence[asyncio.Future[Any]], runs: Sequence[GenerationRun]) -> None:
+    """Cancel the per-sample tasks, wait for them, then close every sample's run."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for run in runs:
+        await run.close()
 
 
 def _error_of(run: GenerationRun) -> Finish | None:
@@ -167,8 +173,4 @@ async def merged_steps(runs: Sequence[GenerationRun]) -> AsyncGenerator[tuple[in
             else:
                 yield k, item
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for run in runs:
-            await run.close()
+        await _stop(tasks, runs)

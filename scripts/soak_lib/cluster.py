@@ -17,9 +17,10 @@ from decode_worker.io.metrics import Metrics
 
 PAGE_SIZE = 16
 DRAIN_GRACE_S = 4.0
-# small pools force eviction and retraction; short deadlines keep every failure bounded
+# small pools force eviction and retraction (48 full pages: the full pool, not the SWA one, is
+# what a burst runs short of, so decode growth retracts); short deadlines bound every failure
 DECODE_SETTINGS = {
-    "cache.num_full_pages": "128", "cache.num_swa_pages": "40",
+    "cache.num_full_pages": "48", "cache.num_swa_pages": "64",
     "scheduler.decode_reserve_tokens": "0", "scheduler.integrity_check_interval_s": "0.2",
     "scheduler.kv_timeout_s": "4", "scheduler.queue_timeout_s": "15",
     "transfer.peer_dead_after_s": "2", "transfer.abort_quiesce_s": "2",

@@ -6,7 +6,7 @@ Unknown fields are accepted and ignored (the router adds many). Type errors surf
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -15,6 +15,18 @@ from decode_worker.errors import ClientError
 from decode_worker.io.api import structured
 
 T = TypeVar("T")
+
+
+class Penalties(Protocol):
+    """Sampling controls clients send that this server does not apply yet (fields of both
+    `SamplingIn` and `OpenAIBase`): parsed so that a value that would change the output is a
+    400 (`refuse_unapplied`), never a silent ignore; their neutral values (what SDKs send by
+    default) pass."""
+
+    frequency_penalty: float | None
+    presence_penalty: float | None
+    repetition_penalty: float | None
+    logit_bias: dict[str, float] | None
 
 
 class SamplingIn(msgspec.Struct):
@@ -36,6 +48,11 @@ class SamplingIn(msgspec.Struct):
     json_schema: str | dict[str, Any] | None = None  # structured output (structured.py)
     regex: str | None = None
     ebnf: str | None = None
+    frequency_penalty: float | None = None  # not applied: 400 unless neutral (Penalties)
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_new_tokens: int | None = None
 
 
 class Bootstrap(msgspec.Struct):
@@ -86,6 +103,11 @@ class OpenAIBase(Bootstrap):
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
+    frequency_penalty: float | None = None  # not applied: 400 unless neutral (Penalties)
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None  # SGLang's and vLLM's extension
 
 
 class CompletionReq(OpenAIBase):
@@ -162,8 +184,27 @@ def build_sampling(
     return params
 
 
+def refuse_unapplied(p: Penalties, min_tokens: int | None) -> None:
+    """Raises ClientError (400) naming the first control set to a value this server would
+    ignore: penalties other than 0 (repetition: 1), a logit bias, a minimum length."""
+    asked: list[tuple[str, object]] = [(name, value) for name, value, neutral in (
+        ("frequency_penalty", p.frequency_penalty, 0.0),
+        ("presence_penalty", p.presence_penalty, 0.0),
+        ("repetition_penalty", p.repetition_penalty, 1.0),
+        ("min_tokens", min_tokens, 0),
+    ) if value is not None and value != neutral]
+    if p.logit_bias:
+        asked.append(("logit_bias", p.logit_bias))
+    if asked:
+        name, value = asked[0]
+        raise ClientError(f"{name}={str(value)[:80]} is not supported by this server (it "
+                          f"would be ignored); leave it out or send its neutral value")
+
+
 def sampling_from_generate(sp: SamplingIn, max_new_tokens: int) -> SamplingParams:
-    """`max_new_tokens` is the resolved limit (`limits.resolve_max_new_tokens`)."""
+    """`max_new_tokens` is the resolved limit (`limits.resolve_max_new_tokens`). Raises
+    ClientError (400), also for a control this server does not apply (`refuse_unapplied`)."""
+    refuse_unapplied(sp, sp.min_new_tokens)
     return build_sampling(
         max_new_tokens=max_new_tokens,
         temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
@@ -183,6 +224,7 @@ def sampling_from_openai(req: OpenAIBase, max_new_tokens: int) -> SamplingParams
     """`max_new_tokens` is the resolved limit (`limits.resolve_max_new_tokens`). Raises
     ClientError (400), also for a request that asks for tool calls (`structured.py`)."""
     structured.refuse_tools(req.tools, req.tool_choice, req.functions, req.function_call)
+    refuse_unapplied(req, req.min_tokens)
     return build_sampling(
         max_new_tokens=max_new_tokens,
         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,

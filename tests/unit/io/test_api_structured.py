@@ -80,3 +80,38 @@ def test_bad_or_unsupported_constraints_are_400_with_a_message(
     assert r.status_code == 400, r.text
     assert words in r.json()["error"]["message"]
     assert backend.inputs == []  # nothing was started
+
+
+@pytest.mark.parametrize(("path", "body", "words"), [
+    ("/v1/chat/completions", _chat(frequency_penalty=0.5), "frequency_penalty=0.5"),
+    ("/v1/completions", {"prompt": "a", "presence_penalty": -1.0}, "presence_penalty=-1.0"),
+    ("/v1/chat/completions", _chat(repetition_penalty=1.2), "repetition_penalty=1.2"),
+    ("/v1/chat/completions", _chat(logit_bias={"50256": -100}), "logit_bias"),
+    ("/v1/completions", {"prompt": "a", "min_tokens": 4}, "min_tokens=4"),
+    ("/generate", {"text": "a", "sampling_params": {"frequency_penalty": 1.0}},
+     "frequency_penalty=1.0"),
+    ("/generate", {"text": "a", "sampling_params": {"min_new_tokens": 2}}, "min_tokens=2"),
+    ("/generate", {"text": "a", "sampling_params": {"logit_bias": {"7": 5.0}}}, "logit_bias"),
+])
+def test_sampling_controls_not_applied_are_400_not_ignored(
+        client: httpx.Client, backend: FakeBackend, path: str, body: dict[str, Any],
+        words: str) -> None:
+    r = client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert words in message and "not supported" in message
+    assert backend.inputs == []
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", _chat(frequency_penalty=0, presence_penalty=0.0,
+                                   repetition_penalty=1.0, logit_bias={}, min_tokens=0)),
+    ("/generate", {"text": "a", "sampling_params": {
+        "frequency_penalty": 0.0, "presence_penalty": 0, "repetition_penalty": 1,
+        "min_new_tokens": 0, "logit_bias": None}}),
+])
+def test_neutral_values_of_those_controls_pass(client: httpx.Client, backend: FakeBackend,
+                                               path: str, body: dict[str, Any]) -> None:
+    r = client.post(path, json=body)
+    assert r.status_code == 200, r.text
+    assert len(backend.inputs) == 1

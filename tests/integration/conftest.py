@@ -13,8 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from decode_worker.daemon.decode.bridge import Event, Outbox
+from decode_worker.daemon.decode.engine import DecodeEngine
 from decode_worker.daemon.shared.procs import free_port
 from decode_worker.device.default_model import write_model
+from decode_worker.io.metrics import Metrics
+from decode_worker.settings import load_settings
 
 PEER_READY = "prefill peer ready"
 
@@ -23,6 +27,20 @@ PEER_READY = "prefill peer ready"
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in tiny gpt-oss (seeded weights), written once per test module."""
     return write_model(tmp_path_factory.mktemp("model") / "tiny", seed=0)
+
+
+def recording_engine(model_dir: Path, loop: asyncio.AbstractEventLoop,
+                     **overrides: object) -> tuple[DecodeEngine, list[Event]]:
+    """A decode engine on the tiny model (page 16, eager, no growth reserve: admission
+    overcommits) with `overrides` on top, and the list its outbox appends events to."""
+    settings = load_settings(overrides={
+        "model.path": str(model_dir), "cache.page_size": 16,
+        "scheduler.decode_reserve_tokens": 0, "scheduler.cuda_graph": False, **overrides,
+    }, environ={}).settings
+    engine = DecodeEngine.build(settings, Metrics())
+    events: list[Event] = []
+    engine.outbox = Outbox(loop, events.extend)
+    return engine, events
 
 
 @pytest.fixture

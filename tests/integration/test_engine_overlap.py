@@ -13,25 +13,18 @@ from pathlib import Path
 import pytest
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.daemon.decode.bridge import AddRequest, Ended, Event, Outbox, Tokens
+from decode_worker.daemon.decode.bridge import AddRequest, Ended, Event, Tokens
 from decode_worker.daemon.decode.engine import DecodeEngine
-from decode_worker.io.metrics import Metrics
-from decode_worker.settings import load_settings
+from tests.integration.conftest import recording_engine
 
 pytestmark = pytest.mark.slow
 
 
 def make_engine(model_dir: Path, overlap: bool, num_full_pages: int,
                 loop: asyncio.AbstractEventLoop) -> tuple[DecodeEngine, list[Event]]:
-    settings = load_settings(overrides={
-        "model.path": str(model_dir), "cache.page_size": 16, "cache.num_swa_pages": 64,
-        "cache.num_full_pages": num_full_pages, "scheduler.decode_reserve_tokens": 0,
-        "scheduler.cuda_graph": False, "scheduler.overlap_schedule": overlap,
-    }, environ={}).settings
-    engine = DecodeEngine.build(settings, Metrics())
-    events: list[Event] = []
-    engine.outbox = Outbox(loop, events.extend)
-    return engine, events
+    return recording_engine(model_dir, loop, **{
+        "cache.num_swa_pages": 64, "cache.num_full_pages": num_full_pages,
+        "scheduler.overlap_schedule": overlap})
 
 
 def run_all(engine: DecodeEngine, events: list[Event], prompts: list[list[int]],

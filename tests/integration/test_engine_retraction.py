@@ -12,27 +12,19 @@ from pathlib import Path
 import pytest
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.daemon.decode.bridge import AddRequest, Ended, Event, Outbox, Tokens
+from decode_worker.daemon.decode.bridge import AddRequest, Ended, Event, Tokens
 from decode_worker.daemon.decode.engine import DecodeEngine
 from decode_worker.device.default_model import write_model
-from decode_worker.io.metrics import Metrics
-from decode_worker.settings import load_settings
+from tests.integration.conftest import recording_engine
 
 pytestmark = pytest.mark.slow
 
 
 def make_engine(model_dir: Path, num_full_pages: int, loop: asyncio.AbstractEventLoop,
                 num_swa_pages: int | None = 64) -> tuple[DecodeEngine, list[Event]]:
-    settings = load_settings(overrides={
-        "model.path": str(model_dir), "cache.page_size": 16,
-        "cache.num_full_pages": num_full_pages, "cache.num_swa_pages": num_swa_pages,
-        # no growth reserve: admission overcommits, so decode must retract to make room
-        "scheduler.decode_reserve_tokens": 0, "scheduler.cuda_graph": False,
-    }, environ={}).settings
-    engine = DecodeEngine.build(settings, Metrics())
-    events: list[Event] = []
-    engine.outbox = Outbox(loop, events.extend)
-    return engine, events
+    # no growth reserve (recording_engine): admission overcommits, so decode must retract
+    return recording_engine(model_dir, loop, **{
+        "cache.num_full_pages": num_full_pages, "cache.num_swa_pages": num_swa_pages})
 
 
 def run_all(engine: DecodeEngine, events: list[Event], prompts: list[list[int]],

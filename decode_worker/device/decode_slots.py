@@ -35,7 +35,7 @@ class DecodeSlots:
                  pool_pages: tuple[int, int], device: torch.device) -> None:
         """`pool_pages`: (full, swa) pool sizes; page ids above them are refused (PageError)."""
         self.device, self.page_size, self.max_pages = device, page_size, max_pages
-        self.ring = cdiv(window, page_size) + 1
+        self.ring = swa_ring_width(window, page_size)
         self.pool_pages = pool_pages
         rows = num_rows + 1
         self.full = torch.zeros(rows, max_pages, dtype=torch.int32, device=device)  # [R, P]
@@ -68,14 +68,14 @@ class DecodeSlots:
         if first_idx + len(page_ids) > self.max_pages:
             raise PageError(f"decode slots: page {first_idx + len(page_ids) - 1} past the "
                             f"table width {self.max_pages}")
-        _check_ids(page_ids, self.pool_pages[0], "full")
+        check_page_ids(page_ids, self.pool_pages[0], "full")
         w = self._full_w
         for i, page in enumerate(page_ids, first_idx):
             w += (slot, i, page)
 
     def write_swa(self, slot: int, first_idx: int, page_ids: list[int]) -> None:
         """SWA pages of logical pages [first_idx, ...); only the last `ring` can matter."""
-        _check_ids(page_ids, self.pool_pages[1], "swa")
+        check_page_ids(page_ids, self.pool_pages[1], "swa")
         start = max(first_idx, first_idx + len(page_ids) - self.ring)
         w, ring = self._swa_w, self.ring
         for i in range(start, first_idx + len(page_ids)):
@@ -121,7 +121,14 @@ class DecodeSlots:
         return host.pin_memory().to(self.device, non_blocking=True)  # [n]
 
 
-def _check_ids(ids: list[int], num_pages: int, pool: str) -> None:
+def swa_ring_width(window: int, page_size: int) -> int:
+    """Columns of an SWA page table kept as a ring: the pages of the `window + 1` positions a
+    sliding query sees (see the module doc)."""
+    return cdiv(window, page_size) + 1
+
+
+def check_page_ids(ids: list[int], num_pages: int, pool: str) -> None:
+    """Raises PageError unless every id is a page of the pool (0 = the dummy page)."""
     if ids and (min(ids) < 0 or max(ids) > num_pages):
         raise PageError(f"{pool} page ids must be in [0, {num_pages}], got {min(ids)}..{max(ids)}")
 

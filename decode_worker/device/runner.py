@@ -17,7 +17,12 @@ import torch
 
 from decode_worker.device.attention import DecodeAttention, PrefillAttention
 from decode_worker.device.cuda_graph import CudaGraphDecoder, GraphBackend
-from decode_worker.device.decode_slots import DecodeSlots, HostTokens
+from decode_worker.device.decode_slots import (
+    DecodeSlots,
+    HostTokens,
+    check_page_ids,
+    swa_ring_width,
+)
 from decode_worker.device.kv_pool import KVPools
 from decode_worker.device.model.gpt_oss import GptOssModel
 from decode_worker.errors import ClientError, PageError
@@ -67,7 +72,7 @@ class ModelRunner:
         self.window = model.cfg.window
         self.has_swa = pools.spec.num_swa_layers > 0  # else SWA tables are never read
         self.device = model.device
-        self.swa_ring = cdiv(self.window, pools.page_size) + 1  # SWA table columns (a ring)
+        self.swa_ring = swa_ring_width(self.window, pools.page_size)  # SWA table columns
         self.max_pages = min(cdiv(model.cfg.max_position_embeddings, pools.page_size),
                              pools.num_pages["full"])  # widest page table
         self.graphs: CudaGraphDecoder | None = None
@@ -116,8 +121,8 @@ class ModelRunner:
         if self.has_swa and start_pos and 0 in swa_page_ids[first_swa_read:cdiv(start_pos, ps)]:
             raise PageError(f"prefill: SWA pages of [{start_pos - self.window}, {start_pos}) "
                             "must be held to extend from start_pos")
-        _check_ids(full_page_ids[:need], self.pools.num_pages["full"], "full")
-        _check_ids(swa_page_ids[:need], self.pools.num_pages["swa"], "swa")
+        check_page_ids(full_page_ids[:need], self.pools.num_pages["full"], "full")
+        check_page_ids(swa_page_ids[:need], self.pools.num_pages["swa"], "swa")
         return need
 
     def new_slots(self, num_rows: int) -> DecodeSlots:
@@ -223,8 +228,3 @@ def _swa_ring(table: list[int], last_idx: int, ring: int) -> list[int]:
     for i in range(max(0, last_idx - ring + 1), min(last_idx + 1, len(table))):
         row[i % ring] = table[i]
     return row
-
-
-def _check_ids(ids: list[int], num_pages: int, pool: str) -> None:
-    if ids and (min(ids) < 0 or max(ids) > num_pages):
-        raise PageError(f"{pool} page ids must be in [0, {num_pages}], got {min(ids)}..{max(ids)}")

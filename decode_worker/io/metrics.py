@@ -115,7 +115,7 @@ class Metrics:
         self.pages_evictable = g("kv_pages_evictable", "Tree pages that can be evicted", ["pool"])
         self.pages_protected = g("kv_pages_protected", "Tree pages locked by requests", ["pool"])
         # not `kv_pages_total`: a gauge must not end in `_total` (promtool check metrics)
-        self.pages_total = g("kv_pages_capacity", "KV pages in the pool (page 0 excluded)",
+        self.pages_capacity = g("kv_pages_capacity", "KV pages in the pool (page 0 excluded)",
                              ["pool"])
         self.queue_requests = g("queue_requests", "Requests per queue", ["queue"])
         self.draining = g("draining", "1 while the worker drains (SIGTERM), else 0")
@@ -154,7 +154,7 @@ class Metrics:
 
     def _pool_gauges(self) -> tuple[Gauge, ...]:
         return (self.pages_available, self.pages_used, self.pages_evictable,
-                self.pages_protected, self.pages_total)
+                self.pages_protected, self.pages_capacity)
 
     # -- what the daemon calls -------------------------------------------------------------
 

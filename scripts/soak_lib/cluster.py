@@ -168,7 +168,7 @@ def held_pages(scrape: Scrape) -> int:
     together: 0 on an idle worker whose books balance."""
     held = 0.0
     for pool in ("full", "swa"):
-        held += (value(scrape, "pages_total", pool=pool) - value(scrape, "pages_available",
+        held += (value(scrape, "pages_capacity", pool=pool) - value(scrape, "pages_available",
                  pool=pool) - value(scrape, "pages_evictable", pool=pool))
     return int(held)
 

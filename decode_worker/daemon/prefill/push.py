@@ -106,7 +106,7 @@ class PushPipeline:
         row = self._aux_rows.pop()
         try:
             logits = self.runner.prefill(job.prompt, full_ids, swa_ids)  # logits: [V] f32
-            token, logprob, top = self._first_token(logits, job.sampling)
+            token, logprob, top = first_token(self.sampler, logits, job.sampling)
             self.aux.write(row, req.room, token, logprob, req.transfer_id, top)
             if self.runner.device.type == "cuda":
                 torch.cuda.synchronize(self.runner.device)
@@ -136,13 +136,15 @@ class PushPipeline:
         return kv_checksum(self.regions, src.full_page_ids[first_full:n],
                            src.swa_page_ids[first_swa:n])  # fmt: skip
 
-    def _first_token(
-        self, logits: torch.Tensor, sampling: SamplingParams | None
-    ) -> tuple[int, float, TopLogprobs]:
-        """The first output token, its logprob under the raw distribution and the
-        MAX_TOP_LOGPROBS most likely tokens (the decode side keeps what its request asked)."""
-        sampling = sampling or SamplingParams(temperature=0.0)
-        row = SampleRow(sampling, step=0, return_logprob=True, top_logprobs=MAX_TOP_LOGPROBS,
-                        grammar=GrammarState.for_sampling(sampling))  # structured output
-        out = self.sampler.sample(logits[None], [row])  # logits[None]: [1, V]
-        return out.token_ids[0], float(out.logprobs[0] or 0.0), out.top_logprobs[0] or []
+
+def first_token(sampler: Sampler, logits: torch.Tensor, sampling: SamplingParams | None
+                ) -> tuple[int, float, TopLogprobs]:
+    """The first output token of a prefill (logits: [V] f32; greedy without `sampling`), its
+    logprob under the raw distribution and the MAX_TOP_LOGPROBS most likely tokens (the decode
+    side keeps what its request asked); a grammar constrains it (structured output). Both push
+    pipelines pick it so."""
+    sampling = sampling or SamplingParams(temperature=0.0)
+    row = SampleRow(sampling, step=0, return_logprob=True, top_logprobs=MAX_TOP_LOGPROBS,
+                    grammar=GrammarState.for_sampling(sampling))
+    out = sampler.sample(logits[None], [row])  # logits[None]: [1, V]
+    return out.token_ids[0], float(out.logprobs[0] or 0.0), out.top_logprobs[0] or []

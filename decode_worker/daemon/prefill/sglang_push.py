@@ -16,13 +16,12 @@ from typing import Literal
 
 import torch
 
-from decode_worker.core.sampling import MAX_TOP_LOGPROBS, SamplingParams, TopLogprobs
 from decode_worker.core.types import MemoryRegion
+from decode_worker.daemon.prefill.push import first_token
 from decode_worker.daemon.prefill.sglang_state import Room
 from decode_worker.daemon.prefill.state import PageFreeList, PrefillResult
-from decode_worker.device.grammar import GrammarState
 from decode_worker.device.runner import ModelRunner
-from decode_worker.device.sampler import Sampler, SampleRow
+from decode_worker.device.sampler import Sampler
 from decode_worker.errors import OutOfPages, TransferError
 from decode_worker.io.kv.nixl_agent import NixlAgent, XferHandle
 from decode_worker.io.kv.sglang.frames import Registration
@@ -124,7 +123,7 @@ class SglangPushPipeline:
         row = self._aux_rows.pop()
         try:
             logits = self.runner.prefill(prompt, full_ids, swa_ids)  # logits: [V] f32
-            token, logprob, top = self._first_token(logits, room.sampling)
+            token, logprob, top = first_token(self.sampler, logits, room.sampling)
             addr = self.staging.write(row, aux_row_bytes(room.room, token, logprob, top))
             if self.runner.device.type == "cuda":
                 torch.cuda.synchronize(self.runner.device)
@@ -165,14 +164,3 @@ class SglangPushPipeline:
                 self.agent.release(handle)
             raise
         return handles
-
-    def _first_token(
-        self, logits: torch.Tensor, sampling: SamplingParams | None
-    ) -> tuple[int, float, TopLogprobs]:
-        """The first output token, its logprob under the raw distribution and the
-        MAX_TOP_LOGPROBS most likely tokens (as the native pipeline picks them)."""
-        sampling = sampling or SamplingParams(temperature=0.0)
-        row = SampleRow(sampling, step=0, return_logprob=True, top_logprobs=MAX_TOP_LOGPROBS,
-                        grammar=GrammarState.for_sampling(sampling))  # structured output
-        out = self.sampler.sample(logits[None], [row])  # logits[None]: [1, V]
-        return out.token_ids[0], float(out.logprobs[0] or 0.0), out.top_logprobs[0] or []

@@ -207,13 +207,13 @@ def _bit(i: int) -> int:
 def mask_logits(logits: torch.Tensor, grammars: Sequence[GrammarState | None]) -> torch.Tensor:
     """A copy of `logits` ([bs, V] f32) with every token the row's grammar forbids at -inf;
     `logits` itself stays as it was (logprobs are those of the raw distribution)."""
-    rows = [i for i, g in enumerate(grammars) if g is not None and g.is_active]
-    if not rows:
+    active = [(i, g) for i, g in enumerate(grammars) if g is not None and g.is_active]
+    if not active:
         return logits
-    states = [g for g in grammars if g is not None and g.is_active]
+    rows, states = [i for i, _ in active], [g for _, g in active]
     tok_vocab = min(states[0].vocab_size, logits.shape[1])
     bitmask = xgr.allocate_token_bitmask(len(grammars), states[0].vocab_size)  # [bs, W] i32
-    for i, state in zip(rows, states, strict=True):
+    for i, state in active:
         state.fill(bitmask, i)
     masked = logits.clone()  # [bs, V]
     xgr.apply_token_bitmask_inplace(masked, bitmask.to(logits.device), vocab_size=tok_vocab,

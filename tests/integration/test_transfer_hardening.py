@@ -9,7 +9,7 @@ import asyncio
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,39 +93,57 @@ def metric(hport: int, name: str) -> float:
     return float(rows[0].split()[-1]) if rows else 0.0
 
 
+class EngineRun:
+    """A decode engine on the cached tiny model (eager) with small pools, its events recorded,
+    stepped from the test's thread."""
+
+    def __init__(self, model_cache: Path, *, num_full_pages: int, num_swa_pages: int) -> None:
+        from decode_worker.daemon.decode.engine import DecodeEngine
+
+        settings = load_settings(overrides={
+            "model.cache_dir": str(model_cache), "cache.num_full_pages": num_full_pages,
+            "cache.num_swa_pages": num_swa_pages, "scheduler.cuda_graph": False},
+            environ={}).settings  # fmt: skip
+        self.loop = asyncio.new_event_loop()
+        self.engine = DecodeEngine.build(settings, Metrics())
+        self.events: list[Event] = []
+        self.engine.outbox = Outbox(self.loop, self.events.extend)
+
+    def ended(self) -> bool:
+        return any(isinstance(e, Ended) for e in self.events)
+
+    def step_until(self, cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not cond():
+            assert time.monotonic() < deadline, what
+            self.engine.step(time.monotonic())
+            self.loop.run_until_complete(asyncio.sleep(0.001))
+
+    def close(self) -> None:
+        self.engine.receiver.close()
+        self.loop.close()
+
+
 def test_an_admission_refusal_reaches_the_prefill_peer_which_answers_within_1s(
     peer: tuple[int, int], model_cache: Path
 ) -> None:
     """The router's body goes to both; the decode worker refuses it (too_large: the prompt can
     never fit its pools); the prefill peer answers 413 naming that, not at its 30 s timeout."""
-    from decode_worker.daemon.decode.engine import DecodeEngine
-
     bport, hport = peer
     room, prompt = 9001, [(5 * i) % 256 for i in range(300)]
     posted = Posted(hport, bport, room, prompt)
     time.sleep(0.5)  # the prompt waits at the prefill peer for its transfer request
-    settings = load_settings(overrides={
-        "model.cache_dir": str(model_cache), "cache.num_full_pages": 8,
-        "cache.num_swa_pages": 16, "scheduler.cuda_graph": False}, environ={}).settings
-    loop = asyncio.new_event_loop()
-    eng = DecodeEngine.build(settings, Metrics())
-    events: list[Event] = []
-    eng.outbox = Outbox(loop, events.extend)
+    eng = EngineRun(model_cache, num_full_pages=8, num_swa_pages=16)
     try:
-        eng.inbox.put(AddRequest("big", prompt, SamplingParams(max_new_tokens=4), False,
-                                 "127.0.0.1", bport, room, 0.0))  # fmt: skip
-        deadline = time.monotonic() + 20
-        while not any(isinstance(e, Ended) for e in events):
-            assert time.monotonic() < deadline, "the decode engine did not end the request"
-            eng.step(time.monotonic())
-            loop.run_until_complete(asyncio.sleep(0))
+        eng.engine.inbox.put(AddRequest("big", prompt, SamplingParams(max_new_tokens=4), False,
+                                        "127.0.0.1", bport, room, 0.0))  # fmt: skip
+        eng.step_until(eng.ended, 20, "the decode engine did not end the request")
         refused_at = time.monotonic()
-        (ended,) = [e for e in events if isinstance(e, Ended)]
+        (ended,) = [e for e in eng.events if isinstance(e, Ended)]
         assert ended.reason == "too_large"
         resp, at = posted.result()
     finally:
-        eng.receiver.close()
-        loop.close()
+        eng.close()
     assert resp.status_code == 413, resp.text
     assert "too_large" in resp.text
     assert at - refused_at < 1.0
@@ -290,42 +308,26 @@ def test_a_request_failed_while_its_peer_was_down_is_cancelled_at_the_restarted_
     request: it answers it at once with the decode side's reason instead of holding it to its
     own timeout (30 s here). Found by scripts/soak.py (prefill_sigkill)."""
     import decode_worker.io.kv.router as router_mod
-    from decode_worker.daemon.decode.engine import DecodeEngine
 
     monkeypatch.setattr(router_mod, "_CANCEL_WAIT_S", 120.0)  # however slow the peer's start
     bport, hport, room, prompt = free_port(), free_port(), 9101, [3, 1, 4, 1, 5, 9, 2, 6]
-    settings = load_settings(overrides={
-        "model.cache_dir": str(model_cache), "cache.num_full_pages": 32,
-        "cache.num_swa_pages": 32, "scheduler.cuda_graph": False}, environ={}).settings
-    loop = asyncio.new_event_loop()
-    eng = DecodeEngine.build(settings, Metrics())
-    events: list[Event] = []
-    eng.outbox = Outbox(loop, events.extend)
-
-    def step_until(cond: Any, timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not cond():
-            assert time.monotonic() < deadline, what
-            eng.step(time.monotonic())
-            loop.run_until_complete(asyncio.sleep(0.001))
-
+    eng = EngineRun(model_cache, num_full_pages=32, num_swa_pages=32)
     launch = None
     try:
-        eng.inbox.put(AddRequest("down", prompt, SamplingParams(max_new_tokens=4), False,
-                                 "127.0.0.1", bport, room, 0.0))  # fmt: skip
-        step_until(lambda: any(isinstance(e, Ended) for e in events), 20, "not ended")
-        (ended,) = [e for e in events if isinstance(e, Ended)]
+        eng.engine.inbox.put(AddRequest("down", prompt, SamplingParams(max_new_tokens=4), False,
+                                        "127.0.0.1", bport, room, 0.0))  # fmt: skip
+        eng.step_until(eng.ended, 20, "not ended")
+        (ended,) = [e for e in eng.events if isinstance(e, Ended)]
         assert ended.reason == "peer_dead", ended
         launch = PeerLaunch(bport, model_cache, "--set", "scheduler.kv_timeout_s=30",
                             http_port=hport)  # the peer (re)starts on the same port
-        step_until(launch._ready.is_set, 120, "the prefill peer did not start")
+        eng.step_until(launch._ready.is_set, 120, "the prefill peer did not start")
         t0 = time.monotonic()
         posted = Posted(hport, bport, room, prompt)  # the router's copy reaches it now
-        step_until(posted.done, 10, "the restarted peer held the cancelled request")
+        eng.step_until(posted.done, 10, "the restarted peer held the cancelled request")
         resp, at = posted.result()
     finally:
-        eng.receiver.close()
-        loop.close()
+        eng.close()
         if launch is not None:
             stop(launch.proc)
     assert resp.status_code >= 500 and "peer_dead" in resp.text, resp.text

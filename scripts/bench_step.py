@@ -5,8 +5,10 @@ Drives the daemon's own `DecodeStepper` (page planning in the core, persistent i
 commit to the request table and the outbox) over `bs` running requests of `ctx`-token contexts:
 - with `FakeDeviceRunner` (tests/fakes): a forward that takes 2 ms or 10 ms of simulated device
   time without holding the host, overlap on and off. Host time = the step's CPU time outside
-  the wait for the device; with overlap the step should last the device time (ratio = step
-  wall time / device time).
+  the wait for the device and outside the stand-in's forward math (device work on a GPU: see
+  tests/fakes/fake_device.py); with overlap the step should last the device time (ratio = step
+  wall time / device time). Request i's context is `ctx - i % 16` tokens, so page edges spread
+  over the steps as in a real batch.
 - with the real CPU model (tiny gpt-oss) where its pools fit: host time = the step's CPU time
   outside the forward (CPU runs it eagerly, so there is nothing to overlap).
 
@@ -37,7 +39,7 @@ class _TimedRunner:
     """A real runner whose forward time is counted as device time (CPU runs it eagerly)."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner, self.wait_s, self.wait_cpu_s = inner, 0.0, 0.0
+        self.inner, self.wait_s, self.wait_cpu_s, self.compute_cpu_s = inner, 0.0, 0.0, 0.0
 
     def new_slots(self, num_rows: int) -> Any:
         return self.inner.new_slots(num_rows)
@@ -62,12 +64,13 @@ def measure(runner: Any, bs: int, ctx: int, overlap: bool, steps: int) -> tuple[
         stepper.step(time.monotonic())
     hosts, walls = [], []
     for _ in range(steps):
-        runner.wait_s = runner.wait_cpu_s = 0.0
+        runner.wait_s = runner.wait_cpu_s = runner.compute_cpu_s = 0.0
         t0, cpu0 = time.perf_counter(), time.thread_time()
         stepper.step(time.monotonic())
         stepper.table.outbox.flush()
         walls.append((time.perf_counter() - t0) * 1e3)
-        hosts.append((time.thread_time() - cpu0 - runner.wait_cpu_s) * 1e3)
+        device_cpu = runner.wait_cpu_s + runner.compute_cpu_s
+        hosts.append((time.thread_time() - cpu0 - device_cpu) * 1e3)
     if stepper.busy:  # commit the last launched step (outside the measurement)
         stepper.step(time.monotonic())
     return statistics.median(hosts), statistics.median(walls)

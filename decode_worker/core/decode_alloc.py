@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.req_kv import ReqKV
 from decode_worker.core.request import DecodeRequest, RequestState
+from decode_worker.core.window import swa_slide_at
 from decode_worker.errors import InvalidTransition
 
 S = RequestState
+NEVER = 1 << 62  # a position no request reaches
 
 
 @dataclass(slots=True)
@@ -71,48 +73,91 @@ class DecodeAllocator:
         for req in running:
             if req.state is not S.RUNNING or req.kv is None:
                 raise InvalidTransition(f"req={req.rid}: prepare_step in {req.state.value}")
-            self._slide_window(req.kv)
+        self.slide(running)
         plan = StepPlan(runnable=list(running))
-        while self.ctx.evict_for(*self._needs(plan.runnable, in_flight)):  # a pool is short
-            victim = min(plan.runnable, key=_retract_order)
+        while True:
+            need = self._needs(plan.runnable, in_flight)
+            if not self.ctx.evict_for(len(need.full), len(need.swa)):
+                break
+            victim = min(plan.runnable, key=_retract_order)  # a pool is short
             plan.runnable.remove(victim)
             victim.transition(S.RETRACTED, now, releaser=self.ctx)
             plan.retracted.append(victim)
             self.ctx.stats.retractions_total += 1
-        for req in plan.runnable:
-            self._grow(req.kv, req.rid in in_flight)  # type: ignore[arg-type]  # RUNNING: kv
+        self._grow(need)
         return plan
 
-    # -- internals -----------------------------------------------------------------------------
-    def _needs(self, reqs: Sequence[DecodeRequest], in_flight: Collection[str]
-               ) -> tuple[int, int]:
-        """Full and SWA pages the next step of `reqs` needs."""
-        ps, has_swa, n_full, n_swa = self.ctx.page_size, self.ctx.swa is not None, 0, 0
-        for req in reqs:
-            kv = req.kv
-            assert kv is not None  # RUNNING holds kv (checked in prepare_step)
-            idx = (kv.seq_len + (req.rid in in_flight)) // ps
-            n_full += idx >= len(kv.full_page_ids)
-            n_swa += has_swa and idx >= len(kv.swa_page_ids)
-        return n_full, n_swa
-
-    def _grow(self, kv: ReqKV, ahead: bool) -> None:
-        ctx = self.ctx
-        idx = (kv.seq_len + ahead) // ctx.page_size
-        if idx >= len(kv.full_page_ids):
-            kv.full_page_ids += ctx.full.alloc(1)
-            ctx.stats.decode_pages_allocated_total += 1
-        if ctx.swa is not None and idx >= len(kv.swa_page_ids):
-            kv.swa_page_ids += [0] * (idx - len(kv.swa_page_ids)) + ctx.swa.alloc(1)
-            ctx.stats.decode_pages_allocated_total += 1
-
-    def _slide_window(self, kv: ReqKV) -> None:
-        """Drop SWA below the frontier F = swa_window_start(seq_len): free the request's own
-        pages there; once F passes the tree-owned prefix, release the SWA part of the prefix lock
-        (early release) and forget those tree pages (the tree may tombstone them)."""
+    # -- the batch-level scheduler's pieces of `prepare_step` -----------------------------------
+    # A scheduler that knows which requests are at a page edge (`slide_due_at`, `edge`) calls
+    # these for those only: `prepare_step` over the batch does the same for the rest (nothing).
+    def slide(self, reqs: Sequence[DecodeRequest]) -> None:
+        """Slide the SWA window of RUNNING `reqs` to their `kv.seq_len` (a no-op for a request
+        whose `slide_due_at` is past its `kv.seq_len`)."""
         ctx = self.ctx
         if ctx.swa is None:
             return
+        freed: list[int] = []
+        for req in reqs:
+            self._slide_window(req.kv, freed)  # type: ignore[arg-type]  # RUNNING: kv
+        if freed:
+            ctx.swa.free(freed)
+            ctx.stats.swa_pages_released_total += len(freed)
+
+    def grow(self, reqs: Sequence[DecodeRequest], in_flight: Collection[str] = ()) -> bool:
+        """Give each of RUNNING `reqs` the pages its next position needs (evicting from the tree
+        when short); False, with nothing given, when a pool stays short: then `prepare_step`
+        over the whole batch retracts."""
+        need = self._needs(reqs, in_flight)
+        if self.ctx.evict_for(len(need.full), len(need.swa)):
+            return False
+        self._grow(need)
+        return True
+
+    def slide_due_at(self, kv: ReqKV) -> int:
+        """The `kv.seq_len` at which `slide` next changes `kv` (returns or releases SWA pages);
+        a huge number without SWA layers. Exact: below it `slide` is a no-op."""
+        ctx = self.ctx
+        if ctx.swa is None:
+            return NEVER
+        ps = ctx.page_size
+        # _slide_window acts once the frontier passes kv.swa_start and reaches the lock's end
+        target = max(kv.swa_start + ps, kv.cache_protected_len)
+        return swa_slide_at(target, ctx.window, ps, ctx.radix_cache)
+
+    # -- internals -----------------------------------------------------------------------------
+    def _needs(self, reqs: Sequence[DecodeRequest], in_flight: Collection[str]) -> _Needs:
+        """The requests whose next step needs a full page, and an SWA page (with its index)."""
+        ps, has_swa, need = self.ctx.page_size, self.ctx.swa is not None, _Needs([], [])
+        for req in reqs:
+            kv = req.kv
+            assert kv is not None  # RUNNING holds kv (checked in prepare_step)
+            idx = (len(kv.token_ids) + (req.rid in in_flight)) // ps
+            if idx >= len(kv.full_page_ids):
+                need.full.append(kv)
+            if has_swa and idx >= len(kv.swa_page_ids):
+                need.swa.append((kv, idx))
+        return need
+
+    def _grow(self, need: _Needs) -> None:
+        """Hand out what `need` counts (the pools hold it: `evict_for` said so)."""
+        ctx = self.ctx
+        for kv, page in zip(need.full, ctx.full.alloc(len(need.full)), strict=True):
+            kv.full_page_ids.append(page)
+        if need.swa:
+            assert ctx.swa is not None
+            for (kv, idx), page in zip(need.swa, ctx.swa.alloc(len(need.swa)), strict=True):
+                ids = kv.swa_page_ids
+                if idx > len(ids):
+                    ids += [0] * (idx - len(ids))
+                ids.append(page)
+        ctx.stats.decode_pages_allocated_total += len(need.full) + len(need.swa)
+
+    def _slide_window(self, kv: ReqKV, freed: list[int]) -> None:
+        """Drop SWA below the frontier F = swa_window_start(seq_len): the request's own pages
+        there go to `freed` (the caller frees them); once F passes the tree-owned prefix, release
+        the SWA part of the prefix lock (early release) and forget those tree pages (the tree
+        may tombstone them). Needs SWA layers."""
+        ctx = self.ctx
         ps = ctx.page_size
         frontier = ctx.swa_start(kv.seq_len)
         prot = kv.cache_protected_len
@@ -120,14 +165,18 @@ class DecodeAllocator:
             return  # nothing new out of the window, or the lock still covers it
         ids = kv.swa_page_ids
         lo, hi = max(kv.swa_start, prot) // ps, frontier // ps
-        own = [p for p in ids[lo:hi] if p]
-        if own:
-            ctx.swa.free(own)
-            ctx.stats.swa_pages_released_total += len(own)
-        ids[:hi] = [0] * hi
+        freed += [p for p in ids[lo:hi] if p]
+        first = kv.swa_start // ps  # entries below the old window start are 0 already
+        ids[first:hi] = [0] * (hi - first)
         if ctx.tree is not None and kv.lock is not None:
             ctx.tree.release_swa_lock(kv.lock)  # a no-op once released
         kv.swa_start = frontier
+
+
+@dataclass(slots=True)
+class _Needs:
+    full: list[ReqKV]  # requests whose next position needs a full page
+    swa: list[tuple[ReqKV, int]]  # ... an SWA page, at this logical page index
 
 
 def _retract_order(req: DecodeRequest) -> tuple[int, int]:

@@ -63,6 +63,13 @@ class ReqKV:
             self.shares_tokens = False
         self.token_ids.append(token_id)
 
+    def own_tokens(self) -> None:
+        """Copy a shared `token_ids` now, so that later appends may go to the list directly
+        (the decode batch appends one token per step without `append_token`'s check)."""
+        if self.shares_tokens:
+            self.token_ids = self.token_ids[:]
+            self.shares_tokens = False
+
     def keys(self, page_size: int) -> list[PageKey]:
         """Page keys of the page-aligned prefix of `token_ids`, computing only new pages."""
         n = len(self.token_ids) // page_size

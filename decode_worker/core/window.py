@@ -47,6 +47,18 @@ def swa_window_start(seq_len: int, window: int, page_size: int, radix_cache: boo
     return min(contract, margin)
 
 
+def swa_slide_at(target: int, window: int, page_size: int, radix_cache: bool) -> int:
+    """The smallest `seq_len` whose `swa_window_start` is at least `target` (page-aligned, > 0):
+    when a decoding request's SWA frontier next reaches `target`, so a scheduler checks one
+    number per step instead of calling `swa_window_start`. Inverts both of its formulas:
+    `align_down(s - 1 - max(window, page_size)) >= T` iff `s >= T + 1 + max(window, page_size)`,
+    `align_down(align_down(s) - window) >= T` iff `s >= align_up(T + window)`; without the radix
+    cache `align_down(s - window) >= T` iff `s >= T + window`."""
+    if not radix_cache:
+        return target + window
+    return max(target + 1 + max(window, page_size), cdiv(target + window, page_size) * page_size)
+
+
 def swa_tail_len(seq_len: int, window: int, page_size: int, radix_cache: bool) -> int:
     """Tokens in the SWA tail `[S, seq_len)` that are transferred fresh (see `swa_window_start`;
     `window` = earlier tokens a query sees, 127 for gpt-oss)."""

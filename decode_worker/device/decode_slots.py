@@ -22,10 +22,13 @@ Not thread-safe: the compute thread only.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from decode_worker.errors import PageError
 from decode_worker.utils.mathx import cdiv
+
+_BLOCK = 16  # page writes longer than this are queued as one numpy block
 
 
 class DecodeSlots:
@@ -35,6 +38,7 @@ class DecodeSlots:
                  pool_pages: tuple[int, int], device: torch.device) -> None:
         """`pool_pages`: (full, swa) pool sizes; page ids above them are refused (PageError)."""
         self.device, self.page_size, self.max_pages = device, page_size, max_pages
+        self.num_rows = num_rows
         self.ring = swa_ring_width(window, page_size)
         self.pool_pages = pool_pages
         rows = num_rows + 1
@@ -45,6 +49,7 @@ class DecodeSlots:
         self._pin = device.type == "cuda"
         # queued writes: flat (row, col, value) triples per table
         self._full_w: list[int] = []
+        self._full_blocks: list[np.ndarray] = []  # long writes, [3 n] i64 each
         self._swa_w: list[int] = []
         self._tok_w: list[int] = []
 
@@ -69,6 +74,14 @@ class DecodeSlots:
             raise PageError(f"decode slots: page {first_idx + len(page_ids) - 1} past the "
                             f"table width {self.max_pages}")
         check_page_ids(page_ids, self.pool_pages[0], "full")
+        n = len(page_ids)
+        if n > _BLOCK:  # a whole table at a request's first step: one array, not n triples
+            block = np.empty((n, 3), np.int64)  # [n, 3] (row, col, value)
+            block[:, 0] = slot
+            block[:, 1] = np.arange(first_idx, first_idx + n)
+            block[:, 2] = page_ids
+            self._full_blocks.append(block.ravel())
+            return
         w = self._full_w
         for i, page in enumerate(page_ids, first_idx):
             w += (slot, i, page)
@@ -87,6 +100,11 @@ class DecodeSlots:
 
     def flush(self) -> None:
         """Apply every queued write (one scatter per table)."""
+        if self._full_blocks:
+            self._full_blocks.append(np.asarray(self._full_w, np.int64))
+            self._full_w.clear()
+            self._scatter2(self.full, np.concatenate(self._full_blocks))
+            self._full_blocks.clear()
         if self._full_w:
             self._scatter2(self.full, self._full_w)
         if self._swa_w:
@@ -105,17 +123,19 @@ class DecodeSlots:
         swa = self.swa[slots]  # [bs, ring]
         return tokens, full, swa
 
-    def to_device(self, values: list[int]) -> torch.Tensor:
+    def to_device(self, values: list[int] | np.ndarray) -> torch.Tensor:
         """A [n] i64 device tensor of `values` (pinned staging, non-blocking on CUDA)."""
         return self._stage(values)
 
-    def _scatter2(self, table: torch.Tensor, triples: list[int]) -> None:
+    def _scatter2(self, table: torch.Tensor, triples: list[int] | np.ndarray) -> None:
         t = self._stage(triples).view(-1, 3)  # [n, 3] (row, col, value)
         table[t[:, 0], t[:, 1]] = t[:, 2].to(table.dtype)
-        triples.clear()
+        if isinstance(triples, list):
+            triples.clear()
 
-    def _stage(self, values: list[int]) -> torch.Tensor:
-        host = torch.tensor(values, dtype=torch.long)  # [n]
+    def _stage(self, values: list[int] | np.ndarray) -> torch.Tensor:
+        host = (torch.from_numpy(np.ascontiguousarray(values, np.int64))
+                if isinstance(values, np.ndarray) else torch.tensor(values, dtype=torch.long))
         if not self._pin:
             return host
         return host.pin_memory().to(self.device, non_blocking=True)  # [n]
@@ -149,6 +169,10 @@ class HostTokens:
             self._host = chosen  # [bs]
 
     def wait(self) -> list[int]:
+        return self.wait_array().tolist()  # type: ignore[no-any-return]
+
+    def wait_array(self) -> np.ndarray:
+        """[bs] i64 token ids, once the step that chose them is done."""
         if self._event is not None:
             self._event.synchronize()
-        return [int(t) for t in self._host.tolist()]
+        return self._host.numpy()

@@ -10,9 +10,11 @@ Not thread-safe: call from the compute thread only.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from decode_worker.device.attention import DecodeAttention, PrefillAttention
@@ -51,8 +53,9 @@ class DecodeRunner(Protocol):
 
     def new_slots(self, num_rows: int) -> DecodeSlots: ...
 
-    def decode_slots(self, slots: DecodeSlots, slot_ids: list[int], positions: list[int]
-                     ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def decode_slots(self, slots: DecodeSlots, slot_ids: Sequence[int] | np.ndarray,
+                     positions: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        ...
 
     def fetch_tokens(self, chosen: torch.Tensor) -> HostTokens: ...
 
@@ -132,8 +135,8 @@ class ModelRunner:
                            (pools.num_pages["full"], pools.num_pages["swa"]), self.device)
 
     @torch.inference_mode()
-    def decode_slots(self, slots: DecodeSlots, slot_ids: list[int], positions: list[int]
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode_slots(self, slots: DecodeSlots, slot_ids: Sequence[int] | np.ndarray,
+                     positions: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """One step for the requests in rows `slot_ids` of `slots`, each at `positions[i]`,
         its input token `slots.tokens[slot]`. The caller keeps the rows' tables covering the
         positions (SWA: the window) and page ids are checked when written, not here.
@@ -142,8 +145,9 @@ class ModelRunner:
         graph's static output: valid until the next decode call (sample before it).
         """
         slots.flush()
-        bs, width = len(slot_ids), max(positions) // self.pools.page_size + 1
-        both = slots.to_device(slot_ids + positions)  # [2 * bs] i64: slots, then positions
+        slot_a, pos_a = np.asarray(slot_ids, np.int64), np.asarray(positions, np.int64)
+        bs, width = len(slot_a), int(pos_a.max()) // self.pools.page_size + 1
+        both = slots.to_device(np.concatenate((slot_a, pos_a)))  # [2 bs] i64: slots, positions
         slots_t, positions_t = both[:bs], both[bs:]  # [bs] each
         tokens, full_t, swa_t = slots.gather(slots_t, width)  # [bs], [bs, width], [bs, ring]
         return self._run(tokens, positions_t, full_t, swa_t), slots_t

@@ -1,18 +1,24 @@
 """A device-time stand-in for the decode stepper: test and benchmark only, never the daemon.
 
 `FakeDeviceRunner` keeps the real persistent inputs (`DecodeSlots`: page tables, future token
-ids) and the real host-side work of a step (flush, gather), but its "forward" is a cheap fixed
-function of (input token, position, current full page) and takes `device_ms` of simulated device
-time without holding the host: a launch only books the simulated device (a queue: a step starts
-when the previous one is done), and `wait()` on the step's tokens sleeps until the booked end.
-So host work done between a launch and the wait overlaps the device time, as on a GPU.
+ids) and the real host-side work of a step (queued row writes flushed, inputs staged), but its
+"forward" is a cheap fixed function of (input token, position, current full page) and takes
+`device_ms` of simulated device time without holding the host: a launch only books the simulated
+device (a queue: a step starts when the previous one is done), and `wait()` on the step's tokens
+sleeps until the booked end. So host work done between a launch and the wait overlaps the device
+time, as on a GPU. What the forward computes (table gathers, the token function, the logits) is
+device work on a GPU; here the CPU does it, so its CPU time is booked as the device's
+(`compute_cpu_s`), not the host's, and the vocabulary is small (64) so that the stepper's argmax
+over the logits, a kernel launch on a GPU, stays small too.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from decode_worker.core.admission import PreallocQueue, QueueLimits
@@ -22,9 +28,10 @@ from decode_worker.core.pages import PageAllocator
 from decode_worker.core.req_kv import ReqKV
 from decode_worker.core.request import RequestState
 from decode_worker.core.sampling import SamplingParams
+from decode_worker.daemon.decode.batch import RunningBatch
 from decode_worker.daemon.decode.bridge import AddRequest, Event, Outbox
 from decode_worker.daemon.decode.requests import RequestTable
-from decode_worker.daemon.decode.stepper import DecodeStepper
+from decode_worker.daemon.decode.stepper import DecodeStepper, sample_kind
 from decode_worker.device.decode_slots import DecodeSlots, HostTokens
 from decode_worker.device.sampler import Sampler
 from decode_worker.utils.mathx import cdiv
@@ -40,7 +47,7 @@ class FakeHostTokens(HostTokens):
         super().__init__(chosen)
         self._runner, self._ready_at = runner, ready_at
 
-    def wait(self) -> list[int]:
+    def wait_array(self) -> np.ndarray:
         t0, cpu0 = time.perf_counter(), time.thread_time()
         if self._ready_at - t0 > _SPIN_S:
             time.sleep(self._ready_at - t0 - _SPIN_S)
@@ -48,13 +55,13 @@ class FakeHostTokens(HostTokens):
             pass
         self._runner.wait_s += time.perf_counter() - t0
         self._runner.wait_cpu_s += time.thread_time() - cpu0
-        return super().wait()
+        return super().wait_array()
 
 
 class FakeDeviceRunner:
     """A `DecodeRunner` whose step takes `device_ms` of simulated device time."""
 
-    def __init__(self, device_ms: float, *, vocab: int = 512, page_size: int = 16,
+    def __init__(self, device_ms: float, *, vocab: int = 64, page_size: int = 16,
                  window: int = 127, max_pages: int = 4096,
                  pool_pages: tuple[int, int] = (1 << 20, 1 << 20)) -> None:
         self.device_s, self.vocab = device_ms / 1e3, vocab
@@ -63,24 +70,28 @@ class FakeDeviceRunner:
         self.free_at = 0.0  # perf_counter time the simulated device finishes its queue
         self.wait_s = 0.0  # host time spent blocked on the simulated device
         self.wait_cpu_s = 0.0  # the CPU time of that (the spin at its end)
+        self.compute_cpu_s = 0.0  # CPU time of the forward's math (device work on a GPU)
         self.steps = 0
 
     def new_slots(self, num_rows: int) -> DecodeSlots:
         return DecodeSlots(num_rows, self.max_pages, self.window, self.page_size,
                            self.pool_pages, CPU)
 
-    def decode_slots(self, slots: DecodeSlots, slot_ids: list[int], positions: list[int]
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode_slots(self, slots: DecodeSlots, slot_ids: Sequence[int] | np.ndarray,
+                     positions: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [bs, vocab]: one-hot at (31 * token + 7 * position + page) % vocab. Reads
         only the inputs' current page (on a GPU the table gathers are device work)."""
         slots.flush()
         bs = len(slot_ids)
-        both = slots.to_device(slot_ids + positions)  # [2 * bs]
+        both = slots.to_device(np.concatenate((np.asarray(slot_ids, np.int64),
+                                               np.asarray(positions, np.int64))))  # [2 * bs]
         slots_t, pos_t = both[:bs], both[bs:]  # [bs] each
+        cpu0 = time.thread_time()
         page = slots.full[slots_t, pos_t // self.page_size].long()  # [bs]
         nxt = (31 * slots.tokens[slots_t] + 7 * pos_t + page) % self.vocab  # [bs]
         logits = torch.zeros(bs, self.vocab)  # [bs, V]
         logits[torch.arange(bs), nxt] = 1.0
+        self.compute_cpu_s += time.thread_time() - cpu0
         now = time.perf_counter()
         self.free_at = max(now, self.free_at) + self.device_s
         self.steps += 1
@@ -116,10 +127,12 @@ class _NoTransfers:
 
 def running_stepper(runner: Any, bs: int, ctx: int, overlap: bool, *, page_size: int = 16,
                     window: int = 127, params: SamplingParams | None = None,
-                    keep_events: bool = False) -> DecodeStepper:
+                    keep_events: bool = False, stagger: bool = True) -> DecodeStepper:
     """The daemon's `DecodeStepper` over `runner` with `bs` RUNNING requests of `ctx` prompt
     tokens each (pages from real allocators, no radix tree, no transfer): what the step costs
-    without admission and KV transfer in the way."""
+    without admission and KV transfer in the way. With `stagger` request i's prompt is
+    `i % page_size` tokens shorter, so page edges spread over the steps as in a real batch
+    (not every request at an edge on the same step)."""
     num_full = bs * (cdiv(ctx, page_size) + 64) + 8
     full, swa = PageAllocator(num_full, "full"), PageAllocator(bs * 16 + 8, "swa")
     kv_ctx = KVContext(None, full, swa, page_size=page_size, window=window, radix_cache=False)
@@ -127,15 +140,16 @@ def running_stepper(runner: Any, bs: int, ctx: int, overlap: bool, *, page_size:
                                               kv_timeout_s=1e9, max_active=bs,
                                               decode_reserve_tokens=0))
     alloc = DecodeAllocator(kv_ctx)
-    table = RequestTable(kv_ctx, queue, alloc, _NoTransfers(), SinkOutbox(keep_events))
-    stepper = DecodeStepper(table, queue, alloc, runner, Sampler("cpu", seed=0),
-                            max_running=bs, overlap=overlap)
+    batch = RunningBatch(runner.new_slots(bs), alloc, sample_kind)
+    table = RequestTable(kv_ctx, queue, alloc, _NoTransfers(), SinkOutbox(keep_events), batch)
+    stepper = DecodeStepper(table, queue, alloc, runner, Sampler("cpu", seed=0), overlap=overlap)
     params = params or SamplingParams(max_new_tokens=1 << 20, temperature=0, ignore_eos=True)
     for i in range(bs):
-        prompt = [(i * 7 + j) % 200 + 3 for j in range(ctx)]
+        n_tok = ctx - i % page_size if stagger else ctx
+        prompt = [(i * 7 + j) % 200 + 3 for j in range(n_tok)]
         live = table.add(AddRequest(f"r{i}", prompt, params, False, None, None, None, 0.0),
                          frozenset(), 0.0)
-        swa_start, n = kv_ctx.swa_start(ctx), cdiv(ctx, page_size)
+        swa_start, n = kv_ctx.swa_start(n_tok), cdiv(n_tok, page_size)
         swa_ids = [0] * (swa_start // page_size) + swa.alloc(n - swa_start // page_size)
         kv = ReqKV(list(prompt), full.alloc(n), swa_ids, swa_start=swa_start)
         live.req.transition(RequestState.RESERVED, 0.0, kv=kv)

@@ -23,6 +23,7 @@ from decode_worker.daemon.decode.bridge import (
     FlushCache,
     Outbox,
     Tokens,
+    per_request,
 )
 from decode_worker.daemon.decode.engine import DecodeEngine
 from decode_worker.io.api.backend import FlushResult, Load
@@ -55,7 +56,7 @@ class Driver:
         self.eng.step(time.monotonic())
         self.loop.run_until_complete(asyncio.sleep(0))  # deliver call_soon callbacks
         answers = []
-        for ev in self.events:
+        for ev in per_request(self.events):
             if isinstance(ev, CacheFlushed):
                 answers.append(ev)
                 continue

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.daemon.decode.bridge import AddRequest, Ended, Event, Tokens
+from decode_worker.daemon.decode.bridge import AddRequest, Ended, Event, Tokens, per_request
 from decode_worker.daemon.decode.engine import DecodeEngine
 from tests.integration.conftest import recording_engine
 
@@ -40,7 +40,7 @@ def run_all(engine: DecodeEngine, events: list[Event], prompts: list[list[int]],
         engine.step(time.monotonic())
         overlapped |= engine.stepper.busy
         loop.run_until_complete(asyncio.sleep(0))  # deliver call_soon callbacks
-        for ev in events:
+        for ev in per_request(events):
             assert isinstance(ev, Tokens | Ended)
             if isinstance(ev, Ended):
                 assert ev.finished, ev.message

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.daemon.decode.bridge import AddRequest, Ended, Event, Tokens
+from decode_worker.daemon.decode.bridge import AddRequest, Ended, Event, Tokens, per_request
 from decode_worker.daemon.decode.engine import DecodeEngine
 from decode_worker.device.default_model import write_model
 from tests.integration.conftest import recording_engine
@@ -39,7 +39,7 @@ def run_all(engine: DecodeEngine, events: list[Event], prompts: list[list[int]],
     while len(done) < len(prompts) and time.monotonic() < deadline:
         engine.step(time.monotonic())
         engine.outbox.loop.run_until_complete(asyncio.sleep(0))  # deliver call_soon callbacks
-        for ev in events:
+        for ev in per_request(events):
             assert isinstance(ev, Tokens | Ended)
             if isinstance(ev, Ended):  # the end of a request: finished, or an error
                 assert ev.finished, ev.message

@@ -8,11 +8,20 @@ import asyncio
 
 import pytest
 
+from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.decode import backend as decode_backend
 from decode_worker.daemon.decode.backend import BackendInfo, DecodeBackend
-from decode_worker.daemon.decode.bridge import CacheFlushed, EngineDead, FlushCache, Inbox
+from decode_worker.daemon.decode.bridge import (
+    CacheFlushed,
+    Ended,
+    EngineDead,
+    FlushCache,
+    Inbox,
+    StepTokens,
+    Tokens,
+)
 from decode_worker.errors import ServiceUnavailable
-from decode_worker.io.api.backend import FlushResult, Load
+from decode_worker.io.api.backend import FlushResult, GenerateInput, Load, OutputChunk
 from tests.fakes.fake_backend import ByteTokenizer
 
 INFO = BackendInfo("/m", "m", 16, 127, 1024, 8, 64, 4096)
@@ -63,3 +72,36 @@ def test_load_is_what_the_engine_published() -> None:
     published = Load(num_running_reqs=2, num_waiting_reqs=1, num_tokens=96, measured_at=1.0)
     backend, _ = make(published)
     assert backend.load() is published
+
+
+def test_step_tokens_reach_each_stream_with_its_totals_and_end_in_one_chunk() -> None:
+    """A step's tokens come as one `StepTokens`; each request's chunk carries the totals of its
+    first `Tokens`, and a request ending in the same batch gets one last chunk."""
+    backend, _ = make()
+
+    async def run() -> dict[str, list[OutputChunk]]:
+        streams = {rid: backend.generate(GenerateInput(rid, [1, 2, 3], SamplingParams()))
+                   for rid in ("a", "b")}
+        got: dict[str, list[OutputChunk]] = {"a": [], "b": []}
+        firsts = {rid: asyncio.ensure_future(s.__anext__()) for rid, s in streams.items()}
+        await asyncio.sleep(0)
+        backend.deliver([Tokens("a", OutputChunk([7], prompt_tokens=3, cached_tokens=2)),
+                         Tokens("b", OutputChunk([8], prompt_tokens=3, cached_tokens=0))])
+        for rid, first in firsts.items():
+            got[rid].append(await first)
+        backend.deliver([StepTokens(["a", "b"], [9, 10])])
+        backend.deliver([StepTokens(["b", "a"], [11, 12]), Ended("a", "length", "", None, 3, 2)])
+        for rid, stream in streams.items():
+            async for chunk in stream:
+                got[rid].append(chunk)
+                if rid == "b" and len(got[rid]) == 3:
+                    await stream.aclose()
+                    break
+        return got
+
+    got = asyncio.run(run())
+    assert [c.token_ids for c in got["a"]] == [[7], [9], [12]]
+    assert [(c.prompt_tokens, c.cached_tokens) for c in got["a"]] == [(3, 2)] * 3
+    assert got["a"][-1].finish_reason == "length"
+    assert [c.token_ids for c in got["b"]] == [[8], [10], [11]]
+    assert all(c.cached_tokens == 0 and c.finish_reason is None for c in got["b"])

@@ -25,6 +25,7 @@ from decode_worker.daemon.decode.bridge import (
     FinishRequest,
     FlushCache,
     Inbox,
+    StepTokens,
     Tokens,
 )
 from decode_worker.device.grammar import prepare_sampling
@@ -70,6 +71,7 @@ class DecodeBackend:
         self.max_queued = max_queued
         self._load = load
         self._queues: dict[str, asyncio.Queue[OutputChunk]] = {}
+        self._totals: dict[str, tuple[int, int]] = {}  # rid -> (prompt, cached) tokens, last sent
         self._flushes: dict[int, asyncio.Future[FlushResult]] = {}
         self._flush_tokens = itertools.count(1)
         self.draining = False
@@ -105,6 +107,7 @@ class DecodeBackend:
                 yield chunk
         finally:
             self._queues.pop(inp.rid, None)
+            self._totals.pop(inp.rid, None)
             if not ended:  # the consumer went away first
                 self._inbox.put(AbortRequest(inp.rid, "client_abort"))
 
@@ -147,8 +150,19 @@ class DecodeBackend:
                 done = self._flushes.get(event.token)
                 if done is not None and not done.done():  # else: the caller gave up
                     done.set_result(event.result)
+            elif isinstance(event, StepTokens):
+                totals = self._totals
+                for rid, token in zip(event.rids, event.token_ids, strict=True):
+                    prompt, cached = totals.get(rid, (0, 0))
+                    step_chunk = OutputChunk([token], prompt_tokens=prompt,
+                                             cached_tokens=cached)
+                    last[rid] = step_chunk
+                    self._put(rid, step_chunk)
             elif isinstance(event, Tokens):
                 last[event.rid] = event.chunk
+                if event.rid in self._queues:
+                    self._totals[event.rid] = (event.chunk.prompt_tokens,
+                                               event.chunk.cached_tokens)
                 self._put(event.rid, event.chunk)
             else:
                 chunk = last.get(event.rid) if event.finished else None
@@ -213,6 +227,7 @@ class DecodeBackend:
 def _end_chunk(chunk: OutputChunk, ended: Ended) -> None:
     """Make `chunk` the request's last: finished ("stop" / "length") or an error whose reason
     the API layer maps to an HTTP status."""
+    chunk.prompt_tokens, chunk.cached_tokens = ended.prompt_tokens, ended.cached_tokens
     if ended.finished:
         chunk.finish_reason = "stop" if ended.reason == "stop" else "length"
         chunk.matched_stop = ended.matched_stop

@@ -78,6 +78,21 @@ class Tokens:
 
 
 @dataclass(slots=True)
+class StepTokens:
+    """One decode step's token for each of `rids` (rows without logprobs): one event per step,
+    not one per request. Prompt and cached-token totals are those of the request's last
+    `Tokens` (a request's first token always goes as `Tokens`)."""
+
+    rids: list[str]
+    token_ids: list[int]
+
+    def split(self) -> list[Tokens]:
+        """One `Tokens` per request (totals left at 0): for tests and tools."""
+        return [Tokens(rid, OutputChunk([t])) for rid, t in zip(self.rids, self.token_ids,
+                                                                 strict=True)]
+
+
+@dataclass(slots=True)
 class Ended:
     """Request `rid` ended: `reason` is "stop" or "length" when it finished, else its abort or
     failure label (docs/CONTRACTS.md; the API layer maps it to an HTTP status) with `message`.
@@ -108,7 +123,12 @@ class CacheFlushed:
     result: FlushResult
 
 
-Event = Tokens | Ended | EngineDead | CacheFlushed
+Event = Tokens | StepTokens | Ended | EngineDead | CacheFlushed
+
+
+def per_request(events: list[Event]) -> list[Event]:
+    """`events` with each `StepTokens` split into one `Tokens` per request (tests, tools)."""
+    return [e for ev in events for e in (ev.split() if isinstance(ev, StepTokens) else [ev])]
 
 
 class Inbox:

@@ -23,6 +23,7 @@ from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
 from decode_worker.daemon.decode.backend import BackendInfo
+from decode_worker.daemon.decode.batch import RunningBatch
 from decode_worker.daemon.decode.books import Books
 from decode_worker.daemon.decode.bridge import (
     AbortRequest,
@@ -40,7 +41,7 @@ from decode_worker.daemon.decode.bridge import (
 from decode_worker.daemon.decode.fetcher import AuxRows, KVFetcher
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.requests import RequestTable
-from decode_worker.daemon.decode.stepper import DecodeStepper
+from decode_worker.daemon.decode.stepper import DecodeStepper, sample_kind
 from decode_worker.daemon.shared.compat import model_compat, region_layouts
 from decode_worker.daemon.shared.runtime import Runtime, build_runtime
 from decode_worker.device.aux_buffer import AuxBuffer
@@ -90,12 +91,13 @@ class DecodeEngine:
             kv_timeout_s=sched.kv_timeout_s)
         sampler = Sampler(rt.pools.device)
         self.inbox = Inbox()
+        batch = RunningBatch(rt.runner.new_slots(sched.max_running_requests), decode_alloc,
+                             sample_kind)
         self.table = RequestTable(self.kv_ctx, self.queue, decode_alloc, self.receiver,
-                                  outbox or Outbox.unbound())
+                                  outbox or Outbox.unbound(), batch)
         self.fetcher = KVFetcher(self.receiver, AuxRows(aux, sglang_aux), self.table, rt.runner,
                                  sampler)
         self.stepper = DecodeStepper(self.table, self.queue, decode_alloc, rt.runner, sampler,
-                                     max_running=sched.max_running_requests,
                                      overlap=sched.overlap_schedule)
         self.books = Books(self.kv_ctx, self.table, self.fetcher, self.stepper, metrics)
         self._eos_ids = frozenset(rt.tokenizer.eos_token_ids)

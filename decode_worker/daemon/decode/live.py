@@ -29,6 +29,7 @@ class LiveRequest:
     cached_tokens: int = 0
     ended: Ended | None = None
     emitted: int = 0  # output tokens already sent to the client
+    slot: int = 0  # its row of the running batch (0: not running)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)  # when cmd.top_logprobs
     grammar: GrammarState | None = field(default=None, init=False)  # made by the first row

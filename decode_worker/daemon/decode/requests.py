@@ -26,6 +26,7 @@ from decode_worker.core.admission import Abort, PreallocQueue
 from decode_worker.core.decode_alloc import DecodeAllocator
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.request import TERMINAL, DecodeRequest, RequestState
+from decode_worker.daemon.decode.batch import RunningBatch
 from decode_worker.daemon.decode.bridge import AddRequest, Outbox
 from decode_worker.daemon.decode.live import LiveRequest
 
@@ -52,12 +53,12 @@ class RequestTable:
     """
 
     def __init__(self, kv_ctx: KVContext, queue: PreallocQueue, decode_alloc: DecodeAllocator,
-                 transfers: TransferStopper, outbox: Outbox) -> None:
+                 transfers: TransferStopper, outbox: Outbox, running: RunningBatch) -> None:
         self.kv_ctx, self.queue, self.decode_alloc = kv_ctx, queue, decode_alloc
         self.transfers = transfers
         self.outbox = outbox
         self.lives: dict[str, LiveRequest] = {}
-        self.running: list[LiveRequest] = []
+        self.running = running  # the decode batch (the stepper joins it; `end` leaves it)
         # transfer id -> an ended request whose pages the transfer still holds, and its status
         self.draining: dict[int, tuple[LiveRequest, str]] = {}
         self.requests_total: Counter[str] = Counter()  # finished / aborted / failed
@@ -87,8 +88,7 @@ class RequestTable:
             return
         live.ended = live.ended_event(reason, message, matched_stop)
         self.lives.pop(live.rid, None)
-        if live in self.running:
-            self.running.remove(live)
+        self.running.leave(live)
         status = "finished" if reason in FINISHED else "failed" if failed else "aborted"
         self._count(live.req, status, reason)
         self.outbox.put(live.ended)

@@ -5,9 +5,14 @@ running request one token, retracting some first when pages run short (they go b
 prealloc queue with their KV cached). Tokens go out as `Tokens`; a request whose last token ends
 it leaves through the request table. Compute thread only.
 
-Inputs persist between steps (`StepRows`, `device/decode_slots.py`): a request's page table and
-next token live in a device row, written when a page is added, and the sampler writes each
+Inputs persist between steps (`RunningBatch`, `device/decode_slots.py`): a request's page table
+and next token live in a device row, written when a page is added, and the sampler writes each
 step's tokens straight into the rows, where the next step reads them ("future token ids").
+
+Host work per step is batch-level (`batch.py`): positions, page edges, window slides, lengths
+and stop tokens are numpy operations over the batch's arrays; Python runs per row only for the
+rows at a page edge (one step in page_size), the rows whose token may end them, and one append
+of each row's token. The step's tokens go out as one `StepTokens` event.
 
 Overlapped scheduling (`scheduler.overlap_schedule`): `step` launches step N+1 (pages planned
 one position ahead for the requests of the still-running step N, inputs read on the device),
@@ -26,12 +31,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from decode_worker.core.admission import PreallocQueue
 from decode_worker.core.decode_alloc import DecodeAllocator
-from decode_worker.core.request import RequestState
+from decode_worker.daemon.decode.batch import Order, RunningBatch, SampleKind
+from decode_worker.daemon.decode.bridge import StepTokens
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.requests import RequestTable
-from decode_worker.daemon.decode.step_rows import SampleKind, StepRows
 from decode_worker.device.decode_slots import HostTokens
 from decode_worker.device.runner import DecodeRunner
 from decode_worker.device.sampler import SampleOutput, Sampler, SampleRow
@@ -41,9 +48,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class _Launched:
-    """A launched step: its requests and their tokens (on their way, or sampled on the host)."""
+    """A launched step: its rows (and their gen then), and their tokens (on their way, or
+    sampled on the host)."""
 
-    lives: list[LiveRequest]
+    order: Order
+    gen: np.ndarray  # [n] the rows' `RunningBatch.gen` at launch
     tokens: HostTokens | None
     sampled: SampleOutput | None
 
@@ -52,11 +61,10 @@ class DecodeStepper:
     """Runs the table's running batch on the model, one token per request per step."""
 
     def __init__(self, table: RequestTable, queue: PreallocQueue, decode_alloc: DecodeAllocator,
-                 runner: DecodeRunner, sampler: Sampler, *, max_running: int,
-                 overlap: bool = True) -> None:
+                 runner: DecodeRunner, sampler: Sampler, *, overlap: bool = True) -> None:
         self.table, self.queue, self.decode_alloc = table, queue, decode_alloc
         self.runner, self.sampler, self.overlap = runner, sampler, overlap
-        self.rows = StepRows(runner.new_slots(max_running), sample_kind)
+        self.batch: RunningBatch = table.running
         self.in_flight: _Launched | None = None
         self.generated_tokens_total = 0
 
@@ -67,16 +75,17 @@ class DecodeStepper:
 
     def start(self, live: LiveRequest, now: float) -> None:
         """READY -> RUNNING: insert the received prompt into the tree (dedup and repoint onto
-        cache-owned pages), send the first token, and end at once if it already ends."""
+        cache-owned pages), join the batch, send the first token, and end at once if it already
+        ends."""
         self.decode_alloc.start_running(live.req, now)
-        self.table.running.append(live)
+        self.batch.join(live)
         self._commit(live, now)
 
     def step(self, now: float) -> None:
         """One token for every running request (retracting some first if pages are short).
         With overlap on, the tokens committed are those of the step launched last time."""
         prev, self.in_flight = self.in_flight, None
-        launched = self._launch(prev, now) if self.table.running else None
+        launched = self._launch(now) if self.batch else None
         if prev is not None:
             self._commit_step(prev, now)
         if launched is not None and (launched.sampled is not None or not self.overlap):
@@ -84,62 +93,121 @@ class DecodeStepper:
         else:
             self.in_flight = launched
 
-    def _launch(self, prev: _Launched | None, now: float) -> _Launched | None:
+    def _launch(self, now: float) -> _Launched | None:
         """Plan pages, write the inputs that changed, run the model and sample on the device."""
-        # still-running requests of the uncommitted step (a rid may return in a new request)
-        ahead = ({lv.req.rid for lv in prev.lives if lv.req.state is RequestState.RUNNING}
-                 if prev is not None else set())
-        lives = self._plan_pages(now, ahead)
-        if not lives:
+        order = self._plan_pages(now)
+        if order is None:
             return None
-        positions = [lv.req.kv.seq_len + (lv.req.rid in ahead)  # type: ignore[union-attr]
-                     for lv in lives]  # RUNNING requests hold kv
-        slot_ids, kind = self.rows.sync(lives, positions)
-        slots = self.rows.slots
-        logits, slots_t = self.runner.decode_slots(slots, slot_ids, positions)  # [bs, V]
+        batch, slots = self.batch, order.slots
+        positions = batch.pos[slots]  # [n]
+        kind = SampleKind(int(batch.kind[slots].max()))
+        pages = batch.slots
+        logits, slots_t = self.runner.decode_slots(pages, slots, positions)  # [n, V]
+        ahead = batch.ahead[slots]  # [n] before this launch
+        batch.pos[slots] += 1
+        batch.ahead[slots] += 1
+        gen = batch.gen[slots]
         if kind is SampleKind.GREEDY:  # no per-request rows to build
-            chosen = logits.argmax(dim=-1)  # [bs] i64 on the device
+            chosen = logits.argmax(dim=-1)  # [n] i64 on the device
         else:
-            rows = [_row(lv, lv.req.rid in ahead) for lv in lives]
+            rows = [_row(lv, a) for lv, a in zip(order.lives, ahead.tolist(), strict=True)]
             if kind is SampleKind.HOST:
                 out = self.sampler.sample(logits, rows)  # waits for the step
-                for slot, token in zip(slot_ids, out.token_ids, strict=True):
-                    slots.write_token(slot, token)
-                return _Launched(lives, None, out)
-            chosen = self.sampler.choose(logits, rows)  # [bs] i64 on the device
-        slots.tokens[slots_t] = chosen  # the next step's inputs, written on the device
-        return _Launched(lives, self.runner.fetch_tokens(chosen), None)
+                for slot, token in zip(slots.tolist(), out.token_ids, strict=True):
+                    pages.write_token(slot, token)
+                return _Launched(order, gen, None, out)
+            chosen = self.sampler.choose(logits, rows)  # [n] i64 on the device
+        pages.tokens[slots_t] = chosen  # the next step's inputs, written on the device
+        return _Launched(order, gen, self.runner.fetch_tokens(chosen), None)
 
-    def _commit_step(self, step: _Launched, now: float) -> None:
-        """Append each request's token and send it; skip requests that left meanwhile."""
-        out = step.sampled
-        tokens = out.token_ids if out is not None else step.tokens.wait()  # type: ignore[union-attr]
-        running = RequestState.RUNNING
-        for i, (live, token) in enumerate(zip(step.lives, tokens, strict=True)):
-            if live.req.state is not running:
-                continue  # ended (a stop token in the step before, an abort) or retracted
-            live.req.append_token(token)
-            if out is not None:  # (device-sampled rows asked for no logprobs)
-                live.record_logprobs(out.logprobs[i], out.top_logprobs[i])
-            self._commit(live, now)
+    def _plan_pages(self, now: float) -> Order | None:
+        """The rows to launch, each holding the pages (and row entries) its position needs:
+        rows its uncommitted step ends by length are left out; rows at a page edge or a window
+        slide get their pages from the core; when the pools stay short the whole batch goes
+        through `prepare_step`, which retracts (see `_retract`)."""
+        batch = self.batch
+        order = batch.order()
+        slots = order.slots
+        ahead = batch.ahead[slots]
+        go = batch.left[slots] > ahead  # [n] not ended by the uncommitted step's length
+        if not go.all():
+            order = order.subset(go)
+            slots, ahead = order.slots, ahead[go]
+        pos = batch.pos[slots]
+        grow = np.flatnonzero(pos >= batch.edge[slots])
+        slide = np.flatnonzero(pos - ahead >= batch.slide_at[slots])
+        if not grow.size and not slide.size:
+            return order if order.lives else None
+        lives = order.lives
+        if slide.size:  # the window moved: SWA pages leave it
+            sliding = [lives[i] for i in slide.tolist()]
+            self.decode_alloc.slide([lv.req for lv in sliding])
+            for live in sliding:
+                batch.slid(live)
+        if grow.size:  # a page edge: a new full page, an SWA page to get or write
+            growing = [lives[i] for i in grow.tolist()]
+            in_flight = {lv.rid for lv, a in zip(growing, ahead[grow].tolist(), strict=True)
+                         if a}
+            if not self.decode_alloc.grow([lv.req for lv in growing], in_flight):
+                return self._retract(order, ahead, now)
+            for live in growing:
+                batch.refresh(live)
+        return order
 
-    def _plan_pages(self, now: float, ahead: set[str]) -> list[LiveRequest]:
-        """Give every running request the pages its next token needs (sliding SWA pages out of
-        the window); retracted requests go back to the prealloc queue, their computed KV
-        cached. `ahead`: requests whose launched step is not committed (their next position is
-        one further; those it will end by length are left out). Returns the batch."""
-        running = self.table.running
-        cands = [lv for lv in running if lv.req.rid not in ahead
-                 or len(lv.req.output_ids) + 1 < lv.req.max_new_tokens]
-        by_rid = {lv.req.rid: lv for lv in cands}
-        plan = self.decode_alloc.prepare_step([lv.req for lv in cands], now, ahead)
+    def _retract(self, order: Order, ahead: np.ndarray, now: float) -> Order | None:
+        """The pools are short after evicting: `prepare_step` over the launchable rows retracts
+        some (back to the prealloc queue, their computed KV cached) and gives the rest their
+        pages."""
+        batch = self.batch
+        in_flight = {lv.rid for lv, a in zip(order.lives, ahead.tolist(), strict=True) if a}
+        plan = self.decode_alloc.prepare_step([lv.req for lv in order.lives], now, in_flight)
+        gone = {id(r) for r in plan.retracted}
+        for live in order.lives:
+            if id(live.req) in gone:
+                batch.leave(live)
+                log.info("rid=%s retracted after %d tokens", live.rid, len(live.req.output_ids))
+            else:
+                batch.refresh(live)
         if plan.retracted:
             self.queue.requeue(plan.retracted, now)
-            gone = {r.rid for r in plan.retracted}
-            running[:] = [lv for lv in running if lv.rid not in gone]
-            for req in plan.retracted:
-                log.info("rid=%s retracted after %d tokens", req.rid, len(req.output_ids))
-        return [by_rid[r.rid] for r in plan.runnable]
+        return order.subset(np.array([id(lv.req) not in gone for lv in order.lives], bool)
+                            ) if plan.runnable else None
+
+    def _commit_step(self, step: _Launched, now: float) -> None:
+        """Append each request's token and send it; skip rows whose request left meanwhile."""
+        batch, order, out = self.batch, step.order, step.sampled
+        tokens = (np.asarray(out.token_ids, np.int64) if out is not None
+                  else step.tokens.wait_array())  # type: ignore[union-attr]  # [n]
+        same = batch.gen[order.slots] == step.gen  # [n] the row's request is still there
+        rows = None
+        if not same.all():  # some ended (a stop token in the step before, an abort) or retracted
+            rows = np.flatnonzero(same)
+            order, tokens = order.subset(same), tokens[same]
+        slots = order.slots
+        batch.ahead[slots] -= 1
+        batch.left[slots] -= 1
+        if out is not None:
+            self._commit_host(order, tokens, out, rows, now)
+            return
+        toks = tokens.tolist()
+        for output, kv_tokens, token in zip(order.outputs, order.kv_tokens, toks, strict=True):
+            kv_tokens.append(output[-1])  # the step wrote the KV of the input token
+            output.append(token)
+        self.generated_tokens_total += len(toks)
+        self.table.outbox.put(StepTokens(order.rids, toks))
+        ends = np.flatnonzero((batch.left[slots] <= 0) | batch.stop_hits(tokens))
+        for i in ends.tolist():
+            self._finish_if_done(order.lives[i], now)
+
+    def _commit_host(self, order: Order, tokens: np.ndarray, out: SampleOutput,
+                     rows: np.ndarray | None, now: float) -> None:
+        """A host-sampled step (logprobs, a grammar): each row's token, logprobs and end."""
+        index = range(len(out.token_ids)) if rows is None else rows.tolist()
+        for live, token, i in zip(order.lives, tokens.tolist(), index, strict=True):
+            live.req.append_token(token)
+            live.emitted = len(live.req.output_ids) - 1  # stale while fast steps sent tokens
+            live.record_logprobs(out.logprobs[i], out.top_logprobs[i])
+            self._commit(live, now)
 
     def _commit(self, live: LiveRequest, now: float) -> None:
         """Send new tokens; on a stop token / EOS / max_new_tokens end the request (its KV is
@@ -148,17 +216,20 @@ class DecodeStepper:
         if event is not None:
             self.generated_tokens_total += len(event.chunk.token_ids)
             self.table.outbox.put(event)
+        self._finish_if_done(live, now)
+
+    def _finish_if_done(self, live: LiveRequest, now: float) -> None:
         finish = live.finish_reason()
         if finish is not None:
             reason, matched = finish
             self.table.end(live, reason, "", now, matched_stop=matched)
 
 
-def _row(live: LiveRequest, ahead: bool) -> SampleRow:
+def _row(live: LiveRequest, ahead: int) -> SampleRow:
     """The request's sample row; one token further when its previous step is uncommitted
     (a seeded row's noise is keyed by the token's index, whatever the overlap)."""
     row = live.sample_row()
-    return replace(row, step=row.step + 1) if ahead else row
+    return replace(row, step=row.step + ahead) if ahead else row
 
 
 def sample_kind(live: LiveRequest) -> SampleKind:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from decode_worker.core.request import DecodeRequest, RequestState
 from decode_worker.core.window import swa_peak_pages
 from tests.unit.core.test_admission_helpers import PS, WIN, Rig, admit_one, make_rig, req
@@ -107,3 +110,29 @@ def test_without_radix_cache_swa_pages_are_freed_as_the_window_moves() -> None:
     assert rig.stats.swa_pages_released_total >= (800 - 300) // PS - 1
     rig.dec.finish(r, 2.0)
     rig.check([])
+
+
+@given(prompt=st.integers(1, 700), radix=st.booleans(), steps=st.integers(1, 400))
+@settings(max_examples=60, deadline=None)
+def test_slide_due_at_is_exact_and_the_batch_pieces_match_prepare_step(
+        prompt: int, radix: bool, steps: int) -> None:
+    """Below `slide_due_at` a slide changes nothing; at it, it does. Sliding and growing only the
+    request at an edge (`slide` + `grow`, the batch scheduler's way) leaves the same pages as
+    `prepare_step` over it every step."""
+    rigs = [make_rig(full_pages=64, swa_pages=16, radix=radix) for _ in range(2)]
+    reqs = [_running(rig, req("a", prompt, max_new=steps + 2)) for rig in rigs]
+    for _ in range(steps):
+        a, b = reqs
+        assert a.kv is not None and b.kv is not None
+        due = rigs[0].dec.slide_due_at(a.kv)
+        before = (a.kv.swa_start, list(a.kv.swa_page_ids), rigs[0].ctx.swa.num_free)  # type: ignore[union-attr]
+        rigs[0].dec.slide([a])
+        after = (a.kv.swa_start, list(a.kv.swa_page_ids), rigs[0].ctx.swa.num_free)  # type: ignore[union-attr]
+        assert (before != after) == (a.kv.seq_len >= due), (a.kv.seq_len, due)
+        assert rigs[0].dec.grow([a])
+        rigs[1].dec.prepare_step([b], 1.0)
+        assert (a.kv.full_page_ids, a.kv.swa_page_ids, a.kv.swa_start) == (
+            b.kv.full_page_ids, b.kv.swa_page_ids, b.kv.swa_start)
+        for rig, r in zip(rigs, reqs, strict=True):
+            r.append_token(5)
+            rig.check([r])

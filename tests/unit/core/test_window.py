@@ -8,6 +8,7 @@ from decode_worker.core.window import (
     max_full_pages,
     max_reuse_len,
     swa_peak_pages,
+    swa_slide_at,
     swa_tail_len,
     swa_tail_pages,
     swa_window_start,
@@ -88,3 +89,13 @@ def test_peak_bounds_pages_referenced_over_a_whole_request(
             f = swa_window_start(n, window, page, radix)
             lo = f if f >= locked_to else min(start, f)
             assert n // page - lo // page + 1 <= peak
+
+
+@pytest.mark.parametrize(("window", "page"), CASES)
+@pytest.mark.parametrize("radix", [True, False])
+def test_slide_at_is_the_first_length_whose_window_start_reaches_the_target(
+        window: int, page: int, radix: bool) -> None:
+    for target in range(page, 6 * (window + page), page):
+        at = swa_slide_at(target, window, page, radix)
+        assert swa_window_start(at, window, page, radix) >= target
+        assert swa_window_start(at - 1, window, page, radix) < target

@@ -1,0 +1,186 @@
+"""The running batch: its requests, and their step state in arrays indexed by `DecodeSlots` row.
+
+A request joins at READY -> RUNNING (`join`: a row of the persistent decode inputs, its whole
+page table and input token written once) and leaves by the request table's one exit or by
+retraction (`leave`). Between the two, what a step needs of it is kept in numpy arrays over the
+rows, so the scheduler's per-step work is a few vector operations over the batch plus Python for
+the few rows at an edge:
+```
+pos       next position to launch at: kv.seq_len + ahead
+ahead     launched steps not yet committed (0, or 1 under overlapped scheduling)
+edge      first position whose launch needs the host: a full page not held, or an SWA page not
+          written to the row (a page edge: one step in page_size)
+slide_at  the kv.seq_len at which the SWA window next slides (`DecodeAllocator.slide_due_at`)
+left      tokens to go before max_new_tokens (committed)
+kind      `SampleKind`
+gen       bumped at every join and leave: a launched step's row is still the same request's
+          iff its gen is unchanged
+```
+Pages reach a row only at its edges: the full pages it was given, and SWA pages up to the
+position's page (the SWA ring holds the window's pages, not pages held ahead of it):
+```
+SWA ring of R columns, position p:  page i = p // page_size sits in column i % R;
+columns hold pages [i - R + 1, i], a superset of the window's [(p - window) // page_size, i]
+```
+A request's page lists only grow at the end while it runs (the tree repoints them once, at
+`start_running`, before it joins), so the written counts say what is new. Rows run in row order.
+Stop tokens and EOS of the batch are counted in one table, so a step finds the rows its tokens
+may end with one `isin`. Compute thread only.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from decode_worker.core.decode_alloc import NEVER, DecodeAllocator
+from decode_worker.daemon.decode.live import LiveRequest
+from decode_worker.device.decode_slots import DecodeSlots
+
+
+class SampleKind(enum.IntEnum):
+    """How a request's tokens are chosen; a batch takes its rows' largest kind."""
+
+    GREEDY = 0  # argmax on the device
+    DEVICE = 1  # `Sampler.choose` on the device
+    HOST = 2  # `Sampler.sample`, waiting for the step (logprobs, grammar)
+
+
+class Order:
+    """The batch in row order, as of one membership (cached until a join or leave), with each
+    row's output list and KV token list (a member's lists are never replaced: `join` makes its
+    KV token list its own) for the per-step append."""
+
+    __slots__ = ("kv_tokens", "lives", "outputs", "rids", "slots")
+
+    def __init__(self, slots: np.ndarray, lives: list[LiveRequest]) -> None:
+        self.slots = slots  # [n] i64 rows
+        self.lives = lives
+        self.rids = [lv.rid for lv in lives]
+        self.outputs = [lv.req.output_ids for lv in lives]
+        self.kv_tokens = [lv.req.kv.token_ids for lv in lives]  # type: ignore[union-attr]
+
+    def subset(self, mask: np.ndarray) -> Order:
+        """The rows where `mask` ([n] bool) is set."""
+        return Order(self.slots[mask], list(itertools.compress(self.lives, mask.tolist())))
+
+
+class RunningBatch:
+    """The RUNNING requests (see the module docstring); `classify` gives a joining request's
+    `SampleKind`."""
+
+    def __init__(self, slots: DecodeSlots, decode_alloc: DecodeAllocator,
+                 classify: Callable[[LiveRequest], SampleKind]) -> None:
+        self.slots, self.decode_alloc, self.classify = slots, decode_alloc, classify
+        ctx = decode_alloc.ctx
+        self.page_size, self.has_swa = ctx.page_size, ctx.swa is not None
+        rows = slots.num_rows + 1  # row 0 is the dummy row, never a request's
+        self.lives: list[LiveRequest | None] = [None] * rows
+        self.pos = np.zeros(rows, np.int64)
+        self.ahead = np.zeros(rows, np.int64)
+        self.edge = np.full(rows, NEVER, np.int64)
+        self.slide_at = np.full(rows, NEVER, np.int64)
+        self.left = np.zeros(rows, np.int64)
+        self.kind = np.zeros(rows, np.int8)
+        self.gen = np.zeros(rows, np.int64)
+        self._num_full = [0] * rows  # full pages written to the row
+        self._num_swa = [0] * rows  # SWA page-list entries written (the ring keeps the window's)
+        self._stops: Counter[int] = Counter()  # stop token / EOS -> rows it may end
+        self._stop_ids: np.ndarray | None = None  # the keys of `_stops` (None: rebuild)
+        self._order: Order | None = None
+        self._count = 0
+
+    # -- membership ------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def __contains__(self, live: object) -> bool:
+        return isinstance(live, LiveRequest) and live.slot > 0 and self.lives[live.slot] is live
+
+    def __iter__(self) -> Iterator[LiveRequest]:
+        return iter(self.order().lives[:])  # a copy: callers may end requests while iterating
+
+    def order(self) -> Order:
+        if self._order is None:
+            slots = np.flatnonzero(self.gen & 1)  # a member's gen is odd
+            self._order = Order(slots, [self.lives[s] for s in slots.tolist()])  # type: ignore[misc]
+        return self._order
+
+    def join(self, live: LiveRequest) -> None:
+        """Give RUNNING `live` a row: its page table, input token and step state."""
+        req, kv = live.req, live.req.kv
+        assert kv is not None and req.output_ids  # RUNNING holds kv and its next input
+        kv.own_tokens()  # the batch appends to kv.token_ids directly
+        slot = self.slots.acquire()
+        live.slot, self.lives[slot] = slot, live
+        self.gen[slot] += 1  # odd: a member
+        self.pos[slot], self.ahead[slot] = kv.seq_len, 0
+        self.left[slot] = req.max_new_tokens - len(req.output_ids)
+        self.kind[slot] = self.classify(live)
+        self._num_full[slot] = self._num_swa[slot] = 0
+        self.slots.write_token(slot, req.output_ids[-1])
+        self.refresh(live)
+        self._stops.update(_stop_ids(live))
+        self._stop_ids, self._order = None, None
+        self._count += 1
+
+    def leave(self, live: LiveRequest) -> None:
+        """Take `live` out of the batch (a no-op when it is not in it); its row is free at once
+        (writes to a row are ordered after the steps already launched)."""
+        if live not in self:
+            return
+        slot = live.slot
+        live.slot, self.lives[slot] = 0, None
+        live.emitted = len(live.req.output_ids)  # every committed token went out
+        self.gen[slot] += 1  # even: free; a launched step's row no longer matches
+        self.edge[slot] = self.slide_at[slot] = NEVER
+        self.slots.release(slot)
+        self._stops.subtract(_stop_ids(live))
+        self._stops = +self._stops  # drop the zero counts
+        self._stop_ids, self._order = None, None
+        self._count -= 1
+
+    # -- step state ------------------------------------------------------------------------------
+    def refresh(self, live: LiveRequest) -> None:
+        """After the core gave `live` pages (it joined, or grew at its edge): queue the new
+        pages for its row and recompute its edge and slide point."""
+        slot, kv, ps, slots = live.slot, live.req.kv, self.page_size, self.slots
+        assert kv is not None
+        full, num_full = kv.full_page_ids, self._num_full[slot]
+        if len(full) > num_full:
+            slots.write_full(slot, num_full, full[num_full:])
+            self._num_full[slot] = num_full = len(full)
+        if self.has_swa:
+            swa, written = kv.swa_page_ids, self._num_swa[slot]
+            num_swa = min(len(swa), int(self.pos[slot]) // ps + 1)
+            if num_swa > written:
+                slots.write_swa(slot, written, swa[written:num_swa])
+                self._num_swa[slot] = written = num_swa
+            num_full = min(num_full, written)
+        self.edge[slot] = num_full * ps
+        self.slide_at[slot] = self.decode_alloc.slide_due_at(kv)
+
+    def slid(self, live: LiveRequest) -> None:
+        """After the core slid `live`'s window (pages left it; none reach the row)."""
+        self.slide_at[live.slot] = self.decode_alloc.slide_due_at(live.req.kv)  # type: ignore[arg-type]
+
+    def stop_hits(self, tokens: np.ndarray) -> np.ndarray:
+        """[n] bool: which of `tokens` ([n] i64) is a stop token or EOS of some row."""
+        if not self._stops:
+            return np.zeros(len(tokens), bool)
+        if self._stop_ids is None:
+            self._stop_ids = np.fromiter(self._stops, np.int64, len(self._stops))
+        return np.isin(tokens, self._stop_ids)
+
+
+def _stop_ids(live: LiveRequest) -> set[int]:
+    """The tokens that may end `live`: its stop tokens, and EOS unless it ignores EOS."""
+    sp = live.cmd.sampling
+    return set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(live.eos_ids))

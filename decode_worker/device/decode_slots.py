@@ -69,11 +69,8 @@ class DecodeSlots:
         self._free.append(slot)
 
     def write_full(self, slot: int, first_idx: int, page_ids: list[int]) -> None:
-        """Full pages of logical pages [first_idx, first_idx + len(page_ids))."""
-        if first_idx + len(page_ids) > self.max_pages:
-            raise PageError(f"decode slots: page {first_idx + len(page_ids) - 1} past the "
-                            f"table width {self.max_pages}")
-        check_page_ids(page_ids, self.pool_pages[0], "full")
+        """Full pages of logical pages [first_idx, first_idx + len(page_ids)) (checked at
+        `flush`)."""
         n = len(page_ids)
         if n > _BLOCK:  # a whole table at a request's first step: one array, not n triples
             block = np.empty((n, 3), np.int64)  # [n, 3] (row, col, value)
@@ -87,8 +84,8 @@ class DecodeSlots:
             w += (slot, i, page)
 
     def write_swa(self, slot: int, first_idx: int, page_ids: list[int]) -> None:
-        """SWA pages of logical pages [first_idx, ...); only the last `ring` can matter."""
-        check_page_ids(page_ids, self.pool_pages[1], "swa")
+        """SWA pages of logical pages [first_idx, ...); only the last `ring` can matter
+        (checked at `flush`)."""
         start = max(first_idx, first_idx + len(page_ids) - self.ring)
         w, ring = self._swa_w, self.ring
         for i in range(start, first_idx + len(page_ids)):
@@ -99,20 +96,34 @@ class DecodeSlots:
         self._tok_w += (slot, token_id)
 
     def flush(self) -> None:
-        """Apply every queued write (one scatter per table)."""
-        if self._full_blocks:
-            self._full_blocks.append(np.asarray(self._full_w, np.int64))
-            self._full_w.clear()
-            self._scatter2(self.full, np.concatenate(self._full_blocks))
-            self._full_blocks.clear()
-        if self._full_w:
-            self._scatter2(self.full, self._full_w)
+        """Apply every queued write: one scatter per table, of the last value queued for each
+        entry (a freed row reused in the same step, an SWA ring column written twice: a
+        scatter with repeated indices is unordered on CUDA). Raises PageError, writing nothing,
+        when a page id is outside its pool or a full page lies past the table width (checked
+        here over the whole batch of writes, not per write)."""
+        full = swa = None
+        if self._full_blocks or self._full_w:
+            full = np.concatenate([*self._full_blocks, np.asarray(self._full_w, np.int64)])
         if self._swa_w:
-            self._scatter2(self.swa, self._swa_w)
-        if self._tok_w:
-            t = self._stage(self._tok_w).view(-1, 2)  # [n, 2] (row, token)
-            self.tokens[t[:, 0]] = t[:, 1]
-            self._tok_w = []
+            swa = np.asarray(self._swa_w, np.int64)
+        tok, self._tok_w = self._tok_w, []
+        self._full_w, self._swa_w, self._full_blocks = [], [], []
+        if full is not None:
+            full = full.reshape(-1, 3)  # [n, 3] (row, col, value)
+            if int(full[:, 1].max()) >= self.max_pages:
+                raise PageError(f"decode slots: page {int(full[:, 1].max())} past the "
+                                f"table width {self.max_pages}")
+            _check_range(full[:, 2], self.pool_pages[0], "full")
+        if swa is not None:
+            swa = swa.reshape(-1, 3)  # [n, 3]
+            _check_range(swa[:, 2], self.pool_pages[1], "swa")
+        if full is not None:
+            self._scatter(self.full, full[:, 0] * self.max_pages + full[:, 1], full[:, 2])
+        if swa is not None:
+            self._scatter(self.swa, swa[:, 0] * self.ring + swa[:, 1], swa[:, 2])
+        if tok:
+            pairs = np.asarray(tok, np.int64).reshape(-1, 2)  # [n, 2] (row, token)
+            self._scatter(self.tokens, pairs[:, 0], pairs[:, 1])
 
     def gather(self, slots: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor,
                                                                 torch.Tensor]:
@@ -127,11 +138,16 @@ class DecodeSlots:
         """A [n] i64 device tensor of `values` (pinned staging, non-blocking on CUDA)."""
         return self._stage(values)
 
-    def _scatter2(self, table: torch.Tensor, triples: list[int] | np.ndarray) -> None:
-        t = self._stage(triples).view(-1, 3)  # [n, 3] (row, col, value)
-        table[t[:, 0], t[:, 1]] = t[:, 2].to(table.dtype)
-        if isinstance(triples, list):
-            triples.clear()
+    def _scatter(self, table: torch.Tensor, flat: np.ndarray, values: np.ndarray) -> None:
+        """table.view(-1)[flat] = values, the last value winning where `flat` repeats."""
+        if len(flat) > 1:
+            _, first = np.unique(flat[::-1], return_index=True)  # last occurrences, reversed
+            if len(first) != len(flat):
+                keep = len(flat) - 1 - first
+                flat, values = flat[keep], values[keep]
+        both = self._stage(np.concatenate((flat, values)))  # [2 n] i64
+        n = len(flat)
+        table.view(-1).put_(both[:n], both[n:].to(table.dtype))
 
     def _stage(self, values: list[int] | np.ndarray) -> torch.Tensor:
         host = (torch.from_numpy(np.ascontiguousarray(values, np.int64))
@@ -151,6 +167,12 @@ def check_page_ids(ids: list[int], num_pages: int, pool: str) -> None:
     """Raises PageError unless every id is a page of the pool (0 = the dummy page)."""
     if ids and (min(ids) < 0 or max(ids) > num_pages):
         raise PageError(f"{pool} page ids must be in [0, {num_pages}], got {min(ids)}..{max(ids)}")
+
+
+def _check_range(ids: np.ndarray, num_pages: int, pool: str) -> None:
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi > num_pages:
+        raise PageError(f"{pool} page ids must be in [0, {num_pages}], got {lo}..{hi}")
 
 
 class HostTokens:

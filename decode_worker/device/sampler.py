@@ -49,6 +49,41 @@ class SampleOutput:
     top_logprobs: list[TopLogprobs | None]
 
 
+@dataclass(frozen=True, slots=True)
+class ParamsBatch:
+    """The sampling parameters of a batch's rows as tensors on the logits' device, built once
+    per step from per-request rows (`of_rows`) or straight from a scheduler's arrays.
+    `top_k` is the vocabulary size where a row has none; `seeded` lists (row, noise seed) of
+    the rows with their own seed (a seeded row's noise seed is keyed by its step)."""
+
+    temperature: torch.Tensor  # [bs] f32, 1.0 on greedy rows
+    top_k: torch.Tensor  # [bs] i64
+    top_p: torch.Tensor  # [bs] f32
+    min_p: torch.Tensor  # [bs] f32
+    greedy: torch.Tensor  # [bs] bool
+    all_greedy: bool
+    any_filter: bool
+    seeded: list[tuple[int, int]]
+
+    @classmethod
+    def of_rows(cls, rows: Sequence[SampleRow], vocab: int, dev: torch.device) -> ParamsBatch:
+        ps = [r.params for r in rows]
+        greedy = [p.is_greedy for p in ps]
+        cols = torch.tensor([[1.0 if g else p.temperature, p.top_k if p.top_k > 0 else vocab,
+                              p.top_p, p.min_p, float(g)] for p, g in zip(ps, greedy,
+                                                                        strict=True)],
+                            dtype=torch.float64).to(dev)  # [bs, 5]
+        seeded = [(i, noise_seed(r.params.seed, r.step)) for i, r in enumerate(rows)
+                  if r.params.seed is not None and not greedy[i]]
+        return cls(cols[:, 0].float(), cols[:, 1].long(), cols[:, 2].float(), cols[:, 3].float(),
+                   cols[:, 4].bool(), all(greedy), any(_filters(p) for p in ps), seeded)
+
+
+def noise_seed(seed: int, step: int) -> int:
+    """The generator seed of a seeded row's noise at its `step`-th token."""
+    return (seed * _SEED_MIX + step) % (2**63)
+
+
 class Sampler:
     """Holds the shared generator of unseeded rows. Not thread-safe (compute thread only)."""
 
@@ -69,7 +104,8 @@ class Sampler:
         if any(r.grammar is not None for r in rows):
             allowed = mask_logits(logits, [r.grammar for r in rows])
         # all-greedy batches take the argmax path only; chosen: [bs]
-        chosen = allowed.argmax(dim=-1) if all(greedy) else self._sample(allowed, rows, greedy)
+        chosen = (allowed.argmax(dim=-1) if all(greedy) else self._sample_batch(
+            allowed, ParamsBatch.of_rows(rows, logits.shape[1], logits.device)))
         logprobs, top = _logprobs(logits, chosen, rows)
         return SampleOutput(chosen.tolist(), logprobs, top)
 
@@ -79,35 +115,38 @@ class Sampler:
         greedy path), without logprobs: the overlapped decode step feeds them to the next
         step on the device. Rows with more than params (logprobs) go through `sample`."""
         logits = logits.float()  # [bs, V]
-        greedy = [r.params.is_greedy for r in rows]
-        return logits.argmax(dim=-1) if all(greedy) else self._sample(logits, rows, greedy)
+        if all(r.params.is_greedy for r in rows):
+            return logits.argmax(dim=-1)
+        return self._sample_batch(logits, ParamsBatch.of_rows(rows, logits.shape[1],
+                                                              logits.device))
 
-    def _sample(self, logits: torch.Tensor, rows: Sequence[SampleRow],
-                greedy: list[bool]) -> torch.Tensor:
-        dev, vocab = logits.device, logits.shape[1]
-        temps = torch.tensor([1.0 if g else r.params.temperature for r, g in zip(
-            rows, greedy, strict=True)], device=dev)  # [bs]
-        probs = torch.softmax(logits / temps[:, None], dim=-1)  # [bs, V]
-        noise = self._noise(rows, vocab, dev)  # [bs, V] Exp(1)
-        if any(_filters(r.params) for r in rows):
+    @torch.inference_mode()
+    def choose_batch(self, logits: torch.Tensor, params: ParamsBatch) -> torch.Tensor:
+        """`choose` with the parameters already in tensors (the decode batch's own arrays)."""
+        logits = logits.float()  # [bs, V]
+        return logits.argmax(dim=-1) if params.all_greedy else self._sample_batch(logits, params)
+
+    def _sample_batch(self, logits: torch.Tensor, p: ParamsBatch) -> torch.Tensor:
+        probs = torch.softmax(logits / p.temperature[:, None], dim=-1)  # [bs, V]
+        noise = self._noise(p.seeded, logits.shape, logits.device)  # [bs, V] Exp(1)
+        if p.any_filter:
             sorted_p, sorted_i = probs.sort(dim=-1, descending=True)  # [bs, V] each
-            sorted_p = _filter_sorted(sorted_p, rows, vocab)  # [bs, V], renormalized
+            sorted_p = _filter_sorted(sorted_p, p)  # [bs, V], renormalized
             # noise stays keyed by token id, so a seeded row draws the same whatever the batch
             pick = (sorted_p / noise.gather(1, sorted_i)).argmax(dim=-1, keepdim=True)  # [bs,1]
             sampled = sorted_i.gather(1, pick)[:, 0]  # [bs]
         else:  # plain temperature sampling: no sort needed
             sampled = (probs / noise).argmax(dim=-1)  # [bs]
-        is_greedy = torch.tensor(greedy, device=dev)  # [bs] bool
-        return torch.where(is_greedy, logits.argmax(dim=-1), sampled)  # [bs]
+        return torch.where(p.greedy, logits.argmax(dim=-1), sampled)  # [bs]
 
-    def _noise(self, rows: Sequence[SampleRow], vocab: int, dev: torch.device) -> torch.Tensor:
-        noise = torch.empty(len(rows), vocab, device=dev)  # [bs, V]
+    def _noise(self, seeded: list[tuple[int, int]], shape: torch.Size, dev: torch.device
+               ) -> torch.Tensor:
+        noise = torch.empty(shape, device=dev)  # [bs, V]
         noise.exponential_(generator=self.generator)
-        for i, r in enumerate(rows):
-            if r.params.seed is not None and not r.params.is_greedy:
-                g = torch.Generator(device=dev)
-                g.manual_seed((r.params.seed * _SEED_MIX + r.step) % (2**63))
-                noise[i].exponential_(generator=g)
+        for i, seed in seeded:
+            g = torch.Generator(device=noise.device)
+            g.manual_seed(seed)
+            noise[i].exponential_(generator=g)
         return noise.clamp_(min=1e-20)  # p / 0 would give nan for filtered-out tokens
 
 
@@ -115,18 +154,13 @@ def _filters(p: SamplingParams) -> bool:
     return p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0
 
 
-def _filter_sorted(sorted_p: torch.Tensor, rows: Sequence[SampleRow], vocab: int) -> torch.Tensor:
+def _filter_sorted(sorted_p: torch.Tensor, p: ParamsBatch) -> torch.Tensor:
     """Zero the probabilities top-k / top-p / min-p remove (the top token always stays)."""
-    dev = sorted_p.device
-    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in rows],
-                         device=dev)  # [bs]
-    top_p = torch.tensor([r.params.top_p for r in rows], device=dev)  # [bs]
-    min_p = torch.tensor([r.params.min_p for r in rows], device=dev)  # [bs]
-    rank = torch.arange(vocab, device=dev)[None, :]  # [1, V]
-    drop = rank >= top_k[:, None]  # [bs, V]
+    rank = torch.arange(sorted_p.shape[1], device=sorted_p.device)[None, :]  # [1, V]
+    drop = rank >= p.top_k[:, None]  # [bs, V]
     before = sorted_p.cumsum(dim=-1) - sorted_p  # [bs, V] mass strictly above each token
-    drop |= before > top_p[:, None]  # top-p: the mass above already reaches top_p
-    drop |= sorted_p < (min_p * sorted_p[:, 0])[:, None]  # min-p relative to the top token
+    drop |= before > p.top_p[:, None]  # top-p: the mass above already reaches top_p
+    drop |= sorted_p < (p.min_p * sorted_p[:, 0])[:, None]  # min-p relative to the top token
     drop[:, 0] = False
     kept = sorted_p.masked_fill(drop, 0.0)  # [bs, V]
     return kept / kept.sum(dim=-1, keepdim=True)

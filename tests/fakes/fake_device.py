@@ -126,7 +126,8 @@ class _NoTransfers:
 
 
 def running_stepper(runner: Any, bs: int, ctx: int, overlap: bool, *, page_size: int = 16,
-                    window: int = 127, params: SamplingParams | None = None,
+                    window: int = 127,
+                    params: SamplingParams | list[SamplingParams] | None = None,
                     keep_events: bool = False, stagger: bool = True) -> DecodeStepper:
     """The daemon's `DecodeStepper` over `runner` with `bs` RUNNING requests of `ctx` prompt
     tokens each (pages from real allocators, no radix tree, no transfer): what the step costs
@@ -144,10 +145,11 @@ def running_stepper(runner: Any, bs: int, ctx: int, overlap: bool, *, page_size:
     table = RequestTable(kv_ctx, queue, alloc, _NoTransfers(), SinkOutbox(keep_events), batch)
     stepper = DecodeStepper(table, queue, alloc, runner, Sampler("cpu", seed=0), overlap=overlap)
     params = params or SamplingParams(max_new_tokens=1 << 20, temperature=0, ignore_eos=True)
+    per_req = params if isinstance(params, list) else [params] * bs
     for i in range(bs):
         n_tok = ctx - i % page_size if stagger else ctx
         prompt = [(i * 7 + j) % 200 + 3 for j in range(n_tok)]
-        live = table.add(AddRequest(f"r{i}", prompt, params, False, None, None, None, 0.0),
+        live = table.add(AddRequest(f"r{i}", prompt, per_req[i], False, None, None, None, 0.0),
                          frozenset(), 0.0)
         swa_start, n = kv_ctx.swa_start(n_tok), cdiv(n_tok, page_size)
         swa_ids = [0] * (swa_start // page_size) + swa.alloc(n - swa_start // page_size)

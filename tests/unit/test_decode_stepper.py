@@ -6,12 +6,15 @@ for a request that its previous step ends by length."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
+import torch
 
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.decode.bridge import Ended, Tokens, per_request
 from decode_worker.daemon.decode.stepper import DecodeStepper
+from decode_worker.device.sampler import ParamsBatch
 from tests.fakes.fake_device import FakeDeviceRunner, SinkOutbox, running_stepper
 
 
@@ -90,3 +93,29 @@ def test_a_stop_token_ends_each_request_at_its_first_occurrence(overlap: bool) -
             assert ended[rid].reason == "length" and len(got) == 30 and stop not in got, rid
     assert ended["r0"].reason == "stop" and sent["r0"] == seqs["r0"][:7]
     assert not stepper.batch and stepper.batch.slots.num_free == 6  # every row came back
+
+
+def test_the_batch_samples_with_the_parameters_of_each_request() -> None:
+    """A sampled batch takes its parameters from the batch's arrays (no per-request rows):
+    they are exactly what each request's own sample row gives, seeded rows keyed by the index
+    of the token they sample, one further while a step is uncommitted."""
+    def sp(**kw: object) -> SamplingParams:
+        return SamplingParams(max_new_tokens=50, ignore_eos=True, **kw)  # type: ignore[arg-type]
+
+    params = [sp(temperature=0), sp(temperature=0.7), sp(temperature=1.3, top_k=5),
+              sp(temperature=0.9, top_p=0.8, min_p=0.05, seed=11), sp(temperature=0, seed=3),
+              sp(temperature=0.5, seed=12345)]
+    stepper = running_stepper(FakeDeviceRunner(0.0), len(params), 40, True, params=params)
+    for _ in range(3):
+        stepper.step(time.monotonic())
+    batch = stepper.batch
+    order = batch.order()
+    ahead = batch.ahead[order.slots]
+    assert ahead.tolist() == [1] * len(params)  # overlapped: a step is in flight
+    got = batch.sample_params(order.slots, ahead, 64, torch.device("cpu"))
+    rows = [replace(lv.sample_row(), step=len(lv.req.output_ids) + 1) for lv in order.lives]
+    want = ParamsBatch.of_rows(rows, 64, torch.device("cpu"))
+    for name in ("temperature", "top_k", "top_p", "min_p", "greedy"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), msg=name)
+    assert (got.all_greedy, got.any_filter) == (want.all_greedy, want.any_filter) == (False, True)
+    assert got.seeded == want.seeded and len(got.seeded) == 2  # the greedy seeded row draws none

@@ -36,10 +36,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 import numpy as np
+import torch
 
 from decode_worker.core.decode_alloc import NEVER, DecodeAllocator
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.device.decode_slots import DecodeSlots
+from decode_worker.device.sampler import ParamsBatch, noise_seed
 
 
 class SampleKind(enum.IntEnum):
@@ -87,6 +89,11 @@ class RunningBatch:
         self.left = np.zeros(rows, np.int64)
         self.kind = np.zeros(rows, np.int8)
         self.gen = np.zeros(rows, np.int64)
+        # sampling parameters (DEVICE rows): temperature (1.0 when greedy), top_k (0: none),
+        # top_p, min_p, greedy; seed (-1: none) and max_new_tokens for a seeded row's step
+        self.sample_f = np.zeros((rows, 5), np.float64)  # temperature, top_k, top_p, min_p, greedy
+        self.seed = np.full(rows, -1, np.int64)
+        self.max_new = np.zeros(rows, np.int64)
         self._num_full = [0] * rows  # full pages written to the row
         self._num_swa = [0] * rows  # SWA page-list entries written (the ring keeps the window's)
         self._stops: Counter[int] = Counter()  # stop token / EOS -> rows it may end
@@ -124,9 +131,16 @@ class RunningBatch:
         self.pos[slot], self.ahead[slot] = kv.seq_len, 0
         self.left[slot] = req.max_new_tokens - len(req.output_ids)
         self.kind[slot] = self.classify(live)
+        sp = live.cmd.sampling
+        greedy = sp.is_greedy
+        self.sample_f[slot] = (1.0 if greedy else sp.temperature, sp.top_k, sp.top_p, sp.min_p,
+                               greedy)
+        self.seed[slot] = -1 if sp.seed is None or greedy else sp.seed
+        self.max_new[slot] = req.max_new_tokens
         self._num_full[slot] = self._num_swa[slot] = 0
         self.slots.write_token(slot, req.output_ids[-1])
         self.refresh(live)
+        self.slid(live)
         self._stops.update(_stop_ids(live))
         self._stop_ids, self._order = None, None
         self._count += 1
@@ -149,8 +163,8 @@ class RunningBatch:
 
     # -- step state ------------------------------------------------------------------------------
     def refresh(self, live: LiveRequest) -> None:
-        """After the core gave `live` pages (it joined, or grew at its edge): queue the new
-        pages for its row and recompute its edge and slide point."""
+        """After the core gave `live` pages (it grew at its edge): queue the new pages for its
+        row and recompute its edge (its slide point moves only when its window slides)."""
         slot, kv, ps, slots = live.slot, live.req.kv, self.page_size, self.slots
         assert kv is not None
         full, num_full = kv.full_page_ids, self._num_full[slot]
@@ -165,11 +179,29 @@ class RunningBatch:
                 self._num_swa[slot] = written = num_swa
             num_full = min(num_full, written)
         self.edge[slot] = num_full * ps
-        self.slide_at[slot] = self.decode_alloc.slide_due_at(kv)
 
     def slid(self, live: LiveRequest) -> None:
-        """After the core slid `live`'s window (pages left it; none reach the row)."""
+        """After the core slid `live`'s window (pages left it; none reach the row), or it
+        joined: its next slide point."""
         self.slide_at[live.slot] = self.decode_alloc.slide_due_at(live.req.kv)  # type: ignore[arg-type]
+
+    def sample_params(self, slots: np.ndarray, ahead: np.ndarray, vocab: int,
+                      dev: torch.device) -> ParamsBatch:
+        """The sampling parameters of rows `slots` ([n]) as tensors on `dev`, a seeded row's
+        noise keyed by the index of the token it samples (one further per uncommitted step)."""
+        f = self.sample_f[slots]  # [n, 5]
+        k = f[:, 1]
+        any_filter = bool((k > 0).any() or (f[:, 2] < 1.0).any() or (f[:, 3] > 0.0).any())
+        f[:, 1] = np.where(k > 0, k, vocab)
+        cols = torch.from_numpy(f).to(dev)  # [n, 5] f64
+        seeds = self.seed[slots]
+        seeded = np.flatnonzero(seeds >= 0)
+        step = self.max_new[slots[seeded]] - self.left[slots[seeded]] + ahead[seeded]
+        return ParamsBatch(cols[:, 0].float(), cols[:, 1].long(), cols[:, 2].float(),
+                           cols[:, 3].float(), cols[:, 4].bool(), bool(f[:, 4].all()), any_filter,
+                           [(i, noise_seed(sd, st)) for i, sd, st in zip(
+                               seeded.tolist(), seeds[seeded].tolist(), step.tolist(),
+                               strict=True)])
 
     def stop_hits(self, tokens: np.ndarray) -> np.ndarray:
         """[n] bool: which of `tokens` ([n] i64) is a stop token or EOS of some row."""

@@ -109,14 +109,15 @@ class DecodeStepper:
         gen = batch.gen[slots]
         if kind is SampleKind.GREEDY:  # no per-request rows to build
             chosen = logits.argmax(dim=-1)  # [n] i64 on the device
+        elif kind is SampleKind.DEVICE:  # parameters from the batch's arrays, not per row
+            params = batch.sample_params(slots, ahead, logits.shape[1], logits.device)
+            chosen = self.sampler.choose_batch(logits, params)  # [n] i64 on the device
         else:
             rows = [_row(lv, a) for lv, a in zip(order.lives, ahead.tolist(), strict=True)]
-            if kind is SampleKind.HOST:
-                out = self.sampler.sample(logits, rows)  # waits for the step
-                for slot, token in zip(slots.tolist(), out.token_ids, strict=True):
-                    pages.write_token(slot, token)
-                return _Launched(order, gen, None, out)
-            chosen = self.sampler.choose(logits, rows)  # [n] i64 on the device
+            out = self.sampler.sample(logits, rows)  # waits for the step
+            for slot, token in zip(slots.tolist(), out.token_ids, strict=True):
+                pages.write_token(slot, token)
+            return _Launched(order, gen, None, out)
         pages.tokens[slots_t] = chosen  # the next step's inputs, written on the device
         return _Launched(order, gen, self.runner.fetch_tokens(chosen), None)
 
@@ -168,6 +169,7 @@ class DecodeStepper:
                 log.info("rid=%s retracted after %d tokens", live.rid, len(live.req.output_ids))
             else:
                 batch.refresh(live)
+                batch.slid(live)
         if plan.retracted:
             self.queue.requeue(plan.retracted, now)
         return order.subset(np.array([id(lv.req) not in gone for lv in order.lives], bool)

@@ -90,12 +90,16 @@ def test_slots_refuse_bad_page_ids_and_reuse_released_rows(model: GptOssModel) -
     assert {a, b} == {1, 2}  # row 0 is the dummy row
     with pytest.raises(PageError, match="every row"):
         slots.acquire()
-    with pytest.raises(PageError, match="full page ids"):
-        slots.write_full(a, 0, [1, 161])
-    with pytest.raises(PageError, match="swa page ids"):
-        slots.write_swa(a, 0, [-1])
-    with pytest.raises(PageError, match="past the table width"):
-        slots.write_full(a, runner.max_pages, [1])
+    slots.write_full(b, 0, [7])  # a good write flushed with a bad one: neither is applied
+    for write, why in [(lambda: slots.write_full(a, 0, [1, 161]), "full page ids"),
+                       (lambda: slots.write_swa(a, 0, [-1]), "swa page ids"),
+                       (lambda: slots.write_full(a, runner.max_pages, [1]), "past the table"),
+                       (lambda: slots.write_full(a, 0, [1] * 17 + [999]), "full page ids")]:
+        write()
+        with pytest.raises(PageError, match=why):
+            slots.flush()
+    assert not slots.full.any() and not slots.swa.any()
+    slots.flush()  # the refused writes are gone
     slots.release(a)
     assert slots.acquire() == a
     slots.write_swa(b, 0, list(range(1, 21)))  # 20 pages: only the last `ring` are kept
@@ -103,3 +107,19 @@ def test_slots_refuse_bad_page_ids_and_reuse_released_rows(model: GptOssModel) -
     ring = slots.ring
     assert sorted(slots.swa[b].tolist()) == list(range(21 - ring, 21))
     assert slots.swa[b, 19 % ring] == 20 and not slots.full[0].any() and not slots.swa[0].any()
+
+
+def test_a_flush_applies_the_last_write_of_an_entry_written_twice(model: GptOssModel) -> None:
+    """A freed row reused in the same step, an SWA ring column written for two pages: the
+    entry ends with the value queued last (a scatter with repeated indices is unordered on
+    CUDA, so the flush drops the earlier writes)."""
+    slots = runner_for(model, False).new_slots(2)
+    row = slots.acquire()
+    slots.write_swa(row, 0, [5])
+    slots.write_full(row, 3, [4])
+    slots.write_token(row, 11)
+    slots.write_swa(row, slots.ring, [9])  # the same ring column as page 0
+    slots.write_full(row, 3, [6])
+    slots.write_token(row, 12)
+    slots.flush()
+    assert slots.swa[row, 0] == 9 and slots.full[row, 3] == 6 and slots.tokens[row] == 12

@@ -37,6 +37,9 @@ def receiver_totals(stats: ReceiverStats) -> dict[str, int | dict[str, int]]:
             "transfer_kv_checksum_failures": stats.kv_checksum_failures}
 
 
+PUBLISH_EVERY_S = 0.005
+
+
 class Books:
     """Metrics, gauges, load, flush and integrity over the engine's parts."""
 
@@ -45,18 +48,14 @@ class Books:
         self.kv_ctx, self.table, self.fetcher, self.stepper = kv_ctx, table, fetcher, stepper
         self.metrics = metrics
         self.load = Load()
+        self._next_publish = 0.0
 
-    def publish(self) -> None:
-        """Counters up to what was counted, pool and queue gauges, and the load."""
-        self._publish_counts()
+    def publish(self, now: float = 0.0, *, decoding: bool = False) -> None:
+        """The load, every step; counters up to what was counted and the pool and queue
+        gauges every step while idle, at most every `PUBLISH_EVERY_S` while decoding (a scrape
+        is seconds apart; a decode step may be a millisecond)."""
         stats = {"full": self._pool_stats("full"), "swa": self._pool_stats("swa")}
-        for pool, st in stats.items():
-            if st is not None:
-                self.metrics.update_pool(pool, available=st.available, used=st.total - st.available,
-                                         evictable=st.evictable, protected=st.protected,
-                                         total=st.total)
         q = self.queue_sizes()
-        self.metrics.update_queues(prealloc=q.prealloc, transfer=q.transfer, running=q.running)
         # tokens in use: pages held by requests or locked for them, not the evictable cache (as
         # SGLang: the larger of the two pools), plus the prompts still queued for pages
         in_use = max((st.total - st.available - st.evictable for st in stats.values()
@@ -65,6 +64,16 @@ class Books:
                       if lv.req.state is RequestState.QUEUED) if q.prealloc else 0)
         self.load = Load(num_running_reqs=q.running, num_waiting_reqs=q.prealloc + q.transfer,
                          num_tokens=in_use + queued, measured_at=time.perf_counter())
+        if decoding and now < self._next_publish:
+            return
+        self._next_publish = now + PUBLISH_EVERY_S
+        self._publish_counts()
+        for pool, st in stats.items():
+            if st is not None:
+                self.metrics.update_pool(pool, available=st.available, used=st.total - st.available,
+                                         evictable=st.evictable, protected=st.protected,
+                                         total=st.total)
+        self.metrics.update_queues(prealloc=q.prealloc, transfer=q.transfer, running=q.running)
 
     def queue_sizes(self) -> QueueSizes:
         # requests still learning their peer's protocol wait before the prealloc queue: count

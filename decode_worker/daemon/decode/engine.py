@@ -56,6 +56,7 @@ from decode_worker.settings import Settings
 log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.02  # how long an idle engine blocks on its inbox before polling transfers
 _WAITING_S = 0.0005  # the same with no batch but requests waiting (KV in flight, pages short)
+_EXPIRE_EVERY_S = 0.01  # how often the queue's deadlines are checked
 
 
 class DecodeEngine:
@@ -104,6 +105,7 @@ class DecodeEngine:
         self._drain_deadline: float | None = None
         self._stopping = False
         self._next_integrity_check = 0.0
+        self._next_expire = 0.0
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -177,7 +179,7 @@ class DecodeEngine:
             self.stepper.start(live, now)
         if table.running or self.stepper.busy:  # busy: a launched step to commit (overlap)
             self.stepper.step(now)
-        self.books.publish()
+        self.books.publish(now, decoding=bool(table.running))
         self._maybe_check_integrity(now)
         self.outbox.flush()
 
@@ -242,7 +244,10 @@ class DecodeEngine:
     def _admit(self, now: float) -> None:
         """The prealloc queue's decisions: admitted requests fetch their KV, the rest end;
         then the deadlines (queue and KV backstop), and the drain deadline."""
-        decisions: list[Decision] = [*self.queue.pop_admitted(now), *self.queue.expire(now)]
+        decisions: list[Decision] = self.queue.pop_admitted(now)
+        if now >= self._next_expire:  # deadlines are seconds: not every step over the batch
+            self._next_expire = now + _EXPIRE_EVERY_S
+            decisions += self.queue.expire(now)
         for d in decisions:
             if isinstance(d, Abort):
                 self.table.end_decided(d, now)

@@ -155,6 +155,7 @@ class KVFetcher:
             return
         live.record_logprobs(row.logprob, row.top_logprobs)
         live.req.arrive(row.token_id, now)
+        self.table.arrived(live)
 
     def _on_failed(self, live: LiveRequest, ev: TransferEvent, now: float) -> None:
         """Answer the client now; the pages stay held until the peer has stopped writing."""
@@ -183,7 +184,8 @@ class KVFetcher:
         logits = self.runner.prefill(req.fill_ids, full, swa, start_pos=0)
         if req.is_resumed:
             req.arrive(req.output_ids[-1], now)
-            return
-        out = self.sampler.sample(logits[None], [live.sample_row()])
-        live.record_logprobs(out.logprobs[0], out.top_logprobs[0])
-        req.arrive(out.token_ids[0], now)
+        else:
+            out = self.sampler.sample(logits[None], [live.sample_row()])
+            live.record_logprobs(out.logprobs[0], out.top_logprobs[0])
+            req.arrive(out.token_ids[0], now)
+        self.table.arrived(live)

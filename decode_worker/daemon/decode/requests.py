@@ -59,6 +59,7 @@ class RequestTable:
         self.outbox = outbox
         self.lives: dict[str, LiveRequest] = {}
         self.running = running  # the decode batch (the stepper joins it; `end` leaves it)
+        self._ready: list[LiveRequest] = []  # arrived (READY), not yet started
         # transfer id -> an ended request whose pages the transfer still holds, and its status
         self.draining: dict[int, tuple[LiveRequest, str]] = {}
         self.requests_total: Counter[str] = Counter()  # finished / aborted / failed
@@ -76,8 +77,15 @@ class RequestTable:
         """Every request that may hold pages: the live ones and those a transfer still holds."""
         return [lv.req for lv in self.lives.values()] + [lv.req for lv, _ in self.draining.values()]
 
+    def arrived(self, live: LiveRequest) -> None:
+        """`live`'s KV and first token arrived (READY): it joins the batch at the next step."""
+        self._ready.append(live)
+
     def ready(self) -> list[LiveRequest]:
-        return [lv for lv in self.lives.values() if lv.req.state is S.READY]
+        """The requests that arrived since the last call and are still READY, in arrival order
+        (not a scan of every request: the batch may be hundreds)."""
+        out, self._ready = self._ready, []
+        return [lv for lv in out if lv.req.state is S.READY]
 
     # -- the one exit ----------------------------------------------------------------------------
     def end(self, live: LiveRequest, reason: str, message: str, now: float, *,

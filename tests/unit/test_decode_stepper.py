@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from decode_worker.core.request import RequestState
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.decode.bridge import Ended, Tokens, per_request
 from decode_worker.daemon.decode.stepper import DecodeStepper
@@ -119,3 +120,25 @@ def test_the_batch_samples_with_the_parameters_of_each_request() -> None:
         torch.testing.assert_close(getattr(got, name), getattr(want, name), msg=name)
     assert (got.all_greedy, got.any_filter) == (want.all_greedy, want.any_filter) == (False, True)
     assert got.seeded == want.seeded and len(got.seeded) == 2  # the greedy seeded row draws none
+
+
+def test_pages_of_a_request_ended_under_a_launched_step_wait_for_that_step() -> None:
+    """With overlap on, a request that ends (here: a client abort) while a launched step still
+    writes its KV keeps its pages until the stepper has waited for that step: a page freed
+    earlier could be handed to a new request whose KV transfer the step would then overwrite
+    (on a GPU the step and the NIXL write are not ordered). Off, they go at once."""
+    for overlap in (False, True):
+        stepper = running_stepper(FakeDeviceRunner(0.0), 2, 40, overlap)
+        stepper.step(time.monotonic())
+        table, full = stepper.table, stepper.decode_alloc.ctx.full
+        live = table.lives["r0"]
+        held = len(live.req.kv.full_page_ids)  # type: ignore[union-attr]
+        free = full.num_free
+        table.end(live, "client_abort", "aborted: client_abort", time.monotonic())
+        assert "r0" not in table.lives and live not in stepper.batch
+        if overlap:
+            assert [lv for lv, _, _ in table.settling] == [live] and full.num_free == free
+            assert live.req in table.holders()
+            stepper.step(time.monotonic())  # waits for the launched step
+        assert not table.settling and full.num_free == free + held
+        assert live.req.state is RequestState.ABORTED

@@ -145,12 +145,14 @@ class RunningBatch:
         self._stop_ids, self._order = None, None
         self._count += 1
 
-    def leave(self, live: LiveRequest) -> None:
+    def leave(self, live: LiveRequest) -> int:
         """Take `live` out of the batch (a no-op when it is not in it); its row is free at once
-        (writes to a row are ordered after the steps already launched)."""
+        (writes to a row are ordered after the steps already launched). Returns how many
+        launched steps still read its pages (0 when it was not in the batch)."""
         if live not in self:
-            return
+            return 0
         slot = live.slot
+        in_flight = int(self.ahead[slot])
         live.slot, self.lives[slot] = 0, None
         live.emitted = len(live.req.output_ids)  # every committed token went out
         self.gen[slot] += 1  # even: free; a launched step's row no longer matches
@@ -160,6 +162,7 @@ class RunningBatch:
         self._stops = +self._stops  # drop the zero counts
         self._stop_ids, self._order = None, None
         self._count -= 1
+        return in_flight
 
     # -- step state ------------------------------------------------------------------------------
     def refresh(self, live: LiveRequest) -> None:

@@ -276,6 +276,7 @@ class DecodeEngine:
         now = time.monotonic()
         for live in list(self.table.lives.values()):
             self.table.end(live, "drain", "aborted: drain", now)
+        self.table.settle_all(now)  # nothing runs on the device any more
         self.outbox.flush()
         # CUDA graphs go before the pools' NIXL registration is released.
         self.rt.runner.destroy()

@@ -62,6 +62,8 @@ class RequestTable:
         self._ready: list[LiveRequest] = []  # arrived (READY), not yet started
         # transfer id -> an ended request whose pages the transfer still holds, and its status
         self.draining: dict[int, tuple[LiveRequest, str]] = {}
+        # ended requests whose pages launched steps still use: (request, status, steps left)
+        self.settling: list[tuple[LiveRequest, str, int]] = []
         self.requests_total: Counter[str] = Counter()  # finished / aborted / failed
         self.aborts_total: Counter[str] = Counter()  # shell-decided aborts, by reason
 
@@ -75,7 +77,9 @@ class RequestTable:
 
     def holders(self) -> list[DecodeRequest]:
         """Every request that may hold pages: the live ones and those a transfer still holds."""
-        return [lv.req for lv in self.lives.values()] + [lv.req for lv, _ in self.draining.values()]
+        return ([lv.req for lv in self.lives.values()]
+                + [lv.req for lv, _ in self.draining.values()]
+                + [lv.req for lv, _, _ in self.settling])
 
     def arrived(self, live: LiveRequest) -> None:
         """`live`'s KV and first token arrived (READY): it joins the batch at the next step."""
@@ -96,7 +100,7 @@ class RequestTable:
             return
         live.ended = live.ended_event(reason, message, matched_stop)
         self.lives.pop(live.rid, None)
-        self.running.leave(live)
+        in_flight = self.running.leave(live)
         status = "finished" if reason in FINISHED else "failed" if failed else "aborted"
         self._count(live.req, status, reason)
         self.outbox.put(live.ended)
@@ -105,7 +109,29 @@ class RequestTable:
             self.draining[live.transfer_id] = (live, status)
             self.transfers.abort(live.transfer_id)
             return
+        if in_flight:  # a launched step still reads and writes its pages on the device
+            self.settling.append((live, status, in_flight))
+            return
         self._release(live, status, now)
+
+    def step_done(self, now: float) -> None:
+        """The stepper waited for one more launched step: release the pages of the ended
+        requests no launched step uses any more. Until then a page of theirs is not handed out
+        again (a new request's KV transfer must not land in a page a step still writes)."""
+        if not self.settling:
+            return
+        waiting = []
+        for live, status, steps in self.settling:
+            if steps > 1:
+                waiting.append((live, status, steps - 1))
+            else:
+                self._release(live, status, now)
+        self.settling = waiting
+
+    def settle_all(self, now: float) -> None:
+        """Release every settling request (the device is idle: shutdown)."""
+        while self.settling:
+            self.step_done(now)
 
     def end_decided(self, ab: Abort, now: float) -> None:
         """Admission aborted `ab.req` (already ABORTED, its pages returned and counted)."""

@@ -180,6 +180,7 @@ class DecodeStepper:
         batch, order, out = self.batch, step.order, step.sampled
         tokens = (np.asarray(out.token_ids, np.int64) if out is not None
                   else step.tokens.wait_array())  # type: ignore[union-attr]  # [n]
+        self.table.step_done(now)  # the step is over: pages only it used may go
         same = batch.gen[order.slots] == step.gen  # [n] the row's request is still there
         rows = None
         if not same.all():  # some ended (a stop token in the step before, an abort) or retracted

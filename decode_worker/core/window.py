@@ -40,11 +40,15 @@ def swa_window_start(seq_len: int, window: int, page_size: int, radix_cache: boo
     The same function gives the decode-time frontier: SWA below `swa_window_start(n)` is no
     longer read once the next query is at position `n`.
     """
+    # (inline arithmetic: a decoding request's window slides through here once a page)
     if not radix_cache:
-        return align_down(max(0, seq_len - window), page_size)
-    contract = align_down(max(0, seq_len - 1 - max(window, page_size)), page_size)
-    margin = align_down(max(0, align_down(seq_len, page_size) - window), page_size)
-    return min(contract, margin)
+        x = seq_len - window
+        return x - x % page_size if x > 0 else 0
+    c = seq_len - 1 - (window if window > page_size else page_size)
+    contract = c - c % page_size if c > 0 else 0
+    m = seq_len - seq_len % page_size - window
+    margin = m - m % page_size if m > 0 else 0
+    return contract if contract < margin else margin
 
 
 def swa_slide_at(target: int, window: int, page_size: int, radix_cache: bool) -> int:

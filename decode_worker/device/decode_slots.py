@@ -140,17 +140,23 @@ class DecodeSlots:
 
     def _scatter(self, table: torch.Tensor, flat: np.ndarray, values: np.ndarray) -> None:
         """table.view(-1)[flat] = values, the last value winning where `flat` repeats."""
-        if len(flat) > 1:
-            _, first = np.unique(flat[::-1], return_index=True)  # last occurrences, reversed
-            if len(first) != len(flat):
-                keep = len(flat) - 1 - first
-                flat, values = flat[keep], values[keep]
-        both = self._stage(np.concatenate((flat, values)))  # [2 n] i64
         n = len(flat)
-        table.view(-1).put_(both[:n], both[n:].to(table.dtype))
+        if 1 < n <= _BLOCK * 16:  # a step's writes: dedupe in a dict (later keys overwrite)
+            last = dict(zip(flat.tolist(), values.tolist(), strict=True))
+            if len(last) != n:
+                flat = np.fromiter(last.keys(), np.int64, len(last))
+                values = np.fromiter(last.values(), np.int64, len(last))
+        elif n > 1:  # whole tables of joining requests
+            _, first = np.unique(flat[::-1], return_index=True)  # last occurrences, reversed
+            if len(first) != n:
+                keep = n - 1 - first
+                flat, values = flat[keep], values[keep]
+        dtype = np.int32 if table.dtype == torch.int32 else np.int64
+        table.view(-1).put_(self._stage(flat), self._stage(values.astype(dtype, copy=False)))
 
     def _stage(self, values: list[int] | np.ndarray) -> torch.Tensor:
-        host = (torch.from_numpy(np.ascontiguousarray(values, np.int64))
+        """A device tensor of `values` (a list: i64), through pinned memory on CUDA."""
+        host = (torch.from_numpy(np.ascontiguousarray(values))
                 if isinstance(values, np.ndarray) else torch.tensor(values, dtype=torch.long))
         if not self._pin:
             return host

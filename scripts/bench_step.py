@@ -12,7 +12,7 @@ commit to the request table and the outbox) over `bs` running requests of `ctx`-
 - with the real CPU model (tiny gpt-oss) where its pools fit: host time = the step's CPU time
   outside the forward (CPU runs it eagerly, so there is nothing to overlap).
 
-    python -m scripts.bench_step                 # about a minute on two cores
+    python -m scripts.bench_step                 # about three minutes on two cores
     python -m scripts.bench_step --steps 100 --no-real-model
 
 Last line: `bench_step: host_ms_256x32k=<ms> overlap_ratio_max=<step time / device time, worst>`.
@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from decode_worker.core.sampling import SamplingParams
 from decode_worker.utils.mathx import cdiv
 from tests.fakes.fake_device import FakeDeviceRunner, running_stepper
 
@@ -55,11 +56,19 @@ class _TimedRunner:
         return self.inner.fetch_tokens(chosen)
 
 
-def measure(runner: Any, bs: int, ctx: int, overlap: bool, steps: int) -> tuple[float, float]:
-    """(host ms, wall ms) per step, medians over `steps` steady-state steps. Host time is the
+def measure(make_runner: Any, bs: int, ctx: int, overlap: bool, steps: int, repeats: int = 1,
+            params: SamplingParams | None = None) -> tuple[float, float]:
+    """(host ms, wall ms) per step: medians over `steps` steady-state steps, then the median of
+    `repeats` runs (this machine's speed drifts by up to 2x over seconds). Host time is the
     compute thread's CPU time outside the (simulated) device, so a shared machine's preemption
     does not count as host work; the wall time is what the step lasted."""
-    stepper = running_stepper(runner, bs, ctx, overlap)
+    runs = [_measure(make_runner(), bs, ctx, overlap, steps, params) for _ in range(repeats)]
+    return (statistics.median(h for h, _ in runs), statistics.median(w for _, w in runs))
+
+
+def _measure(runner: Any, bs: int, ctx: int, overlap: bool, steps: int,
+             params: SamplingParams | None) -> tuple[float, float]:
+    stepper = running_stepper(runner, bs, ctx, overlap, params=params)
     for _ in range(3):  # warm-up: rows written, the pipeline full
         stepper.step(time.monotonic())
     hosts, walls = [], []
@@ -104,12 +113,13 @@ _MODEL: Any = None
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch-sizes", default="1,64,256")
     p.add_argument("--contexts", default="1024,8192,32768")
     p.add_argument("--device-ms", default="2,10", help="simulated device time per step")
     p.add_argument("--no-real-model", action="store_true")
     p.add_argument("--no-fake", action="store_true", help="only the real CPU model")
+    p.add_argument("--repeats", type=int, default=3, help="runs per stand-in cell (median)")
     p.add_argument("--real-steps", type=int, default=4)
     p.add_argument("--real-budget-mib", type=int, default=1024, help="largest real KV pools")
     args = p.parse_args()
@@ -123,7 +133,8 @@ def main() -> None:
         for bs in sizes:
             for ctx in ctxs:
                 for overlap in (False, True):
-                    host, wall = measure(FakeDeviceRunner(dev_ms), bs, ctx, overlap, args.steps)
+                    host, wall = measure(lambda d=dev_ms: FakeDeviceRunner(d), bs, ctx, overlap,
+                                         args.steps, args.repeats)
                     ratio = wall / dev_ms
                     if overlap:
                         worst = max(worst, ratio)
@@ -132,6 +143,19 @@ def main() -> None:
                             host_256x32k, host)
                     print(f"{f'fake {dev_ms:g} ms':<18}{bs:>5}{ctx:>7}  {overlap!s:<8}"
                           f"{host:>9.3f}{wall:>9.3f}{ratio:>9.3f}", flush=True)
+    if not args.no_fake:  # the host work alone, and a sampled batch (informational)
+        ctx = max(ctxs)
+        alone = [measure(lambda: FakeDeviceRunner(0.0), bs, ctx, True, args.steps,
+                         args.repeats)[0] for bs in sizes]
+        print(f"host work alone (stand-in at 0 ms: no wait before it), ctx {ctx}: " + "  ".join(
+            f"bs {bs}: {h:.3f} ms" for bs, h in zip(sizes, alone, strict=True)))
+        sampled = SamplingParams(max_new_tokens=1 << 20, temperature=0.7, top_p=0.9,
+                                 ignore_eos=True)
+        host, wall = measure(lambda: FakeDeviceRunner(2.0), max(sizes), ctx, True, args.steps,
+                             args.repeats, sampled)
+        print(f"sampled batch (temperature 0.7, top_p 0.9; the sampler's math counts as host "
+              f"here), bs {max(sizes)} x {ctx} at 2 ms, overlap: host {host:.3f} ms, "
+              f"step/dev {wall / 2.0:.3f}")
     if not args.no_real_model:
         for bs in sizes:
             for ctx in ctxs:
@@ -140,7 +164,7 @@ def main() -> None:
                     print(f"{'cpu model':<18}{bs:>5}{ctx:>7}  skipped: past the model's "
                           "context or the pool budget")
                     continue
-                host, wall = measure(runner, bs, ctx, False, args.real_steps)
+                host, wall = measure(lambda r=runner: r, bs, ctx, False, args.real_steps)
                 print(f"{'cpu model':<18}{bs:>5}{ctx:>7}  {'False':<8}{host:>9.3f}{wall:>9.3f}"
                       f"{'':>9}", flush=True)
     print(f"bench_step: host_ms_256x32k={host_256x32k:.3f} overlap_ratio_max={worst:.3f}")

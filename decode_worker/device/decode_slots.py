@@ -1,6 +1,7 @@
 """Decode inputs kept per request between steps, not rebuilt per token.
 
-Each running request owns a row ("slot") of three persistent device tensors:
+Each running request owns a row ("slot") of three persistent device tensors (the two page
+tables are views of one tensor, so a step's page writes are one scatter):
 ```
 full:   [rows + 1, max_pages]  i32  full page of position p at column p // page_size
 swa:    [rows + 1, ring]       i32  SWA page of position p at column (p // page_size) % ring
@@ -42,8 +43,11 @@ class DecodeSlots:
         self.ring = swa_ring_width(window, page_size)
         self.pool_pages = pool_pages
         rows = num_rows + 1
-        self.full = torch.zeros(rows, max_pages, dtype=torch.int32, device=device)  # [R, P]
-        self.swa = torch.zeros(rows, self.ring, dtype=torch.int32, device=device)  # [R, ring]
+        # both page tables in one tensor, so a step's page writes are one scatter
+        self._tables = torch.zeros(rows, max_pages + self.ring, dtype=torch.int32,
+                                   device=device)  # [R, P + ring]
+        self.full = self._tables[:, :max_pages]  # [R, P] (a view)
+        self.swa = self._tables[:, max_pages:]  # [R, ring] (a view)
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)  # [R]
         self._free = list(range(num_rows, 0, -1))  # pop() hands out 1, 2, ...
         self._pin = device.type == "cuda"
@@ -117,10 +121,15 @@ class DecodeSlots:
         if swa is not None:
             swa = swa.reshape(-1, 3)  # [n, 3]
             _check_range(swa[:, 2], self.pool_pages[1], "swa")
-        if full is not None:
-            self._scatter(self.full, full[:, 0] * self.max_pages + full[:, 1], full[:, 2])
+        width = self.max_pages + self.ring  # flat index into both tables
+        parts = [] if full is None else [(full[:, 0] * width + full[:, 1], full[:, 2])]
         if swa is not None:
-            self._scatter(self.swa, swa[:, 0] * self.ring + swa[:, 1], swa[:, 2])
+            parts.append((swa[:, 0] * width + self.max_pages + swa[:, 1], swa[:, 2]))
+        if len(parts) == 1:
+            self._scatter(self._tables, *parts[0])
+        elif parts:
+            self._scatter(self._tables, np.concatenate([p[0] for p in parts]),
+                          np.concatenate([p[1] for p in parts]))
         if tok:
             pairs = np.asarray(tok, np.int64).reshape(-1, 2)  # [n, 2] (row, token)
             self._scatter(self.tokens, pairs[:, 0], pairs[:, 1])

@@ -5,11 +5,12 @@ ids) and the real host-side work of a step (queued row writes flushed, inputs st
 "forward" is a cheap fixed function of (input token, position, current full page) and takes
 `device_ms` of simulated device time without holding the host: a launch only books the simulated
 device (a queue: a step starts when the previous one is done), and `wait()` on the step's tokens
-sleeps until the booked end. So host work done between a launch and the wait overlaps the device
-time, as on a GPU. What the forward computes (table gathers, the token function, the logits) is
-device work on a GPU; here the CPU does it, so its CPU time is booked as the device's
-(`compute_cpu_s`), not the host's, and the vocabulary is small (64) so that the stepper's argmax
-over the logits, a kernel launch on a GPU, stays small too.
+spins until the booked end, as `cudaEventSynchronize` does by default (a thread that sleeps
+instead wakes up slower on a VM). So host work done between a launch and the wait overlaps the
+device time, as on a GPU. What the forward computes (table gathers, the token function, the
+logits) is device work on a GPU; here the CPU does it, so its CPU time is booked as the
+device's (`compute_cpu_s`), not the host's, and the vocabulary is small (64) so that the
+stepper's argmax over the logits, a kernel launch on a GPU, stays small too.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from decode_worker.device.sampler import Sampler
 from decode_worker.utils.mathx import cdiv
 
 CPU = torch.device("cpu")
-_SPIN_S = 0.0005  # wait this close to the simulated end by spinning
 
 
 class FakeHostTokens(HostTokens):
@@ -49,9 +49,7 @@ class FakeHostTokens(HostTokens):
 
     def wait_array(self) -> np.ndarray:
         t0, cpu0 = time.perf_counter(), time.thread_time()
-        if self._ready_at - t0 > _SPIN_S:
-            time.sleep(self._ready_at - t0 - _SPIN_S)
-        while time.perf_counter() < self._ready_at:  # the last bit spins: sleep overshoots
+        while time.perf_counter() < self._ready_at:  # spin, like a CUDA event synchronize
             pass
         self._runner.wait_s += time.perf_counter() - t0
         self._runner.wait_cpu_s += time.thread_time() - cpu0

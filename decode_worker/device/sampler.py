@@ -143,11 +143,35 @@ class Sampler:
                ) -> torch.Tensor:
         noise = torch.empty(shape, device=dev)  # [bs, V]
         noise.exponential_(generator=self.generator)
-        for i, seed in seeded:
-            g = torch.Generator(device=noise.device)
-            g.manual_seed(seed)
-            noise[i].exponential_(generator=g)
+        if seeded:  # every seeded row at once: a hash of (noise seed, token id), no generators
+            rows = torch.tensor([i for i, _ in seeded], device=dev)  # [k]
+            keys = torch.tensor([k for _, k in seeded], dtype=torch.long, device=dev)  # [k]
+            noise[rows] = seeded_noise(keys, shape[1])
         return noise.clamp_(min=1e-20)  # p / 0 would give nan for filtered-out tokens
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finalizer (murmur-style xorshift-multiply rounds) on i64 values below
+    2**32; the multipliers are below 2**31, so no product leaves the i64 range."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x5BD1E995) & _M32
+    return x ^ (x >> 16)
+
+
+def seeded_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Exp(1) noise [k, vocab] f32 that depends only on each row's noise seed (`keys` [k] i64,
+    `noise_seed`) and the token id: counter-based, so a seeded row draws the same whatever the
+    batch, on any device, without a generator per row."""
+    lo, hi = keys & _M32, (keys >> 32) & _M32  # [k] each
+    tok = torch.arange(vocab, device=keys.device)  # [V]
+    h = _mix32(_mix32(hi[:, None] ^ _mix32(tok[None, :] + 0x9E3779B)) ^ lo[:, None])  # [k, V]
+    u = (h.double() + 0.5) / 4294967296.0  # (0, 1)
+    return (-torch.log(u)).float()
 
 
 def _filters(p: SamplingParams) -> bool:

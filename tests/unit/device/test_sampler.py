@@ -7,7 +7,7 @@ import math
 import torch
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.device.sampler import Sampler, SampleRow
+from decode_worker.device.sampler import Sampler, SampleRow, seeded_noise
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -105,3 +105,18 @@ def test_top_logprobs_larger_than_the_vocabulary_return_all_of_it() -> None:
     top = out.top_logprobs[0]
     assert top is not None and sorted(t for t, _ in top) == list(range(7))
     assert math.isclose(sum(math.exp(lp) for _, lp in top), 1.0, rel_tol=1e-5)
+
+
+def test_seeded_noise_samples_the_distribution_and_depends_only_on_its_key() -> None:
+    """Seeded rows draw counter-based noise (a hash of the row's noise seed and the token id,
+    no generator per row): Exp(1) in distribution, so the exponential race samples p; the same
+    key gives the same noise in any batch; nearby keys (consecutive steps) are uncorrelated."""
+    keys = torch.arange(20_000, dtype=torch.long) * 1_000_003 + 7  # [k] noise seeds
+    noise = seeded_noise(keys, 4).double()  # [k, 4]
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    freq = torch.bincount((p / noise).argmax(dim=1), minlength=4).double() / len(keys)
+    torch.testing.assert_close(freq, p, atol=0.015, rtol=0)
+    wide = seeded_noise(torch.tensor([5, 6, 5], dtype=torch.long), 50_000).double()  # [3, V]
+    assert torch.equal(wide[0], wide[2])
+    assert abs(float(torch.corrcoef(wide[:2])[0, 1])) < 0.02
+    assert abs(float(wide.mean()) - 1.0) < 0.02 and abs(float(wide.std()) - 1.0) < 0.02

@@ -100,6 +100,8 @@ class RunningBatch:
         self._stop_ids: np.ndarray | None = None  # the keys of `_stops` (None: rebuild)
         self._order: Order | None = None
         self._count = 0
+        self._kinds: Counter[SampleKind] = Counter()  # members by kind
+        self.version = 0  # bumped at every join and leave
 
     # -- membership ------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -113,6 +115,10 @@ class RunningBatch:
 
     def __iter__(self) -> Iterator[LiveRequest]:
         return iter(self.order().lives[:])  # a copy: callers may end requests while iterating
+
+    def kind_of_batch(self) -> SampleKind:
+        """The largest `SampleKind` of the members (how a step samples; GREEDY when empty)."""
+        return max((k for k, n in self._kinds.items() if n > 0), default=SampleKind.GREEDY)
 
     def order(self) -> Order:
         if self._order is None:
@@ -130,7 +136,8 @@ class RunningBatch:
         self.gen[slot] += 1  # odd: a member
         self.pos[slot], self.ahead[slot] = kv.seq_len, 0
         self.left[slot] = req.max_new_tokens - len(req.output_ids)
-        self.kind[slot] = self.classify(live)
+        self.kind[slot] = kind = self.classify(live)
+        self._kinds[kind] += 1
         sp = live.cmd.sampling
         greedy = sp.is_greedy
         self.sample_f[slot] = (1.0 if greedy else sp.temperature, sp.top_k, sp.top_p, sp.min_p,
@@ -144,6 +151,7 @@ class RunningBatch:
         self._stops.update(_stop_ids(live))
         self._stop_ids, self._order = None, None
         self._count += 1
+        self.version += 1
 
     def leave(self, live: LiveRequest) -> int:
         """Take `live` out of the batch (a no-op when it is not in it); its row is free at once
@@ -162,6 +170,8 @@ class RunningBatch:
         self._stops = +self._stops  # drop the zero counts
         self._stop_ids, self._order = None, None
         self._count -= 1
+        self.version += 1
+        self._kinds[SampleKind(int(self.kind[slot]))] -= 1
         return in_flight
 
     # -- step state ------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ class _Launched:
 
     order: Order
     gen: np.ndarray  # [n] the rows' `RunningBatch.gen` at launch
+    version: int  # `RunningBatch.version` at launch (unchanged: every row is still there)
     tokens: HostTokens | None
     sampled: SampleOutput | None
 
@@ -95,17 +96,16 @@ class DecodeStepper:
 
     def _launch(self, now: float) -> _Launched | None:
         """Plan pages, write the inputs that changed, run the model and sample on the device."""
-        order = self._plan_pages(now)
-        if order is None:
+        planned = self._plan_pages(now)
+        if planned is None:
             return None
+        order, positions, ahead = planned  # [n] each; `ahead` before this launch
         batch, slots = self.batch, order.slots
-        positions = batch.pos[slots]  # [n]
-        kind = SampleKind(int(batch.kind[slots].max()))
+        kind = batch.kind_of_batch()
         pages = batch.slots
         logits, slots_t = self.runner.decode_slots(pages, slots, positions)  # [n, V]
-        ahead = batch.ahead[slots]  # [n] before this launch
-        batch.pos[slots] += 1
-        batch.ahead[slots] += 1
+        batch.pos[slots] = positions + 1
+        batch.ahead[slots] = ahead + 1
         gen = batch.gen[slots]
         if kind is SampleKind.GREEDY:  # no per-request rows to build
             chosen = logits.argmax(dim=-1)  # [n] i64 on the device
@@ -117,15 +117,16 @@ class DecodeStepper:
             out = self.sampler.sample(logits, rows)  # waits for the step
             for slot, token in zip(slots.tolist(), out.token_ids, strict=True):
                 pages.write_token(slot, token)
-            return _Launched(order, gen, None, out)
+            return _Launched(order, gen, batch.version, None, out)
         pages.tokens[slots_t] = chosen  # the next step's inputs, written on the device
-        return _Launched(order, gen, self.runner.fetch_tokens(chosen), None)
+        return _Launched(order, gen, batch.version, self.runner.fetch_tokens(chosen), None)
 
-    def _plan_pages(self, now: float) -> Order | None:
+    def _plan_pages(self, now: float) -> tuple[Order, np.ndarray, np.ndarray] | None:
         """The rows to launch, each holding the pages (and row entries) its position needs:
         rows its uncommitted step ends by length are left out; rows at a page edge or a window
         slide get their pages from the core; when the pools stay short the whole batch goes
-        through `prepare_step`, which retracts (see `_retract`)."""
+        through `prepare_step`, which retracts (see `_retract`). Returns the rows with their
+        positions and uncommitted steps ([n] each)."""
         batch = self.batch
         order = batch.order()
         slots = order.slots
@@ -138,7 +139,7 @@ class DecodeStepper:
         grow = np.flatnonzero(pos >= batch.edge[slots])
         slide = np.flatnonzero(pos - ahead >= batch.slide_at[slots])
         if not grow.size and not slide.size:
-            return order if order.lives else None
+            return (order, pos, ahead) if order.lives else None
         lives = order.lives
         if slide.size:  # the window moved: SWA pages leave it
             sliding = [lives[i] for i in slide.tolist()]
@@ -150,10 +151,13 @@ class DecodeStepper:
             in_flight = {lv.rid for lv, a in zip(growing, ahead[grow].tolist(), strict=True)
                          if a}
             if not self.decode_alloc.grow([lv.req for lv in growing], in_flight):
-                return self._retract(order, ahead, now)
+                kept = self._retract(order, ahead, now)
+                if kept is None:
+                    return None
+                return kept, batch.pos[kept.slots], batch.ahead[kept.slots]
             for live in growing:
                 batch.refresh(live)
-        return order
+        return order, pos, ahead
 
     def _retract(self, order: Order, ahead: np.ndarray, now: float) -> Order | None:
         """The pools are short after evicting: `prepare_step` over the launchable rows retracts
@@ -181,9 +185,9 @@ class DecodeStepper:
         tokens = (np.asarray(out.token_ids, np.int64) if out is not None
                   else step.tokens.wait_array())  # type: ignore[union-attr]  # [n]
         self.table.step_done(now)  # the step is over: pages only it used may go
-        same = batch.gen[order.slots] == step.gen  # [n] the row's request is still there
         rows = None
-        if not same.all():  # some ended (a stop token in the step before, an abort) or retracted
+        if step.version != batch.version:  # some left: ended (a stop token, an abort), retracted
+            same = batch.gen[order.slots] == step.gen  # [n] the row's request is still there
             rows = np.flatnonzero(same)
             order, tokens = order.subset(same), tokens[same]
         slots = order.slots

@@ -52,8 +52,8 @@ class _TimedRunner:
         self.wait_cpu_s += time.thread_time() - cpu0
         return out
 
-    def fetch_tokens(self, chosen: torch.Tensor) -> Any:
-        return self.inner.fetch_tokens(chosen)
+    def fetch_tokens(self, chosen: torch.Tensor, extras: tuple[torch.Tensor, ...] = ()) -> Any:
+        return self.inner.fetch_tokens(chosen, extras)
 
 
 def measure(make_runner: Any, bs: int, ctx: int, overlap: bool, steps: int, repeats: int = 1,

@@ -191,19 +191,20 @@ def _check_range(ids: np.ndarray, num_pages: int, pool: str) -> None:
 
 
 class HostTokens:
-    """Sampled token ids on their way to the host: on CUDA a non-blocking copy into pinned
-    memory and an event; `wait()` blocks on that event only (later launches keep running)."""
+    """Sampled token ids (and any `extras`: the step's logprobs) on their way to the host: on
+    CUDA non-blocking copies into pinned memory and an event; `wait()` blocks on that event
+    only (later launches keep running)."""
 
-    def __init__(self, chosen: torch.Tensor) -> None:
-        """chosen: [bs] i64 on the device."""
+    def __init__(self, chosen: torch.Tensor, extras: tuple[torch.Tensor, ...] = ()) -> None:
+        """chosen: [bs] i64 on the device; extras: tensors of the same step, on the device."""
         self._event: torch.cuda.Event | None = None
         if chosen.device.type == "cuda":
-            self._host = torch.empty(chosen.shape, dtype=chosen.dtype, pin_memory=True)  # [bs]
-            self._host.copy_(chosen, non_blocking=True)
+            self._host, *more = [_to_pinned(t) for t in (chosen, *extras)]  # [bs], ...
+            self._extras = tuple(more)
             self._event = torch.cuda.Event()
             self._event.record()
         else:
-            self._host = chosen  # [bs]
+            self._host, self._extras = chosen, extras  # [bs]
 
     def wait(self) -> list[int]:
         return self.wait_array().tolist()  # type: ignore[no-any-return]
@@ -213,3 +214,13 @@ class HostTokens:
         if self._event is not None:
             self._event.synchronize()
         return self._host.numpy()
+
+    def extras(self) -> tuple[torch.Tensor, ...]:
+        """The `extras`, on the host (call after `wait_array`)."""
+        return self._extras
+
+
+def _to_pinned(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host

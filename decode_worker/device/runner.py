@@ -57,7 +57,8 @@ class DecodeRunner(Protocol):
                      positions: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         ...
 
-    def fetch_tokens(self, chosen: torch.Tensor) -> HostTokens: ...
+    def fetch_tokens(self, chosen: torch.Tensor, extras: tuple[torch.Tensor, ...] = ()
+                     ) -> HostTokens: ...
 
 
 class ModelRunner:
@@ -152,10 +153,11 @@ class ModelRunner:
         tokens, full_t, swa_t = slots.gather(slots_t, width)  # [bs], [bs, width], [bs, ring]
         return self._run(tokens, positions_t, full_t, swa_t), slots_t
 
-    def fetch_tokens(self, chosen: torch.Tensor) -> HostTokens:
+    def fetch_tokens(self, chosen: torch.Tensor, extras: tuple[torch.Tensor, ...] = ()
+                     ) -> HostTokens:
         """Start copying sampled token ids [bs] to the host; `wait()` on the result blocks
         until this step (and only the work launched before it) is done."""
-        return HostTokens(chosen)
+        return HostTokens(chosen, extras)
 
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor, full_t: torch.Tensor,
              swa_t: torch.Tensor) -> torch.Tensor:

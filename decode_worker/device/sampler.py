@@ -196,14 +196,33 @@ def _logprobs(logits: torch.Tensor, chosen: torch.Tensor, rows: Sequence[SampleR
     max_top = min(max(r.top_logprobs for r in rows), logits.shape[1])
     if not max_top and not any(r.return_logprob for r in rows):
         return [None] * len(rows), [None] * len(rows)
-    lp_all = torch.log_softmax(logits, dim=-1)  # [bs, V]
-    lp = lp_all.gather(1, chosen[:, None])[:, 0].tolist()  # [bs]
-    chosen_lp = [float(v) if r.return_logprob else None for v, r in zip(lp, rows, strict=True)]
+    return logprob_lists(device_logprobs(logits, chosen, max_top),
+                         [r.return_logprob for r in rows], [r.top_logprobs for r in rows])
+
+
+def device_logprobs(logits: torch.Tensor, chosen: torch.Tensor, max_top: int
+                    ) -> tuple[torch.Tensor, ...]:
+    """Left on the logits' device (no host sync): the chosen tokens' logprobs [bs] f32 under
+    the raw distribution (log_softmax of the unscaled logits), and for `max_top` > 0 the
+    `max_top` most likely tokens' logprobs and ids [bs, max_top], most likely first."""
+    lp_all = torch.log_softmax(logits.float(), dim=-1)  # [bs, V]
+    lp = lp_all.gather(1, chosen[:, None])[:, 0]  # [bs]
     if not max_top:
-        return chosen_lp, [None] * len(rows)
-    top_v, top_i = lp_all.topk(max_top, dim=-1)  # [bs, N] each, most likely first
-    tops: list[TopLogprobs | None] = [
-        list(zip(ids[:r.top_logprobs], vals[:r.top_logprobs], strict=True))
-        if r.top_logprobs else None
-        for r, ids, vals in zip(rows, top_i.tolist(), top_v.tolist(), strict=True)]
-    return chosen_lp, tops
+        return (lp,)
+    top_v, top_i = lp_all.topk(min(max_top, lp_all.shape[1]), dim=-1)  # [bs, N] each
+    return lp, top_v, top_i
+
+
+def logprob_lists(host: Sequence[torch.Tensor], want: Sequence[bool], tops: Sequence[int]
+                  ) -> tuple[list[float | None], list[TopLogprobs | None]]:
+    """`device_logprobs`' tensors (on the host) as each row asked: its logprob when `want`,
+    its `tops` most likely alternatives when > 0 (None otherwise)."""
+    lp = host[0].tolist()
+    chosen = [float(v) if w else None for v, w in zip(lp, want, strict=True)]
+    if len(host) == 1:
+        return chosen, [None] * len(lp)
+    ids_all, vals_all = host[2].tolist(), host[1].tolist()
+    top: list[TopLogprobs | None] = [
+        list(zip(ids[:n], vals[:n], strict=True)) if n else None
+        for n, ids, vals in zip(tops, ids_all, vals_all, strict=True)]
+    return chosen, top

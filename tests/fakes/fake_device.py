@@ -43,8 +43,9 @@ CPU = torch.device("cpu")
 class FakeHostTokens(HostTokens):
     """Token ids ready at `ready_at` (perf_counter seconds) on the simulated device."""
 
-    def __init__(self, chosen: torch.Tensor, runner: FakeDeviceRunner, ready_at: float) -> None:
-        super().__init__(chosen)
+    def __init__(self, chosen: torch.Tensor, runner: FakeDeviceRunner, ready_at: float,
+                 extras: tuple[torch.Tensor, ...] = ()) -> None:
+        super().__init__(chosen, extras)
         self._runner, self._ready_at = runner, ready_at
 
     def wait_array(self) -> np.ndarray:
@@ -95,8 +96,9 @@ class FakeDeviceRunner:
         self.steps += 1
         return logits, slots_t
 
-    def fetch_tokens(self, chosen: torch.Tensor) -> HostTokens:
-        return FakeHostTokens(chosen, self, self.free_at)
+    def fetch_tokens(self, chosen: torch.Tensor, extras: tuple[torch.Tensor, ...] = ()
+                     ) -> HostTokens:
+        return FakeHostTokens(chosen, self, self.free_at, extras)
 
 
 class SinkOutbox(Outbox):
@@ -126,12 +128,14 @@ class _NoTransfers:
 def running_stepper(runner: Any, bs: int, ctx: int, overlap: bool, *, page_size: int = 16,
                     window: int = 127,
                     params: SamplingParams | list[SamplingParams] | None = None,
-                    keep_events: bool = False, stagger: bool = True) -> DecodeStepper:
+                    keep_events: bool = False, stagger: bool = True,
+                    logprobs: list[tuple[bool, int]] | None = None) -> DecodeStepper:
     """The daemon's `DecodeStepper` over `runner` with `bs` RUNNING requests of `ctx` prompt
     tokens each (pages from real allocators, no radix tree, no transfer): what the step costs
     without admission and KV transfer in the way. With `stagger` request i's prompt is
     `i % page_size` tokens shorter, so page edges spread over the steps as in a real batch
-    (not every request at an edge on the same step)."""
+    (not every request at an edge on the same step). `logprobs`: per request, whether it
+    wants its tokens' logprobs and how many alternatives."""
     num_full = bs * (cdiv(ctx, page_size) + 64) + 8
     full, swa = PageAllocator(num_full, "full"), PageAllocator(bs * 16 + 8, "swa")
     kv_ctx = KVContext(None, full, swa, page_size=page_size, window=window, radix_cache=False)
@@ -147,12 +151,15 @@ def running_stepper(runner: Any, bs: int, ctx: int, overlap: bool, *, page_size:
     for i in range(bs):
         n_tok = ctx - i % page_size if stagger else ctx
         prompt = [(i * 7 + j) % 200 + 3 for j in range(n_tok)]
-        live = table.add(AddRequest(f"r{i}", prompt, per_req[i], False, None, None, None, 0.0),
-                         frozenset(), 0.0)
+        lp, top = logprobs[i] if logprobs else (False, 0)
+        live = table.add(AddRequest(f"r{i}", prompt, per_req[i], lp, None, None, None, 0.0,
+                                    top_logprobs=top), frozenset(), 0.0)
         swa_start, n = kv_ctx.swa_start(n_tok), cdiv(n_tok, page_size)
         swa_ids = [0] * (swa_start // page_size) + swa.alloc(n - swa_start // page_size)
         kv = ReqKV(list(prompt), full.alloc(n), swa_ids, swa_start=swa_start)
         live.req.transition(RequestState.RESERVED, 0.0, kv=kv)
         live.req.arrive(5 + i % 200, 0.0)
+        if lp or top:  # as the fetcher does with the prefill peer's first token
+            live.record_logprobs(-1.0, [(5 + i % 200, -1.0)] * top)
         stepper.start(live, 0.0)
     return stepper

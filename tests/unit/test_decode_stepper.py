@@ -142,3 +142,36 @@ def test_pages_of_a_request_ended_under_a_launched_step_wait_for_that_step() -> 
             stepper.step(time.monotonic())  # waits for the launched step
         assert not table.settling and full.num_free == free + held
         assert live.req.state is RequestState.ABORTED
+
+
+def test_logprobs_come_from_the_device_without_a_synchronous_step() -> None:
+    """Rows asking for logprobs (the token's, top alternatives) no longer make the batch
+    sample on the host: the step stays overlapped, and tokens and logprobs are those of
+    synchronous steps (and of the sampler's own logprobs of the same logits)."""
+    def stepped(overlap: bool) -> tuple[DecodeStepper, dict[str, list[tuple[int, float]]]]:
+        params = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
+        stepper = running_stepper(FakeDeviceRunner(0.0), 3, 30, overlap, params=params,
+                                  keep_events=True, logprobs=[(True, 0), (True, 3), (False, 0)])
+        stepper.step(time.monotonic())
+        assert stepper.busy == overlap  # launched and left in flight with overlap on
+        while stepper.table.running or stepper.busy:
+            stepper.step(time.monotonic())
+        outbox = stepper.table.outbox
+        assert isinstance(outbox, SinkOutbox)
+        got: dict[str, list[tuple[int, float]]] = {}
+        for ev in outbox.events:
+            if isinstance(ev, Tokens) and ev.chunk.logprobs is not None:
+                got.setdefault(ev.rid, []).extend(zip(ev.chunk.token_ids, ev.chunk.logprobs,
+                                                      strict=True))
+        tops = [e.chunk.top_logprobs for e in outbox.events
+                if isinstance(e, Tokens) and e.rid == "r1" and e.chunk.top_logprobs]
+        assert tops and all(len(t) == 3 for chunk in tops for t in chunk)
+        return stepper, got
+
+    _, off = stepped(False)
+    _, on = stepped(True)
+    assert on == off and set(on) == {"r0", "r1"} and len(on["r0"]) == 12  # prefill's + 11
+    one_hot = torch.zeros(64)
+    one_hot[0] = 1.0
+    want = float(torch.log_softmax(one_hot, dim=0)[0])  # the fake's logits are one-hot
+    assert all(abs(lp - want) < 1e-6 for _, lp in on["r0"][1:])

@@ -94,6 +94,8 @@ class RunningBatch:
         self.sample_f = np.zeros((rows, 5), np.float64)  # temperature, top_k, top_p, min_p, greedy
         self.seed = np.full(rows, -1, np.int64)
         self.max_new = np.zeros(rows, np.int64)
+        self.want_lp = np.zeros(rows, bool)  # return_logprob
+        self.top_n = np.zeros(rows, np.int64)  # top_logprobs
         self._num_full = [0] * rows  # full pages written to the row
         self._num_swa = [0] * rows  # SWA page-list entries written (the ring keeps the window's)
         self._stops: Counter[int] = Counter()  # stop token / EOS -> rows it may end
@@ -144,6 +146,7 @@ class RunningBatch:
                                greedy)
         self.seed[slot] = -1 if sp.seed is None or greedy else sp.seed
         self.max_new[slot] = req.max_new_tokens
+        self.want_lp[slot], self.top_n[slot] = live.cmd.return_logprob, live.cmd.top_logprobs
         self._num_full[slot] = self._num_swa[slot] = 0
         self.slots.write_token(slot, req.output_ids[-1])
         self.refresh(live)
@@ -215,6 +218,12 @@ class RunningBatch:
                            [(i, noise_seed(sd, st)) for i, sd, st in zip(
                                seeded.tolist(), seeds[seeded].tolist(), step.tolist(),
                                strict=True)])
+
+    def logprobs_wanted(self, slots: np.ndarray) -> tuple[np.ndarray, int]:
+        """[n] bool: rows `slots` that want logprobs (the token's, or alternatives); and the
+        most alternatives any of them wants."""
+        top = self.top_n[slots]
+        return self.want_lp[slots] | (top > 0), int(top.max()) if len(top) else 0
 
     def stop_hits(self, tokens: np.ndarray) -> np.ndarray:
         """[n] bool: which of `tokens` ([n] i64) is a stop token or EOS of some row."""

@@ -12,14 +12,18 @@ step's tokens straight into the rows, where the next step reads them ("future to
 Host work per step is batch-level (`batch.py`): positions, page edges, window slides, lengths
 and stop tokens are numpy operations over the batch's arrays; Python runs per row only for the
 rows at a page edge (one step in page_size), the rows whose token may end them, and one append
-of each row's token. The step's tokens go out as one `StepTokens` event.
+of each row's token. The step's tokens go out as one `StepTokens` event (rows with logprobs as
+their own `Tokens`).
 
 Overlapped scheduling (`scheduler.overlap_schedule`): `step` launches step N+1 (pages planned
 one position ahead for the requests of the still-running step N, inputs read on the device),
 and only then waits for step N's tokens and commits them, so the host's work hides behind the
 device's. A request that step N ends (stop token) was also launched in N+1: that token is
-dropped. Requests that finish by length are left out of N+1 up front. A batch with a row that
-needs the host (logprobs, a grammar) samples synchronously.
+dropped. Requests that finish by length are left out of N+1 up front. Logprobs are computed on
+the device beside the tokens and copied with them; a batch with a grammar row samples
+synchronously (the grammar's mask needs the committed tokens). A request that ends while a
+launched step still uses its pages keeps them until that step is waited for
+(`RequestTable.settling`).
 ```
 engine.step k:  [admit, start]  plan N+1 -> launch N+1 -> wait N -> commit N  [publish]
 device:         ...... step N ...... | ........ step N+1 ........
@@ -32,6 +36,7 @@ import logging
 from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 
 from decode_worker.core.admission import PreallocQueue
 from decode_worker.core.decode_alloc import DecodeAllocator
@@ -41,7 +46,13 @@ from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.requests import RequestTable
 from decode_worker.device.decode_slots import HostTokens
 from decode_worker.device.runner import DecodeRunner
-from decode_worker.device.sampler import SampleOutput, Sampler, SampleRow
+from decode_worker.device.sampler import (
+    SampleOutput,
+    Sampler,
+    SampleRow,
+    device_logprobs,
+    logprob_lists,
+)
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +130,10 @@ class DecodeStepper:
                 pages.write_token(slot, token)
             return _Launched(order, gen, batch.version, None, out)
         pages.tokens[slots_t] = chosen  # the next step's inputs, written on the device
-        return _Launched(order, gen, batch.version, self.runner.fetch_tokens(chosen), None)
+        lp_rows, max_top = batch.logprobs_wanted(slots)
+        extras = device_logprobs(logits, chosen, max_top) if lp_rows.any() else ()
+        return _Launched(order, gen, batch.version, self.runner.fetch_tokens(chosen, extras),
+                         None)
 
     def _plan_pages(self, now: float) -> tuple[Order, np.ndarray, np.ndarray] | None:
         """The rows to launch, each holding the pages (and row entries) its position needs:
@@ -201,10 +215,35 @@ class DecodeStepper:
             kv_tokens.append(output[-1])  # the step wrote the KV of the input token
             output.append(token)
         self.generated_tokens_total += len(toks)
-        self.table.outbox.put(StepTokens(order.rids, toks))
+        extras = step.tokens.extras()  # type: ignore[union-attr]
+        if extras:  # rows with logprobs go out one by one, with them
+            self._send_with_logprobs(order, extras, rows)
+        else:
+            self.table.outbox.put(StepTokens(order.rids, toks))
         ends = np.flatnonzero((batch.left[slots] <= 0) | batch.stop_hits(tokens))
         for i in ends.tolist():
             self._finish_if_done(order.lives[i], now)
+
+    def _send_with_logprobs(self, order: Order, extras: tuple[torch.Tensor, ...],
+                            rows: np.ndarray | None) -> None:
+        """The step computed logprobs on the device (some row wants them): those rows' tokens
+        go out with theirs as `Tokens`, the others' in one `StepTokens`."""
+        if rows is not None:  # the launched rows still there
+            index = torch.from_numpy(rows)
+            extras = tuple(t[index] for t in extras)
+        wants, _ = self.batch.logprobs_wanted(order.slots)
+        lps, tops = logprob_lists(extras, self.batch.want_lp[order.slots].tolist(),
+                                  self.batch.top_n[order.slots].tolist())
+        plain = ~wants
+        if plain.any():
+            rest = order.subset(plain)
+            self.table.outbox.put(StepTokens(rest.rids, [out[-1] for out in rest.outputs]))
+        for i in np.flatnonzero(wants).tolist():
+            live = order.lives[i]
+            live.record_logprobs(lps[i], tops[i])
+            event = live.new_tokens()  # (such a row always goes out this way: `emitted` holds)
+            if event is not None:
+                self.table.outbox.put(event)
 
     def _commit_host(self, order: Order, tokens: np.ndarray, out: SampleOutput,
                      rows: np.ndarray | None, now: float) -> None:
@@ -240,9 +279,9 @@ def _row(live: LiveRequest, ahead: int) -> SampleRow:
 
 
 def sample_kind(live: LiveRequest) -> SampleKind:
-    """How the request's tokens are chosen (fixed for its life): HOST for logprobs or a
-    grammar (its mask needs the committed tokens; the step samples synchronously)."""
-    cmd = live.cmd
-    if cmd.return_logprob or cmd.top_logprobs or live.has_grammar:
+    """How the request's tokens are chosen (fixed for its life): HOST for a grammar (its mask
+    needs the committed tokens; the step samples synchronously). Logprobs are computed on the
+    device beside the tokens and copied with them."""
+    if live.has_grammar:
         return SampleKind.HOST
-    return SampleKind.GREEDY if cmd.sampling.is_greedy else SampleKind.DEVICE
+    return SampleKind.GREEDY if live.cmd.sampling.is_greedy else SampleKind.DEVICE

@@ -45,3 +45,15 @@ def test_host_tokens_arrive_while_later_work_is_queued() -> None:
         big = big @ big / 64
     assert tokens.wait() == [i * 3 for i in range(7)]
     torch.cuda.synchronize()
+
+
+def test_host_tokens_bring_the_steps_logprobs_with_them() -> None:
+    """The step's logprobs (extras) come to pinned host memory with its tokens, one event."""
+    chosen = torch.arange(5, device="cuda")  # [5]
+    lp = -torch.arange(5, device="cuda", dtype=torch.float32) / 10  # [5]
+    top = torch.arange(10, device="cuda").view(5, 2)  # [5, 2]
+    tokens = HostTokens(chosen, (lp, top))
+    assert tokens.wait_array().tolist() == list(range(5))
+    host_lp, host_top = tokens.extras()
+    assert host_lp.device.type == "cpu" and host_lp.is_pinned()
+    assert host_lp.tolist() == lp.cpu().tolist() and torch.equal(host_top, top.cpu())

@@ -117,10 +117,10 @@ class DecodeSlots:
             if int(full[:, 1].max()) >= self.max_pages:
                 raise PageError(f"decode slots: page {int(full[:, 1].max())} past the "
                                 f"table width {self.max_pages}")
-            _check_range(full[:, 2], self.pool_pages[0], "full")
+            check_page_ids(full[:, 2], self.pool_pages[0], "full")
         if swa is not None:
             swa = swa.reshape(-1, 3)  # [n, 3]
-            _check_range(swa[:, 2], self.pool_pages[1], "swa")
+            check_page_ids(swa[:, 2], self.pool_pages[1], "swa")
         width = self.max_pages + self.ring  # flat index into both tables
         parts = [] if full is None else [(full[:, 0] * width + full[:, 1], full[:, 2])]
         if swa is not None:
@@ -178,14 +178,12 @@ def swa_ring_width(window: int, page_size: int) -> int:
     return cdiv(window, page_size) + 1
 
 
-def check_page_ids(ids: list[int], num_pages: int, pool: str) -> None:
+def check_page_ids(ids: list[int] | np.ndarray, num_pages: int, pool: str) -> None:
     """Raises PageError unless every id is a page of the pool (0 = the dummy page)."""
-    if ids and (min(ids) < 0 or max(ids) > num_pages):
-        raise PageError(f"{pool} page ids must be in [0, {num_pages}], got {min(ids)}..{max(ids)}")
-
-
-def _check_range(ids: np.ndarray, num_pages: int, pool: str) -> None:
-    lo, hi = int(ids.min()), int(ids.max())
+    if not len(ids):
+        return
+    lo, hi = ((int(ids.min()), int(ids.max())) if isinstance(ids, np.ndarray)
+              else (min(ids), max(ids)))
     if lo < 0 or hi > num_pages:
         raise PageError(f"{pool} page ids must be in [0, {num_pages}], got {lo}..{hi}")
 

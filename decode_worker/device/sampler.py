@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from decode_worker.core.sampling import SamplingParams, TopLogprobs
@@ -67,16 +68,30 @@ class ParamsBatch:
 
     @classmethod
     def of_rows(cls, rows: Sequence[SampleRow], vocab: int, dev: torch.device) -> ParamsBatch:
-        ps = [r.params for r in rows]
-        greedy = [p.is_greedy for p in ps]
-        cols = torch.tensor([[1.0 if g else p.temperature, p.top_k if p.top_k > 0 else vocab,
-                              p.top_p, p.min_p, float(g)] for p, g in zip(ps, greedy,
-                                                                        strict=True)],
-                            dtype=torch.float64).to(dev)  # [bs, 5]
+        cols = np.array([param_columns(r.params) for r in rows], np.float64)  # [bs, 5]
         seeded = [(i, noise_seed(r.params.seed, r.step)) for i, r in enumerate(rows)
-                  if r.params.seed is not None and not greedy[i]]
-        return cls(cols[:, 0].float(), cols[:, 1].long(), cols[:, 2].float(), cols[:, 3].float(),
-                   cols[:, 4].bool(), all(greedy), any(_filters(p) for p in ps), seeded)
+                  if r.params.seed is not None and not r.params.is_greedy]
+        return cls.of_columns(cols, vocab, dev, seeded)
+
+    @classmethod
+    def of_columns(cls, cols: np.ndarray, vocab: int, dev: torch.device,
+                   seeded: list[tuple[int, int]]) -> ParamsBatch:
+        """From `param_columns` rows ([bs, 5] f64, a copy this may change) and the seeded
+        rows' (row, noise seed)."""
+        top_k = cols[:, 1]
+        any_filter = bool((top_k > 0).any() or (cols[:, 2] < 1.0).any()
+                          or (cols[:, 3] > 0.0).any())
+        cols[:, 1] = np.where(top_k > 0, top_k, vocab)
+        t = torch.from_numpy(cols).to(dev)  # [bs, 5] f64
+        return cls(t[:, 0].float(), t[:, 1].long(), t[:, 2].float(), t[:, 3].float(),
+                   t[:, 4].bool(), bool(cols[:, 4].all()), any_filter, seeded)
+
+
+def param_columns(p: SamplingParams) -> tuple[float, float, float, float, float]:
+    """A request's parameters as `ParamsBatch` takes them: (temperature, 1.0 when greedy;
+    top_k, 0 for none; top_p; min_p; greedy as 0/1)."""
+    greedy = p.is_greedy
+    return (1.0 if greedy else p.temperature, p.top_k, p.top_p, p.min_p, float(greedy))
 
 
 def noise_seed(seed: int, step: int) -> int:
@@ -110,19 +125,10 @@ class Sampler:
         return SampleOutput(chosen.tolist(), logprobs, top)
 
     @torch.inference_mode()
-    def choose(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
-        """The tokens `sample` would choose, [bs] i64 left on the device (no host sync on the
-        greedy path), without logprobs: the overlapped decode step feeds them to the next
-        step on the device. Rows with more than params (logprobs) go through `sample`."""
-        logits = logits.float()  # [bs, V]
-        if all(r.params.is_greedy for r in rows):
-            return logits.argmax(dim=-1)
-        return self._sample_batch(logits, ParamsBatch.of_rows(rows, logits.shape[1],
-                                                              logits.device))
-
-    @torch.inference_mode()
     def choose_batch(self, logits: torch.Tensor, params: ParamsBatch) -> torch.Tensor:
-        """`choose` with the parameters already in tensors (the decode batch's own arrays)."""
+        """The tokens `sample` would choose, [bs] i64 left on the device (no host sync), without
+        logprobs: the overlapped decode step feeds them to the next step on the device. The
+        parameters come in tensors (the decode batch's own arrays)."""
         logits = logits.float()  # [bs, V]
         return logits.argmax(dim=-1) if params.all_greedy else self._sample_batch(logits, params)
 
@@ -172,10 +178,6 @@ def seeded_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     h = _mix32(_mix32(hi[:, None] ^ _mix32(tok[None, :] + 0x9E3779B)) ^ lo[:, None])  # [k, V]
     u = (h.double() + 0.5) / 4294967296.0  # (0, 1)
     return (-torch.log(u)).float()
-
-
-def _filters(p: SamplingParams) -> bool:
-    return p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0
 
 
 def _filter_sorted(sorted_p: torch.Tensor, p: ParamsBatch) -> torch.Tensor:

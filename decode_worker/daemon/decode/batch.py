@@ -33,7 +33,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ import torch
 from decode_worker.core.decode_alloc import NEVER, DecodeAllocator
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.device.decode_slots import DecodeSlots
-from decode_worker.device.sampler import ParamsBatch, noise_seed
+from decode_worker.device.sampler import ParamsBatch, noise_seed, param_columns
 
 
 class SampleKind(enum.IntEnum):
@@ -91,7 +91,7 @@ class RunningBatch:
         self.gen = np.zeros(rows, np.int64)
         # sampling parameters (DEVICE rows): temperature (1.0 when greedy), top_k (0: none),
         # top_p, min_p, greedy; seed (-1: none) and max_new_tokens for a seeded row's step
-        self.sample_f = np.zeros((rows, 5), np.float64)  # temperature, top_k, top_p, min_p, greedy
+        self.sample_f = np.zeros((rows, 5), np.float64)  # `param_columns`
         self.seed = np.full(rows, -1, np.int64)
         self.max_new = np.zeros(rows, np.int64)
         self.want_lp = np.zeros(rows, bool)  # return_logprob
@@ -104,6 +104,7 @@ class RunningBatch:
         self._count = 0
         self._kinds: Counter[SampleKind] = Counter()  # members by kind
         self.version = 0  # bumped at every join and leave
+        self.logprob_members = 0  # members that want logprobs (none: a step skips them)
 
     # -- membership ------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -114,9 +115,6 @@ class RunningBatch:
 
     def __contains__(self, live: object) -> bool:
         return isinstance(live, LiveRequest) and live.slot > 0 and self.lives[live.slot] is live
-
-    def __iter__(self) -> Iterator[LiveRequest]:
-        return iter(self.order().lives[:])  # a copy: callers may end requests while iterating
 
     def kind_of_batch(self) -> SampleKind:
         """The largest `SampleKind` of the members (how a step samples; GREEDY when empty)."""
@@ -141,12 +139,11 @@ class RunningBatch:
         self.kind[slot] = kind = self.classify(live)
         self._kinds[kind] += 1
         sp = live.cmd.sampling
-        greedy = sp.is_greedy
-        self.sample_f[slot] = (1.0 if greedy else sp.temperature, sp.top_k, sp.top_p, sp.min_p,
-                               greedy)
-        self.seed[slot] = -1 if sp.seed is None or greedy else sp.seed
+        self.sample_f[slot] = param_columns(sp)
+        self.seed[slot] = -1 if sp.seed is None or sp.is_greedy else sp.seed
         self.max_new[slot] = req.max_new_tokens
         self.want_lp[slot], self.top_n[slot] = live.cmd.return_logprob, live.cmd.top_logprobs
+        self.logprob_members += _wants_logprobs(live)
         self._num_full[slot] = self._num_swa[slot] = 0
         self.slots.write_token(slot, req.output_ids[-1])
         self.refresh(live)
@@ -175,6 +172,7 @@ class RunningBatch:
         self._count -= 1
         self.version += 1
         self._kinds[SampleKind(int(self.kind[slot]))] -= 1
+        self.logprob_members -= _wants_logprobs(live)
         return in_flight
 
     # -- step state ------------------------------------------------------------------------------
@@ -205,19 +203,12 @@ class RunningBatch:
                       dev: torch.device) -> ParamsBatch:
         """The sampling parameters of rows `slots` ([n]) as tensors on `dev`, a seeded row's
         noise keyed by the index of the token it samples (one further per uncommitted step)."""
-        f = self.sample_f[slots]  # [n, 5]
-        k = f[:, 1]
-        any_filter = bool((k > 0).any() or (f[:, 2] < 1.0).any() or (f[:, 3] > 0.0).any())
-        f[:, 1] = np.where(k > 0, k, vocab)
-        cols = torch.from_numpy(f).to(dev)  # [n, 5] f64
         seeds = self.seed[slots]
         seeded = np.flatnonzero(seeds >= 0)
         step = self.max_new[slots[seeded]] - self.left[slots[seeded]] + ahead[seeded]
-        return ParamsBatch(cols[:, 0].float(), cols[:, 1].long(), cols[:, 2].float(),
-                           cols[:, 3].float(), cols[:, 4].bool(), bool(f[:, 4].all()), any_filter,
-                           [(i, noise_seed(sd, st)) for i, sd, st in zip(
-                               seeded.tolist(), seeds[seeded].tolist(), step.tolist(),
-                               strict=True)])
+        return ParamsBatch.of_columns(self.sample_f[slots], vocab, dev, [
+            (i, noise_seed(sd, st)) for i, sd, st in zip(
+                seeded.tolist(), seeds[seeded].tolist(), step.tolist(), strict=True)])
 
     def logprobs_wanted(self, slots: np.ndarray) -> tuple[np.ndarray, int]:
         """[n] bool: rows `slots` that want logprobs (the token's, or alternatives); and the
@@ -232,6 +223,10 @@ class RunningBatch:
         if self._stop_ids is None:
             self._stop_ids = np.fromiter(self._stops, np.int64, len(self._stops))
         return np.isin(tokens, self._stop_ids)
+
+
+def _wants_logprobs(live: LiveRequest) -> bool:
+    return live.cmd.return_logprob or live.cmd.top_logprobs > 0
 
 
 def _stop_ids(live: LiveRequest) -> set[int]:

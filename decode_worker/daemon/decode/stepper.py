@@ -130,8 +130,11 @@ class DecodeStepper:
                 pages.write_token(slot, token)
             return _Launched(order, gen, batch.version, None, out)
         pages.tokens[slots_t] = chosen  # the next step's inputs, written on the device
-        lp_rows, max_top = batch.logprobs_wanted(slots)
-        extras = device_logprobs(logits, chosen, max_top) if lp_rows.any() else ()
+        extras: tuple[torch.Tensor, ...] = ()
+        if batch.logprob_members:
+            lp_rows, max_top = batch.logprobs_wanted(slots)
+            if lp_rows.any():
+                extras = device_logprobs(logits, chosen, max_top)
         return _Launched(order, gen, batch.version, self.runner.fetch_tokens(chosen, extras),
                          None)
 
@@ -231,9 +234,9 @@ class DecodeStepper:
         if rows is not None:  # the launched rows still there
             index = torch.from_numpy(rows)
             extras = tuple(t[index] for t in extras)
-        wants, _ = self.batch.logprobs_wanted(order.slots)
-        lps, tops = logprob_lists(extras, self.batch.want_lp[order.slots].tolist(),
-                                  self.batch.top_n[order.slots].tolist())
+        want, top = self.batch.want_lp[order.slots], self.batch.top_n[order.slots]  # [n] each
+        wants = want | (top > 0)
+        lps, tops = logprob_lists(extras, want.tolist(), top.tolist())
         plain = ~wants
         if plain.any():
             rest = order.subset(plain)
@@ -247,7 +250,7 @@ class DecodeStepper:
 
     def _commit_host(self, order: Order, tokens: np.ndarray, out: SampleOutput,
                      rows: np.ndarray | None, now: float) -> None:
-        """A host-sampled step (logprobs, a grammar): each row's token, logprobs and end."""
+        """A host-sampled step (a grammar row): each row's token, logprobs and end."""
         index = range(len(out.token_ids)) if rows is None else rows.tolist()
         for live, token, i in zip(order.lives, tokens.tolist(), index, strict=True):
             live.req.append_token(token)

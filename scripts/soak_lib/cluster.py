@@ -7,12 +7,16 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from decode_worker.daemon.shared.procs import ServerProcess, free_port, http_json
+from decode_worker.daemon.shared.procs import (
+    ServerProcess,
+    free_port,
+    http_json,
+    wait_router_workers,
+)
 from decode_worker.io.metrics import Metrics
 
 PAGE_SIZE = 16
@@ -96,16 +100,8 @@ class Cluster:
             "--worker-startup-check-interval", "1", "--health-check-interval-secs", "2",
             "--request-timeout-secs", "30", "--policy", "round_robin",
             "--disable-circuit-breaker"], stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                listed = http_json(f"{self.router_url}/workers", timeout_s=2)
-                workers = listed.get("workers", listed) if isinstance(listed, dict) else listed
-                if isinstance(workers, list) and len(workers) >= 2:
-                    return
-            except Exception:
-                pass
-            time.sleep(0.5)
+        if wait_router_workers(self.router_url, 2, 60):
+            return
         self.router.kill()
         self.router, self.router_port = None, None  # soak on without it, and say so
 

@@ -19,7 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from decode_worker.daemon.shared.procs import ServerProcess, free_port, http_json, scrape_metric
+from decode_worker.daemon.shared.procs import (
+    ServerProcess,
+    free_port,
+    http_json,
+    scrape_metric,
+    wait_router_workers,
+)
 
 PAGE_SIZE = 16
 TOP_LOGPROBS = 5  # alternatives asked per token: the first token's come through the aux row
@@ -104,16 +110,8 @@ class RouterProcess(ServerProcess):
         return self
 
     def wait_workers(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                workers = http_json(f"{self.url}/workers", timeout_s=2)
-                listed = workers.get("workers", workers) if isinstance(workers, dict) else workers
-                if isinstance(listed, list) and len(listed) >= 2:
-                    return
-            except Exception:
-                pass
-            time.sleep(0.5)
+        if wait_router_workers(self.url, 2, timeout_s):
+            return
         raise RuntimeError(f"router has no workers after {timeout_s}s:\n{self.output()[-3000:]}")
 
 

@@ -31,7 +31,7 @@ from decode_worker.io.kv.sglang.receiver import SglangReceiver
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import TransferSettings, load_settings
 from decode_worker.utils.mathx import align_down, cdiv
-from tests.integration.conftest import PeerLaunch, stop
+from tests.integration.conftest import PeerLaunch, start_prefill_peer, stop
 
 pytestmark = pytest.mark.slow
 PS = 16
@@ -41,8 +41,8 @@ PS = 16
 def peer(model_cache: Path) -> Iterator[tuple[int, int]]:
     """(bootstrap port, http port) of a prefill peer that waits 30 s for a room's other half."""
     bport, hport = free_port(), free_port()
-    proc = PeerLaunch(bport, model_cache, "--set", "scheduler.kv_timeout_s=30",
-                      http_port=hport).ready()  # fmt: skip
+    proc = start_prefill_peer(bport, model_cache, "--set", "scheduler.kv_timeout_s=30",
+                              http_port=hport)  # fmt: skip
     yield bport, hport
     stop(proc)
 
@@ -197,7 +197,7 @@ def test_a_sigkilled_prefill_peer_is_found_dead_within_3s_by_default(
     runner: ModelRunner, model_cache: Path
 ) -> None:
     port = free_port()
-    proc = PeerLaunch(port, model_cache).ready()
+    proc = start_prefill_peer(port, model_cache)
     aux = AuxBuffer(4)  # registered with NIXL: lives as long as the receiver
     rx = receiver(runner, aux)  # the default heartbeat settings
     try:
@@ -254,7 +254,7 @@ def test_a_refusal_reaches_a_prefill_peer_of_sglangs_protocol_as_abort(
 ) -> None:
     """SGLang's ABORT carries no reason: the prefill answers with its own abort text, at once."""
     bport, hport = free_port(), free_port()
-    proc = PeerLaunch(bport, model_cache, "--protocol", "sglang", http_port=hport).ready()
+    proc = start_prefill_peer(bport, model_cache, "--protocol", "sglang", http_port=hport)
     aux, sg_aux = AuxBuffer(4), SglangAuxBuffers(4)
     name = runner.model_name  # type: ignore[attr-defined]
     rx = SglangReceiver(TransferSettings(), model_compat(runner, name),

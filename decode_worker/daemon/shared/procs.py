@@ -89,6 +89,22 @@ def http_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 1
     return json.loads(raw) if raw else None
 
 
+def wait_router_workers(router_url: str, count: int, timeout_s: float) -> bool:
+    """Poll a router's GET /workers until it lists at least `count` workers (True), or
+    `timeout_s` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            listed = http_json(f"{router_url}/workers", timeout_s=2)
+            workers = listed.get("workers", listed) if isinstance(listed, dict) else listed
+            if isinstance(workers, list) and len(workers) >= count:
+                return True
+        except Exception:  # not up yet, or answering oddly while it starts
+            pass
+        time.sleep(0.5)
+    return False
+
+
 def scrape_metric(base_url: str, name: str, labels: str = "") -> float:
     """Sum of the samples of `name` (with `labels` as a substring of the label set, if given)
     on base_url/metrics."""

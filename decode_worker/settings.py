@@ -51,6 +51,11 @@ class ModelSettings(_Section):
         "auto", description="Weight/activation dtype; auto = float32 on CPU, bfloat16 on CUDA"
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if present")
+    moe_backend: Literal["auto", "triton", "torch"] = Field(
+        "auto", description="Routed experts: triton = fused Triton MoE kernel (MXFP4 experts kept "
+        "on the GPU), torch = torch ops (MXFP4 dequantized at load); auto = triton on CUDA when "
+        "triton imports, else torch"
+    )
     cache_dir: Path = Field(
         Path.home() / ".cache" / "decode-worker",
         description="Where the embedded default model is written once",

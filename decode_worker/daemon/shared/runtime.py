@@ -23,7 +23,7 @@ from decode_worker.core.validation import (
 from decode_worker.device.default_model import ensure_default_model
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.layout import CacheLayout, plan_cache_layout
-from decode_worker.device.model.weights import load_model
+from decode_worker.device.model.weights import load_model, resolve_moe_backend
 from decode_worker.device.runner import ModelRunner
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import ConfigError
@@ -90,7 +90,8 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool) -> Runtime:
     device = torch.device("cuda" if want_cuda else "cpu")
     dtype = _DTYPES.get(ms.dtype, torch.bfloat16 if want_cuda else torch.float32)
     kv_dtype = _DTYPES.get(c.kv_dtype, dtype)
-    model = load_model(model_dir, device, dtype)
+    model = load_model(model_dir, device, dtype,
+                       moe_backend=resolve_moe_backend(ms.moe_backend, device))
     spec = KVSpec.from_config(model.cfg)
     layout = plan_cache_layout(c, spec, device, kv_dtype)
     pools = KVPools(spec, layout.num_full_pages, layout.num_swa_pages, layout.page_size,

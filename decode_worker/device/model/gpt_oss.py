@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from decode_worker.device.model.config import GptOssConfig, rope_inv_freq
+from decode_worker.errors import ConfigError
 
 
 class Attend(Protocol):
@@ -29,7 +30,10 @@ class Attend(Protocol):
 
 @dataclass(slots=True)
 class LayerWeights:
-    """One decoder layer. Expert gate/up columns are de-interleaved: [gate | up]."""
+    """One decoder layer. Experts are dense (scales None; gate/up columns de-interleaved to
+    [gate | up]) or MXFP4 as the checkpoint stores them (scales set; only the Triton MoE reads
+    them): gate_up [E, 2I, H / 2] u8 with gate/up rows interleaved (2j gate, 2j + 1 up),
+    down [E, H, I / 2] u8. The gate/up bias is [gate | up] in both forms."""
 
     input_norm: torch.Tensor  # [H]
     post_norm: torch.Tensor  # [H]
@@ -40,18 +44,24 @@ class LayerWeights:
     sinks: torch.Tensor  # [heads] float32
     router_w: torch.Tensor  # [E, H]
     router_b: torch.Tensor  # [E]
-    gate_up: torch.Tensor  # [E, H, 2I]
+    gate_up: torch.Tensor  # dense [E, H, 2I] | MXFP4 blocks [E, 2I, H / 2] u8
     gate_up_b: torch.Tensor  # [E, 2I]
-    down: torch.Tensor  # [E, I, H]
+    down: torch.Tensor  # dense [E, I, H] | MXFP4 blocks [E, H, I / 2] u8
     down_b: torch.Tensor  # [E, H]
+    gate_up_scales: torch.Tensor | None = None  # MXFP4: [E, 2I, H / 32] u8
+    down_scales: torch.Tensor | None = None  # MXFP4: [E, H, I / 32] u8
 
 
 class GptOssModel:
-    """Weights plus the forward pass. Build with `weights.load_model` (or `from_state_dict`)."""
+    """Weights plus the forward pass. Build with `weights.load_model` (or `from_state_dict`).
+
+    `moe_backend`: "triton" runs the routed experts in the fused Triton MoE (any T, eager or
+    inside a graph), "torch" in torch ops (`moe`)."""
 
     def __init__(self, cfg: GptOssConfig, embed: torch.Tensor, layers: list[LayerWeights],
-                 norm: torch.Tensor, lm_head: torch.Tensor) -> None:
+                 norm: torch.Tensor, lm_head: torch.Tensor, *, moe_backend: str = "torch") -> None:
         self.cfg = cfg
+        self.moe_backend = moe_backend
         self.embed = embed  # [V, H]
         self.layers = layers
         self.norm = norm  # [H]
@@ -89,7 +99,7 @@ class GptOssModel:
             a = attend(i, q, k, v, lw.sinks)  # a: [T, heads * hd]
             h = h + F.linear(a, lw.o_w, lw.o_b)
             x = rms_norm(h, lw.post_norm, cfg.rms_norm_eps)
-            h = h + moe(x, lw, cfg, static=static)
+            h = h + moe(x, lw, cfg, static=static, backend=self.moe_backend)
         return rms_norm(h, self.norm, cfg.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -124,15 +134,25 @@ def swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
     return (up + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
-def moe(x: torch.Tensor, lw: LayerWeights, cfg: GptOssConfig, *, static: bool) -> torch.Tensor:
+def moe(x: torch.Tensor, lw: LayerWeights, cfg: GptOssConfig, *, static: bool,
+        backend: str = "torch") -> torch.Tensor:
     """Routed experts: x [T, H] -> [T, H].
 
-    Three equivalent strategies: per-token weight gather when few (token, expert) pairs exist,
-    every expert on every token when that is cheaper or shapes must be static (graphs), and a
-    loop over the hit experts (the reference's strategy) for large eager batches of many experts.
+    backend "triton": the fused Triton MoE (device/kernels/fused_moe.py), dense or MXFP4 experts,
+    graph-capturable. backend "torch", three equivalent strategies over dense experts:
+    per-token weight gather when few (token, expert) pairs exist, every expert on every token
+    when that is cheaper or shapes must be static (graphs), and a loop over the hit experts (the
+    reference's strategy) for large eager batches of many experts. Raises ConfigError for MXFP4
+    experts on the torch backend.
     """
     num_tokens, num_experts, top_k = x.shape[0], cfg.num_local_experts, cfg.num_experts_per_tok
     router = F.linear(x, lw.router_w, lw.router_b)  # router: [T, E]
+    if backend == "triton":
+        from decode_worker.device.kernels.fused_moe import fused_moe  # imports triton
+
+        return fused_moe(x, router, lw, top_k, cfg.swiglu_alpha, cfg.swiglu_limit)
+    if lw.gate_up_scales is not None:
+        raise ConfigError("MXFP4 experts run only on the Triton MoE (model.moe_backend)")
     top_v, top_i = torch.topk(router, top_k, dim=-1)  # [T, k]
     top_w = torch.softmax(top_v, dim=-1)  # [T, k]
     if num_tokens * top_k < num_experts:

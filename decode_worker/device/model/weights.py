@@ -4,13 +4,20 @@ Tensor names and shapes are the ones transformers uses (`model.layers.{i}.mlp.ex
 [E, H, 2I] with gate/up interleaved on the last axis, ...). Published checkpoints keep the expert
 weights in MXFP4: `*_blocks` [E, rows, G, 16] uint8 (two 4-bit codes per byte, low nibble first)
 and `*_scales` [E, rows, G] uint8 (a power-of-two exponent biased by 127, one per 32 values).
-Those are dequantized here, since no MXFP4 kernel is used by this runtime.
+
+What the experts become depends on the MoE backend (`resolve_moe_backend`, `model.moe_backend`):
+- `triton`: MXFP4 experts are kept as they are (blocks viewed as [E, rows, K / 2], no copy and no
+  permutation: the kernel reads gate row 2j and up row 2j + 1 in place); dense experts stay dense
+  and run through the same kernel;
+- `torch`: MXFP4 experts are dequantized here, to dense [E, H, 2I] / [E, I, H] in the model dtype.
+Dense gate/up columns and the gate/up bias are de-interleaved to [gate | up] in both cases.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -62,51 +69,76 @@ def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def resolve_moe_backend(choice: str, device: torch.device) -> str:
+    """`model.moe_backend` (auto | triton | torch) -> "triton" or "torch" for `device`.
+
+    auto: triton on CUDA when triton imports, else torch. Raises ConfigError for `triton`
+    without a CUDA device or without triton."""
+    if choice == "torch":
+        return "torch"
+    usable = device.type == "cuda" and importlib.util.find_spec("triton") is not None
+    if choice == "auto":
+        return "triton" if usable else "torch"
+    if choice != "triton":
+        raise ConfigError(f"model.moe_backend={choice!r}: expected auto, triton or torch")
+    if not usable:
+        raise ConfigError(f"model.moe_backend='triton' needs a CUDA device and the triton "
+                          f"package (device {device.type}); use 'auto' or 'torch'")
+    return "triton"
+
+
 def load_model(model_dir: Path, device: torch.device | str,
-               dtype: torch.dtype = torch.float32) -> GptOssModel:
-    """config.json + safetensors -> a model on `device` in `dtype`.
+               dtype: torch.dtype = torch.float32, *, moe_backend: str = "torch") -> GptOssModel:
+    """config.json + safetensors -> a model on `device` in `dtype` (experts per `moe_backend`,
+    "triton" or "torch": see the module docstring).
 
     Raises ConfigError for a missing file, a missing tensor or a shape mismatch.
     """
     model_dir = Path(model_dir)
     cfg = GptOssConfig.from_file(model_dir / "config.json")
     state = read_state_dict(model_dir)
-    model = from_state_dict(cfg, state, torch.device(device), dtype)
-    log.info("loaded gpt-oss from %s: %d layers, %d experts, dtype %s, device %s",
-             model_dir, cfg.num_hidden_layers, cfg.num_local_experts, dtype, device)
+    model = from_state_dict(cfg, state, torch.device(device), dtype, moe_backend=moe_backend)
+    log.info("loaded gpt-oss from %s: %d layers, %d experts, dtype %s, device %s, MoE %s",
+             model_dir, cfg.num_hidden_layers, cfg.num_local_experts, dtype, device, moe_backend)
     return model
 
 
-def from_state_dict(cfg: GptOssConfig, state: dict[str, torch.Tensor],
-                    device: torch.device, dtype: torch.dtype) -> GptOssModel:
-    """Build the model from HF-named tensors (dense or MXFP4 experts)."""
+def from_state_dict(cfg: GptOssConfig, state: Mapping[str, torch.Tensor],
+                    device: torch.device, dtype: torch.dtype, *,
+                    moe_backend: str = "torch") -> GptOssModel:
+    """Build the model from HF-named tensors (dense or MXFP4 experts; MXFP4 is kept when
+    `moe_backend` is "triton"). Tensors already on `device` in their target dtype are used
+    as they are, not copied."""
+    if moe_backend not in ("triton", "torch"):
+        raise ConfigError(f"moe_backend={moe_backend!r}: expected triton or torch")
 
     def get(name: str) -> torch.Tensor:
         if name not in state:
             raise ConfigError(f"checkpoint lacks tensor {name!r}")
         return state[name].to(device=device, dtype=dtype)
 
-    layers = [_layer(cfg, i, get, state, device, dtype) for i in range(cfg.num_hidden_layers)]
+    keep = moe_backend == "triton"
+    layers = [_layer(cfg, i, get, state, device, dtype, keep)
+              for i in range(cfg.num_hidden_layers)]
     embed = get("model.embed_tokens.weight")  # [V, H]
     _expect("model.embed_tokens.weight", embed, (cfg.vocab_size, cfg.hidden_size))
     lm_head = embed if cfg.tie_word_embeddings and "lm_head.weight" not in state \
         else get("lm_head.weight")  # [V, H]
-    return GptOssModel(cfg, embed, layers, get("model.norm.weight"), lm_head)
+    return GptOssModel(cfg, embed, layers, get("model.norm.weight"), lm_head,
+                       moe_backend=moe_backend)
 
 
 def _layer(cfg: GptOssConfig, i: int, get: Callable[[str], torch.Tensor],
-           state: dict[str, torch.Tensor], device: torch.device,
-           dtype: torch.dtype) -> LayerWeights:
+           state: Mapping[str, torch.Tensor], device: torch.device,
+           dtype: torch.dtype, keep_mxfp4: bool) -> LayerWeights:
     p = f"model.layers.{i}."
     a = p + "self_attn."
     qkv_w = torch.cat([get(f"{a}{n}_proj.weight") for n in "qkv"])  # [(nh + 2 nkv) hd, H]
     qkv_b = torch.cat([get(f"{a}{n}_proj.bias") for n in "qkv"])  # [(nh + 2 nkv) hd]
     width = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
     _expect(f"{a}qkv", qkv_w, (width, cfg.hidden_size))
-    gate_up, down = _experts(p + "mlp.experts.", state, device, dtype)
-    e, inter = cfg.num_local_experts, cfg.intermediate_size
-    _expect(p + "mlp.experts.gate_up_proj", gate_up, (e, cfg.hidden_size, 2 * inter))
-    _expect(p + "mlp.experts.down_proj", down, (e, inter, cfg.hidden_size))
+    gate_up, down, gate_up_scales, down_scales = _experts(
+        cfg, p + "mlp.experts.", state, device, dtype, keep_mxfp4)
     gate_up_b = get(p + "mlp.experts.gate_up_proj_bias")  # [E, 2I] interleaved
     return LayerWeights(
         input_norm=get(p + "input_layernorm.weight"),
@@ -115,24 +147,43 @@ def _layer(cfg: GptOssConfig, i: int, get: Callable[[str], torch.Tensor],
         o_w=get(a + "o_proj.weight"), o_b=get(a + "o_proj.bias"),
         sinks=get(a + "sinks"),
         router_w=get(p + "mlp.router.weight"), router_b=get(p + "mlp.router.bias"),
-        gate_up=_deinterleave(gate_up), gate_up_b=_deinterleave(gate_up_b),
-        down=down, down_b=get(p + "mlp.experts.down_proj_bias"))
+        gate_up=gate_up, gate_up_b=_deinterleave(gate_up_b),
+        down=down, down_b=get(p + "mlp.experts.down_proj_bias"),
+        gate_up_scales=gate_up_scales, down_scales=down_scales)
 
 
-def _experts(prefix: str, state: dict[str, torch.Tensor], device: torch.device,
-             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    out = []
-    for proj in ("gate_up_proj", "down_proj"):
-        name = prefix + proj
-        if name in state:
-            out.append(state[name].to(device=device, dtype=dtype))
-        elif name + "_blocks" in state and name + "_scales" in state:
-            blocks = state[name + "_blocks"].to(device)
-            scales = state[name + "_scales"].to(device)
-            out.append(dequantize_mxfp4(blocks, scales, dtype))
+Experts = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+
+
+def _experts(cfg: GptOssConfig, prefix: str, state: Mapping[str, torch.Tensor],
+             device: torch.device, dtype: torch.dtype, keep_mxfp4: bool) -> Experts:
+    """(gate_up, down, gate_up_scales, down_scales) in the forms of `LayerWeights`: MXFP4
+    blocks and scales when kept (both projections MXFP4 and `keep_mxfp4`), else dense."""
+    e, h, inter = cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size
+    projs = (("gate_up_proj", 2 * inter, h), ("down_proj", h, inter))  # (name, rows, K)
+    if keep_mxfp4 and all(prefix + n + "_blocks" in state for n, _, _ in projs):
+        kept = []
+        for name, rows, k in projs:
+            blocks = state[prefix + name + "_blocks"].to(device)  # [E, rows, K / 32, 16] u8
+            scales = state[prefix + name + "_scales"].to(device)  # [E, rows, K / 32] u8
+            _expect(prefix + name + "_blocks", blocks, (e, rows, k // 32, 16))
+            _expect(prefix + name + "_scales", scales, (e, rows, k // 32))
+            if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+                raise ConfigError(f"{prefix + name}: MXFP4 blocks and scales must be uint8")
+            kept += [blocks.reshape(e, rows, k // 2), scales]  # [E, rows, K / 2] (a view)
+        return kept[0], kept[2], kept[1], kept[3]
+    dense = []
+    for name, rows, k in projs:
+        full = prefix + name
+        if full in state:
+            dense.append(state[full].to(device=device, dtype=dtype))
+        elif full + "_blocks" in state and full + "_scales" in state:
+            dense.append(dequantize_mxfp4(state[full + "_blocks"].to(device),
+                                          state[full + "_scales"].to(device), dtype))
         else:
-            raise ConfigError(f"checkpoint lacks {name!r} (dense or MXFP4 blocks/scales)")
-    return out[0], out[1]
+            raise ConfigError(f"checkpoint lacks {full!r} (dense or MXFP4 blocks/scales)")
+        _expect(full, dense[-1], (e, k, rows))
+    return _deinterleave(dense[0]), dense[1], None, None
 
 
 def _deinterleave(t: torch.Tensor) -> torch.Tensor:

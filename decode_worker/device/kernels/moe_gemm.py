@@ -45,6 +45,17 @@ def _dot(a, w, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _block(sorted_ptr, w_ptr, s_ptr, expert, num_pairs, num_cols, stride_we, stride_se,
+           BM: tl.constexpr, BN: tl.constexpr):
+    """This program's rows (pair ids [BM] and which are real), columns ([BN] and which exist)
+    and its expert's weight and scale base pointers."""
+    pairs = tl.load(sorted_ptr + tl.program_id(0) * BM + tl.arange(0, BM))  # [BM]
+    n = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN]
+    return (pairs, pairs < num_pairs, n, n < num_cols, w_ptr + expert * stride_we,
+            s_ptr + expert * stride_se)
+
+
+@triton.jit
 def gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, sorted_ptr, expert_ptr,
                     num_pairs, hidden, inter, stride_xt, stride_we, stride_wn, stride_wk,
                     stride_se, stride_sn, stride_be, stride_at, gate_step, up_shift, alpha, limit,
@@ -54,11 +65,8 @@ def gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, sorted_ptr, expert_ptr,
     expert = tl.load(expert_ptr + tl.program_id(0)).to(tl.int64)
     if expert < 0:
         return
-    pairs = tl.load(sorted_ptr + tl.program_id(0) * BM + tl.arange(0, BM))  # [BM]
-    row_ok = pairs < num_pairs
-    n = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN] act columns
-    n_ok = n < inter
-    w_e, s_e = w_ptr + expert * stride_we, s_ptr + expert * stride_se
+    pairs, row_ok, n, n_ok, w_e, s_e = _block(sorted_ptr, w_ptr, s_ptr, expert, num_pairs,
+                                              inter, stride_we, stride_se, BM, BN)
     x_rows = x_ptr + (pairs // TOP_K).to(tl.int64)[:, None] * stride_xt  # [BM, 1]
     acc_g = tl.zeros([BM, BN], dtype=tl.float32)
     acc_u = tl.zeros([BM, BN], dtype=tl.float32)
@@ -93,11 +101,8 @@ def down_kernel(act_ptr, w_ptr, s_ptr, b_ptr, topw_ptr, out_ptr, sorted_ptr, exp
     expert = tl.load(expert_ptr + tl.program_id(0)).to(tl.int64)
     if expert < 0:
         return
-    pairs = tl.load(sorted_ptr + tl.program_id(0) * BM + tl.arange(0, BM))  # [BM]
-    row_ok = pairs < num_pairs
-    n = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN] hidden columns
-    n_ok = n < hidden
-    w_e, s_e = w_ptr + expert * stride_we, s_ptr + expert * stride_se
+    pairs, row_ok, n, n_ok, w_e, s_e = _block(sorted_ptr, w_ptr, s_ptr, expert, num_pairs,
+                                              hidden, stride_we, stride_se, BM, BN)
     a_rows = act_ptr + pairs.to(tl.int64)[:, None] * stride_at  # [BM, 1]
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, inter, BK):

@@ -81,12 +81,29 @@ def _top_k(logits_ptr, stride_t, toks, t_ok, num_experts,
 
 
 @triton.jit
+def _label_blocks(sorted_ptr, expert_ptr, counts, starts, ends, num_blocks, sentinel,
+                  E_P2: tl.constexpr, BM: tl.constexpr, BP: tl.constexpr):
+    """Each block's expert (-1 past the used ones) and the sentinel into every padding row;
+    the rows of real pairs are left to the placing pass."""
+    ecols = tl.arange(0, E_P2)
+    used = tl.sum(ends - starts, axis=0)
+    for p0 in range(0, num_blocks * BM, BP):
+        pos = p0 + tl.arange(0, BP)  # [BP]
+        owner = tl.sum((ends[None, :] <= pos[:, None]).to(tl.int32), axis=1)  # [BP]
+        own = ecols[None, :] == owner[:, None]  # [BP, E_P2]
+        rank = pos - tl.sum(tl.where(own, starts[None, :], 0), axis=1)
+        is_pad = (pos < used) & (rank >= tl.sum(tl.where(own, counts[None, :], 0), axis=1))
+        tl.store(sorted_ptr + pos, sentinel, mask=is_pad)
+        is_head = (pos % BM == 0) & (pos < num_blocks * BM)
+        tl.store(expert_ptr + pos // BM, tl.where(pos < used, owner, -1), mask=is_head)
+
+
+@triton.jit
 def _route_align_kernel(logits_ptr, stride_t, ids_ptr, w_ptr, sorted_ptr, expert_ptr,
                         num_tokens, num_experts, num_blocks,
                         K: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr,
                         BT: tl.constexpr, BM: tl.constexpr, BP: tl.constexpr):
     """grid (1,): one program routes every token and lays out the pairs (module docstring)."""
-    ecols = tl.arange(0, E_P2)
     # pass 1: pairs per expert
     counts = tl.zeros([E_P2], tl.int32)
     for t0 in range(0, num_tokens, BT):
@@ -97,17 +114,8 @@ def _route_align_kernel(logits_ptr, stride_t, ids_ptr, w_ptr, sorted_ptr, expert
     padded = (counts + BM - 1) // BM * BM  # [E_P2]
     ends = tl.cumsum(padded, axis=0)  # [E_P2] inclusive
     starts = ends - padded
-    used = tl.sum(padded, axis=0)
-    # block -> expert; padding rows -> the sentinel (positions of real pairs are left alone)
-    for p0 in range(0, num_blocks * BM, BP):
-        pos = p0 + tl.arange(0, BP)  # [BP]
-        owner = tl.sum((ends[None, :] <= pos[:, None]).to(tl.int32), axis=1)  # [BP]
-        own = ecols[None, :] == owner[:, None]  # [BP, E_P2]
-        rank = pos - tl.sum(tl.where(own, starts[None, :], 0), axis=1)
-        is_pad = (pos < used) & (rank >= tl.sum(tl.where(own, counts[None, :], 0), axis=1))
-        tl.store(sorted_ptr + pos, num_tokens * K, mask=is_pad)
-        is_head = (pos % BM == 0) & (pos < num_blocks * BM)
-        tl.store(expert_ptr + pos // BM, tl.where(pos < used, owner, -1), mask=is_head)
+    _label_blocks(sorted_ptr, expert_ptr, counts, starts, ends, num_blocks, num_tokens * K,
+                  E_P2, BM, BP)
     # pass 2: route again (same data, same result), write the choices and place each pair
     kcols = tl.arange(0, K_P2)
     placed = tl.zeros([E_P2], tl.int32)

@@ -15,7 +15,6 @@ Dense gate/up columns and the gate/up bias are de-interleaved to [gate | up] in 
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -76,7 +75,7 @@ def resolve_moe_backend(choice: str, device: torch.device) -> str:
     without a CUDA device or without triton."""
     if choice == "torch":
         return "torch"
-    usable = device.type == "cuda" and importlib.util.find_spec("triton") is not None
+    usable = device.type == "cuda" and _triton_imports()
     if choice == "auto":
         return "triton" if usable else "torch"
     if choice != "triton":
@@ -85,6 +84,14 @@ def resolve_moe_backend(choice: str, device: torch.device) -> str:
         raise ConfigError(f"model.moe_backend='triton' needs a CUDA device and the triton "
                           f"package (device {device.type}); use 'auto' or 'torch'")
     return "triton"
+
+
+def _triton_imports() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def load_model(model_dir: Path, device: torch.device | str,

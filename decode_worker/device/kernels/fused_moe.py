@@ -60,24 +60,25 @@ class MoeBlocks:
 
 def choose_blocks(num_tokens: int, top_k: int, num_experts: int, mxfp4: bool,
                   dtype: torch.dtype) -> MoeBlocks:
-    """Hopper tiles by the average number of pairs per expert.
+    """Hopper (sm_90) tiles by the average number of pairs per expert.
 
-    Decode (1-256 tokens, 32-128 experts: a few pairs per expert) is weight-bandwidth bound:
-    BM = 16 keeps padding low and BN = 64 gives each (block, column tile) program one stream
-    of weight bytes. Larger batches and prefill chunks raise BM so a weight tile is reused.
-    BK = 128 reads 64-byte rows of MXFP4; dense weights take a smaller BK so the pipelined
-    tiles fit in shared memory."""
+    Decode (1-256 tokens over 32-128 experts: a few pairs per expert) reads each hit expert's
+    weights once: BM = 16 keeps the padding small, BN = 64 makes the decoded weight tile the
+    64-row left operand of a wgmma, BK = 128 gives each thread 32 MXFP4 bytes per step (decoding
+    is ALU work; fewer, larger steps spend less on loop overhead). More pairs per expert (large
+    batches, prefill chunks) raise BM so a decoded tile serves more rows. Each choice compiles
+    for sm_90 with triton 3.6 without register spills (scripts/compile_moe_kernels.py checks).
+    Dense weights take a smaller BK so the pipelined tiles fit in shared memory."""
     per_expert = num_tokens * top_k / num_experts
     if per_expert <= 16:
-        bm, bn, warps = 16, 64, 4
+        bm, bk, warps = 16, 128, 4
     elif per_expert <= 48:
-        bm, bn, warps = 32, 64, 4
-    elif per_expert <= 256:
-        bm, bn, warps = 64, 64, 4
+        bm, bk, warps = 32, 128, 8
     else:
-        bm, bn, warps = 64, 128, 8
-    bk = 128 if mxfp4 else 64 if dtype != torch.float32 else 32
-    return MoeBlocks(bm, bn, bk, warps, 3 if dtype != torch.float32 else 2)
+        bm, bk, warps = 64, 64, 8
+    if not mxfp4:
+        bk = 64 if dtype != torch.float32 else 32
+    return MoeBlocks(bm, 64, bk, warps, 3 if dtype != torch.float32 else 2)
 
 
 def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w: ExpertTensors, top_k: int,

@@ -4,6 +4,10 @@ Each program owns BM rows of one expert's pairs (a block of `sorted_ids`, its ex
 `expert_ids`; -1 exits at once) and BN output columns, walks the input features in BK steps with
 a float32 accumulator, and finishes with the epilogue: bias and clamped SwiGLU (gate_up), bias
 and router weight (down). Padding rows (pair id = T * k) load zeros and store nothing.
+
+The dot is taken transposed, `acc [BN, BM] += W [BN, BK] @ x^T [BK, BM]`: the weight tile, decoded
+in registers, is the left operand (on Hopper a wgmma takes that one from registers, the other
+from shared memory), and a decode step's few rows per expert are the small N side.
 """
 
 from __future__ import annotations
@@ -17,30 +21,30 @@ from decode_worker.device.kernels.mxfp4 import mxfp4_tile
 @triton.jit
 def _weight_tile(w_ptr, s_ptr, cols, k0, k_total, n_ok, stride_wn, stride_wk, stride_sn,
                  W_MX: tl.constexpr, OUT: tl.constexpr, BK: tl.constexpr):
-    """Output features `cols` [BN] over inputs [k0, k0 + BK) of one expert -> [BK, BN] in OUT."""
+    """Output features `cols` [BN] over inputs [k0, k0 + BK) of one expert -> [BN, BK] in OUT."""
     if W_MX:
         kb = k0 // 2 + tl.arange(0, BK // 2)  # [BK / 2] bytes
         mask = n_ok[:, None] & (kb < k_total // 2)[None, :]
         tile = mxfp4_tile(w_ptr, s_ptr, cols, kb, mask, stride_wn, stride_sn, OUT)
     else:
         k = k0 + tl.arange(0, BK)
-        mask = (k < k_total)[:, None] & n_ok[None, :]
-        tile = tl.load(w_ptr + k[:, None] * stride_wk + cols[None, :] * stride_wn, mask=mask,
+        mask = n_ok[:, None] & (k < k_total)[None, :]
+        tile = tl.load(w_ptr + cols[:, None] * stride_wn + k[None, :] * stride_wk, mask=mask,
                        other=0.0).to(OUT)
     return tile
 
 
 @triton.jit
-def _dot(a, w, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    """acc + a @ w in float32. IEEE: float32 operands without TF32. UPCAST (Triton's interpreter
+def _dot(w, xt, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + w @ xt in float32. IEEE: float32 operands without TF32. UPCAST (Triton's interpreter
     only, whose dot reads 16-bit float tiles as raw integers): float32 copies of the tiles, the
     same products (a 16-bit float product is exact in float32) and float32 sums."""
     if UPCAST:
-        acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
     elif IEEE:
-        acc = tl.dot(a, w, acc, input_precision="ieee")
+        acc = tl.dot(w, xt, acc, input_precision="ieee")
     else:
-        acc = tl.dot(a, w, acc)
+        acc = tl.dot(w, xt, acc)
     return acc
 
 
@@ -67,28 +71,29 @@ def gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, sorted_ptr, expert_ptr,
         return
     pairs, row_ok, n, n_ok, w_e, s_e = _block(sorted_ptr, w_ptr, s_ptr, expert, num_pairs,
                                               inter, stride_we, stride_se, BM, BN)
-    x_rows = x_ptr + (pairs // TOP_K).to(tl.int64)[:, None] * stride_xt  # [BM, 1]
-    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
-    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    x_rows = x_ptr + (pairs // TOP_K).to(tl.int64)[None, :] * stride_xt  # [1, BM]
+    acc_g = tl.zeros([BN, BM], dtype=tl.float32)  # transposed: [act column, pair]
+    acc_u = tl.zeros([BN, BM], dtype=tl.float32)
     for k0 in range(0, hidden, BK):
         k = k0 + tl.arange(0, BK)
-        a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & (k < hidden)[None, :], other=0.0)
+        xt = tl.load(x_rows + k[:, None], mask=(k < hidden)[:, None] & row_ok[None, :],
+                     other=0.0)  # [BK, BM]
         g = _weight_tile(w_e, s_e, n * gate_step, k0, hidden, n_ok, stride_wn, stride_wk,
-                         stride_sn, W_MX, a.dtype, BK)
-        acc_g = _dot(a, g, acc_g, IEEE, UPCAST)
+                         stride_sn, W_MX, xt.dtype, BK)
+        acc_g = _dot(g, xt, acc_g, IEEE, UPCAST)
         u = _weight_tile(w_e, s_e, n * gate_step + up_shift, k0, hidden, n_ok, stride_wn,
-                         stride_wk, stride_sn, W_MX, a.dtype, BK)
-        acc_u = _dot(a, u, acc_u, IEEE, UPCAST)
+                         stride_wk, stride_sn, W_MX, xt.dtype, BK)
+        acc_u = _dot(u, xt, acc_u, IEEE, UPCAST)
     bias = b_ptr + expert * stride_be + n
-    gate = acc_g + tl.load(bias, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    up = acc_u + tl.load(bias + inter, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    gate = acc_g + tl.load(bias, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    up = acc_u + tl.load(bias + inter, mask=n_ok, other=0.0).to(tl.float32)[:, None]
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     z = gate * alpha
     e = tl.exp(-tl.abs(z))  # sigmoid from exp(-|z|): no overflow for gates far below -limit
     act = (up + 1.0) * (gate * tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e)))
-    out = act_ptr + pairs.to(tl.int64)[:, None] * stride_at + n[None, :]
-    tl.store(out, act.to(act_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+    out = act_ptr + pairs.to(tl.int64)[None, :] * stride_at + n[:, None]  # [BN, BM]
+    tl.store(out, act.to(act_ptr.dtype.element_ty), mask=n_ok[:, None] & row_ok[None, :])
 
 
 @triton.jit
@@ -103,18 +108,19 @@ def down_kernel(act_ptr, w_ptr, s_ptr, b_ptr, topw_ptr, out_ptr, sorted_ptr, exp
         return
     pairs, row_ok, n, n_ok, w_e, s_e = _block(sorted_ptr, w_ptr, s_ptr, expert, num_pairs,
                                               hidden, stride_we, stride_se, BM, BN)
-    a_rows = act_ptr + pairs.to(tl.int64)[:, None] * stride_at  # [BM, 1]
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    a_rows = act_ptr + pairs.to(tl.int64)[None, :] * stride_at  # [1, BM]
+    acc = tl.zeros([BN, BM], dtype=tl.float32)  # transposed: [hidden column, pair]
     for k0 in range(0, inter, BK):
         k = k0 + tl.arange(0, BK)
-        a = tl.load(a_rows + k[None, :], mask=row_ok[:, None] & (k < inter)[None, :], other=0.0)
+        at = tl.load(a_rows + k[:, None], mask=(k < inter)[:, None] & row_ok[None, :],
+                     other=0.0)  # [BK, BM]
         w = _weight_tile(w_e, s_e, n, k0, inter, n_ok, stride_wn, stride_wk, stride_sn,
-                         W_MX, a.dtype, BK)
-        acc = _dot(a, w, acc, IEEE, UPCAST)
-    acc += tl.load(b_ptr + expert * stride_be + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    acc *= tl.load(topw_ptr + pairs, mask=row_ok, other=0.0)[:, None]
-    out = out_ptr + pairs.to(tl.int64)[:, None] * stride_ot + n[None, :]
-    tl.store(out, acc, mask=row_ok[:, None] & n_ok[None, :])
+                         W_MX, at.dtype, BK)
+        acc = _dot(w, at, acc, IEEE, UPCAST)
+    acc += tl.load(b_ptr + expert * stride_be + n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    acc *= tl.load(topw_ptr + pairs, mask=row_ok, other=0.0)[None, :]
+    out = out_ptr + pairs.to(tl.int64)[None, :] * stride_ot + n[:, None]  # [BN, BM]
+    tl.store(out, acc, mask=n_ok[:, None] & row_ok[None, :])
 
 
 @triton.jit

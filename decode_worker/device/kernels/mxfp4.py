@@ -6,7 +6,9 @@ nibble)), `scales [E, rows, K / 32] uint8` (E8M0: value * 2 ** (scale - 127), on
 so byte `kb` uses scale `kb // 16`). A row is one output feature, K the input features.
 
 A tile is loaded row-major (`[BN, BK / 2]` bytes, contiguous along k), decoded into `lo` (even
-k) and `hi` (odd k), interleaved into `[BN, BK]` and transposed to the `[BK, BN]` operand of a dot.
+k) and `hi` (odd k) and interleaved into `[BN, BK]`: the left operand of the GEMMs, which multiply
+weights by activations (out^T = W x^T, so the few token rows of a decode step are the dot's N and
+the many weight rows its M).
 
 Decoding builds float32 bits with the scale folded into the exponent (no multiply, no
 subnormal): code `c` = sign s, exponent e (2 bits), mantissa m; for e > 0 the value is
@@ -41,16 +43,16 @@ def _decode(code, scale_bits):
 
 @triton.jit
 def mxfp4_tile(blk_ptr, scl_ptr, rows, kb, mask, stride_bn, stride_sn, OUT: tl.constexpr):
-    """Weight rows `rows` [BN] at bytes `kb` [BKH] of one expert -> the dot operand [2 BKH, BN]
-    in OUT (k = 2 kb + nibble). `blk_ptr` / `scl_ptr`: the expert's blocks [rows, K / 2] and
-    scales [rows, K / 32] (last axis contiguous); `mask` [BN, BKH]: masked values decode to 0."""
+    """Weight rows `rows` [BN] at bytes `kb` [BKH] of one expert -> [BN, 2 BKH] in OUT
+    (column 2 i + nibble for byte i). `blk_ptr` / `scl_ptr`: the expert's blocks [rows, K / 2]
+    and scales [rows, K / 32] (last axis contiguous); `mask` [BN, BKH]: masked values are 0."""
     b = tl.load(blk_ptr + rows[:, None] * stride_bn + kb[None, :], mask=mask, other=0)
     s = tl.load(scl_ptr + rows[:, None] * stride_sn + (kb // 16)[None, :], mask=mask, other=127)
     b = b.to(tl.int32)  # [BN, BKH]
     scale_bits = (s.to(tl.int32) - 1) << 23  # [BN, BKH]
     lo = _decode(b & 15, scale_bits).to(OUT)
     hi = _decode(b >> 4, scale_bits).to(OUT)
-    return tl.trans(tl.interleave(lo, hi))  # [BK, BN]
+    return tl.interleave(lo, hi)  # [BN, BK]
 
 
 @triton.jit
@@ -63,10 +65,10 @@ def _dequant_kernel(blk_ptr, scl_ptr, out_ptr, num_rows, k_half,
     rows = tl.program_id(2) * BN + tl.arange(0, BN)  # [BN]
     mask = (rows < num_rows)[:, None] & (kb < k_half)[None, :]  # [BN, BKH]
     tile = mxfp4_tile(blk_ptr + e * stride_be, scl_ptr + e * stride_se, rows, kb, mask,
-                      stride_bn, stride_sn, OUT)  # [2 BKH, BN]
+                      stride_bn, stride_sn, OUT)  # [BN, 2 BKH]
     k = tl.program_id(1) * 2 * BKH + tl.arange(0, 2 * BKH)  # [2 BKH]
-    out = out_ptr + e * stride_oe + k[:, None] * stride_ok + rows[None, :]
-    tl.store(out, tile, mask=(k < 2 * k_half)[:, None] & (rows < num_rows)[None, :])
+    out = out_ptr + e * stride_oe + rows[:, None] + k[None, :] * stride_ok
+    tl.store(out, tile, mask=(rows < num_rows)[:, None] & (k < 2 * k_half)[None, :])
 
 
 def dequantize_tiles(blocks: torch.Tensor, scales: torch.Tensor,

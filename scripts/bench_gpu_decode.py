@@ -106,15 +106,17 @@ def time_cell(model: GptOssModel, pools: KVPools, batch: int, context: int, step
         slots.write_token(ids[-1], (7919 * i) % cfg.vocab_size)
     positions = [context - 1] * batch
     times = []
-    for step in range(warmup + steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        logits, slots_t = runner.decode_slots(slots, ids, positions)
-        slots.tokens[slots_t] = logits.argmax(-1)  # [bs]
-        torch.cuda.synchronize()
-        if step >= warmup:
-            times.append(time.perf_counter() - t0)
-    runner.destroy()
+    try:
+        for step in range(warmup + steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            logits, slots_t = runner.decode_slots(slots, ids, positions)
+            slots.tokens[slots_t] = logits.argmax(-1)  # [bs]
+            torch.cuda.synchronize()
+            if step >= warmup:
+                times.append(time.perf_counter() - t0)
+    finally:
+        runner.destroy()
     return statistics.median(times) * 1e3
 
 
@@ -168,7 +170,12 @@ def run(args: argparse.Namespace, model: GptOssModel, bandwidth: float,
             continue
         pools = random_pools(cfg, max(fit), ctx, args.page_size, device)
         for bs in fit:
-            ms = time_cell(model, pools, bs, ctx, args.steps, args.warmup)
+            try:
+                ms = time_cell(model, pools, bs, ctx, args.steps, args.warmup)
+            except torch.cuda.OutOfMemoryError:  # the step's temporaries, not the pools
+                print(f"| {bs} | {ctx} | out of memory | | | | |", flush=True)
+                torch.cuda.empty_cache()
+                continue
             results[(bs, ctx)] = ms
             bf16 = floor_ms(step_bytes(cfg, bs, ctx, mxfp4=False), bandwidth)
             mx = floor_ms(step_bytes(cfg, bs, ctx, mxfp4=True), bandwidth)

@@ -14,9 +14,16 @@ Decoding builds float32 bits with the scale folded into the exponent (no multipl
 subnormal): code `c` = sign s, exponent e (2 bits), mantissa m; for e > 0 the value is
 2 ** (e - 1) * (1 + m / 2) * 2 ** (scale - 127), exponent field e + scale - 1; for e = 0 it is
 m * 0.5 * 2 ** (scale - 127), exponent field scale - 1 with an empty mantissa. The bits are then
-cast to the output dtype, which holds them exactly. This equals torch's `ldexp` bit for bit for
-scale bytes 2..252 (2 ** -125 .. 2 ** 125); checkpoints use a few around 127 (outside that range
-the result would be subnormal or overflow; 255 is NaN in the MX spec).
+cast to the output dtype (bf16 and float32 hold them exactly, fp16 within its range). This equals
+torch's `ldexp` bit for bit for scale bytes 2..252 (2 ** -125 .. 2 ** 125); checkpoints use a few
+around 127 (outside that range the result would be subnormal or overflow; 255 is NaN in the MX
+spec).
+
+Cost, from sm_90 SASS of triton 3.6 (scripts/compile_moe_kernels.py): about 6.5 integer
+instructions per value and 25 per byte with the loop around them, so a step that reads many
+experts is bound by the SMs' integer throughput (an estimate: ~1 TB/s of MXFP4 on an H200, a
+quarter of its memory bandwidth), not by memory. Not measured on a device yet; a table lookup in
+inline PTX (`prmt`) is the known faster decode, to be checked there bit for bit.
 """
 
 from __future__ import annotations

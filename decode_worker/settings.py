@@ -51,6 +51,10 @@ class ModelSettings(_Section):
         "auto", description="Weight/activation dtype; auto = float32 on CPU, bfloat16 on CUDA"
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if present")
+    attention_backend: Literal["auto", "triton", "torch"] = Field(
+        "auto", description="Decode attention: triton = the paged Triton kernel (CUDA only), "
+        "torch = the reference path; auto = triton on CUDA when triton imports, else torch"
+    )
     cache_dir: Path = Field(
         Path.home() / ".cache" / "decode-worker",
         description="Where the embedded default model is written once",

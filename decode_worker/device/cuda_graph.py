@@ -3,7 +3,9 @@
 A batch of `bs` requests with tables `width` pages wide runs in the graph of the smallest bucket
 (B >= bs, P >= width). The extra rows are dummy requests: token 0 at position 0 with all-zero page
 tables, so they write to and read from the reserved dummy page 0 only. Width buckets are powers
-of two up to `max_pages`. Graphs are captured on first use or ahead of time (`capture_all`, which
+of two up to `max_pages`; a step whose work does not depend on the width (the Triton attention
+reads each request's key count on the device) has one graph per size bucket, P = `max_pages`
+(`width_buckets=False`). Graphs are captured on first use or ahead of time (`capture_all`, which
 the daemon calls at start-up) and share one memory pool. Batches above the largest size bucket or
 wider than `max_pages` run eager (the runner decides with `can_run`). `destroy()` drops every
 graph and its memory pool.
@@ -169,22 +171,26 @@ class CudaGraphDecoder:
 
     def __init__(self, step: StepFn, device: torch.device, batch_sizes: list[int],
                  max_pages: int, backend: GraphBackend | None = None, *,
-                 swa_ring: int) -> None:
+                 swa_ring: int, width_buckets: bool = True) -> None:
         """`swa_ring`: columns of the SWA table (a ring sized to the window, see
-        `device/decode_slots.py`); every graph's SWA buffer has exactly that width."""
+        `device/decode_slots.py`); every graph's SWA buffer has exactly that width.
+        `width_buckets`: False when `step` reads only each request's keys whatever the table
+        width: every graph then has the `max_pages`-wide table."""
         self.step = step
         self.device = device
         self.batch_sizes = sorted(set(batch_sizes))
         self.max_pages = max_pages
         self.swa_ring = swa_ring
         self.backend = backend if backend is not None else CudaGraphBackend(device)
+        self.width_buckets = width_buckets
         self.graphs: dict[tuple[int, int], _Graph] = {}
 
     def can_run(self, bs: int, width: int) -> bool:
         return bs <= self.batch_sizes[-1] and width <= self.max_pages
 
     def bucket(self, bs: int, width: int) -> tuple[int, int]:
-        return graph_bucket(self.batch_sizes, self.max_pages, bs, width)
+        size, pages = graph_bucket(self.batch_sizes, self.max_pages, bs, width)
+        return size, pages if self.width_buckets else self.max_pages
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, full_t: torch.Tensor,
             swa_t: torch.Tensor) -> torch.Tensor:

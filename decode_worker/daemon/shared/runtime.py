@@ -20,6 +20,7 @@ from decode_worker.core.validation import (
     model_facts_from_hf_config,
     validate_startup,
 )
+from decode_worker.device.attention_backend import resolve_attention_backend
 from decode_worker.device.default_model import ensure_default_model
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.layout import CacheLayout, plan_cache_layout
@@ -88,6 +89,7 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool) -> Runtime:
     if ms.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("model.device='cuda': no CUDA device is visible; use 'auto' or 'cpu'")
     device = torch.device("cuda" if want_cuda else "cpu")
+    attention = resolve_attention_backend(ms.attention_backend, device)
     dtype = _DTYPES.get(ms.dtype, torch.bfloat16 if want_cuda else torch.float32)
     kv_dtype = _DTYPES.get(c.kv_dtype, dtype)
     model = load_model(model_dir, device, dtype)
@@ -97,14 +99,15 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool) -> Runtime:
                     device, kv_dtype)
     sched = settings.scheduler
     runner = ModelRunner(model, pools, use_cuda_graph=use_cuda_graph and sched.cuda_graph,
-                         graph_batch_sizes=sched.cuda_graph_batch_sizes)
+                         graph_batch_sizes=sched.cuda_graph_batch_sizes,
+                         attention_backend=attention)
     if runner.graphs is not None and sched.cuda_graph_capture_tokens:
         t0 = time.perf_counter()
         count = runner.capture_graphs(sched.cuda_graph_capture_tokens)
         log.info("captured %d decode graphs (contexts up to %d tokens) in %.1f s", count,
                  sched.cuda_graph_capture_tokens, time.perf_counter() - t0)
-    log.info("runtime: %s on %s (%s), pools %d full / %d swa pages of %d tokens (%s)",
-             model_dir, device, dtype, layout.num_full_pages, layout.num_swa_pages,
-             layout.page_size, layout.source)
+    log.info("runtime: %s on %s (%s, %s decode attention), pools %d full / %d swa pages of "
+             "%d tokens (%s)", model_dir, device, dtype, attention, layout.num_full_pages,
+             layout.num_swa_pages, layout.page_size, layout.source)
     return Runtime(runner, Tokenizer.from_dir(model_dir), model_dir,
                    ms.served_model_name or model_dir.name, facts, layout)

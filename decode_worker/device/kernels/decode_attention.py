@@ -7,8 +7,8 @@ stage 1, grid (bs, kv_heads, splits): the GROUP query heads of one KV head as on
          one split of the request's key range in BLOCK_N-token blocks; page of key p =
          table[req, (p // page_size) % ring], slot p % page_size; a running max / sum /
          accumulator in float32 -> a partial output [GROUP, hd] and its log-sum-exp
-stage 2, grid (bs, heads): merge the splits by their log-sum-exp, the head's sink logit
-         added to the denominator only
+stage 2, grid (bs, kv_heads): merge each head's splits by their log-sum-exp, the head's
+         sink logit added to the denominator only
 ```
 Key range of a request at position `pos` (read from a device tensor, so no host sync and the
 kernels can live in a CUDA graph whose table is wider than any request needs):
@@ -21,19 +21,25 @@ split s of S: [lo + s * chunk, min(lo + (s + 1) * chunk, pos + 1)),
 `window` = earlier tokens a sliding query sees (HF `sliding_window - 1`, 127 for gpt-oss); the
 window may start inside a page (each key looks up its own page). Pool layout per layer:
 [N + 1, 2, ps, kvh, hd] (device/kv_pool.py). Scores and accumulators are float32: an fp32 pool
-(or a q of another dtype than the pool) runs the dots in IEEE fp32, a bf16/fp16 pool with a q
-of its dtype uses the native dot with P rounded to the pool dtype (as SGLang does).
+(or a q of another dtype than the pool) runs the dots in IEEE fp32 (no TF32), a bf16/fp16 pool
+with a q of its dtype uses the native dot with P rounded to the pool dtype (as SGLang does).
 
 Import only with triton available; on CPU the kernels run under `TRITON_INTERPRET=1` (tests).
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton  # type: ignore[import-untyped]
 import triton.language as tl  # type: ignore[import-untyped]
 
 BLOCK_N = 64  # keys per block: one [64, hd] K tile
+# Triton's interpreter (3.9) multiplies bf16 tiles as their raw uint16 bits: under it every dot
+# runs on float32 copies of the same (already rounded) operands, what the GPU's native dot does;
+# it also rounds f32 -> bf16 toward zero (the GPU: to nearest even), so `write_kv` casts first
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 NO_WINDOW = 1 << 30  # `window` of a full-attention layer: every earlier key
 
 
@@ -61,11 +67,11 @@ def _stage1_kernel(  # type: ignore[no-untyped-def]
         q_ptr, kv_ptr, table_ptr, pos_ptr, part_ptr, lse_ptr, sq_b, sq_h, s_page, s_kv, s_tok,
         s_table, ring, window, scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
         PAGE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr):
+        BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, ROUND_P: tl.constexpr):
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     pos = tl.load(pos_ptr + b).to(tl.int32)
     lo = tl.maximum(pos - window, 0)
-    chunk = tl.cdiv(tl.cdiv(pos + 1 - lo, SPLITS), BLOCK_N) * BLOCK_N
+    chunk = ((pos - lo + SPLITS) // SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # cdiv twice
     start = lo + split * chunk
     end = tl.minimum(start + chunk, pos + 1)
     rows, dims = tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_D)
@@ -73,7 +79,7 @@ def _stage1_kernel(  # type: ignore[no-untyped-def]
     row_ok, dim_ok = rows < GROUP, dims < HEAD_DIM
     q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + dims[None, :],
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # [H, D]
-    if F32_DOT:
+    if FP32_DOT:
         q = q.to(tl.float32)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
@@ -86,19 +92,21 @@ def _stage1_kernel(  # type: ignore[no-untyped-def]
         kv_ok = ok[:, None] & dim_ok[None, :]
         k = tl.load(base[:, None] + dims[None, :], mask=kv_ok, other=0.0)  # [N, D]
         v = tl.load(base[:, None] + s_kv + dims[None, :], mask=kv_ok, other=0.0)  # [N, D]
-        if F32_DOT:
+        if FP32_DOT:
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")  # [H, N]
         else:
-            s = tl.dot(q, tl.trans(k))  # [H, N]
+            s = tl.dot(q, tl.trans(k))  # [H, N] f32
         s = tl.where(ok[None, :], s * scale, float("-inf"))
         new_m = tl.maximum(m, tl.max(s, 1))  # finite: every block holds a key
         corr = tl.exp(m - new_m)
         e = tl.exp(s - new_m[:, None])  # [H, N]
         denom = denom * corr + tl.sum(e, 1)
-        if F32_DOT:
-            pv = tl.dot(e, v.to(tl.float32), input_precision="ieee")  # [H, D]
+        if ROUND_P:
+            e = e.to(v.dtype)  # P in the pool dtype, for the native dot
+        if FP32_DOT:
+            pv = tl.dot(e.to(tl.float32), v.to(tl.float32), input_precision="ieee")  # [H, D]
         else:
-            pv = tl.dot(e.to(v.dtype), v)  # [H, D]
+            pv = tl.dot(e, v)  # [H, D] f32
         acc = acc * corr[:, None] + pv
         m = new_m
     full = denom > 0  # False for a split past the request's keys
@@ -112,22 +120,25 @@ def _stage1_kernel(  # type: ignore[no-untyped-def]
 
 @triton.jit
 def _stage2_kernel(  # type: ignore[no-untyped-def]
-        part_ptr, lse_ptr, sink_ptr, out_ptr, so_b, HEAD_DIM: tl.constexpr,
-        SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    b, h = tl.program_id(0), tl.program_id(1)
-    splits, dims = tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_D)
-    row = b * tl.num_programs(1) + h
-    lse = tl.load(lse_ptr + row * SPLITS + splits, mask=splits < SPLITS, other=float("-inf"))
-    sink = tl.load(sink_ptr + h).to(tl.float32)
-    top = tl.maximum(tl.max(lse, 0), sink)  # finite thanks to the sink
-    w = tl.exp(lse - top)  # [S]; 0 for empty splits
-    denom = tl.sum(w, 0) + tl.exp(sink - top)
-    mask = (splits[:, None] < SPLITS) & (dims[None, :] < HEAD_DIM)
-    part = tl.load(part_ptr + (row * SPLITS + splits[:, None]) * HEAD_DIM + dims[None, :],
-                   mask=mask, other=0.0)  # [S, D]
-    out = tl.sum(part * w[:, None], 0) / denom  # [D]
-    tl.store(out_ptr + b * so_b + h * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty),
-             mask=dims < HEAD_DIM)
+        part_ptr, lse_ptr, sink_ptr, out_ptr, so_b, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+        SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
+        BLOCK_D: tl.constexpr):
+    b, kvh = tl.program_id(0), tl.program_id(1)
+    rows, splits, dims = tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + rows  # [H]
+    row_ok, dim_ok = rows < GROUP, dims < HEAD_DIM
+    at = (b * GROUP * tl.num_programs(1) + heads)[:, None] * SPLITS + splits[None, :]  # [H, S]
+    ok = row_ok[:, None] & (splits[None, :] < SPLITS)  # [H, S]
+    lse = tl.load(lse_ptr + at, mask=ok, other=float("-inf"))  # [H, S]
+    sink = tl.load(sink_ptr + heads, mask=row_ok, other=0.0).to(tl.float32)  # [H]
+    top = tl.maximum(tl.max(lse, 1), sink)  # [H]; finite thanks to the sink
+    w = tl.exp(lse - top[:, None])  # [H, S]; 0 for empty splits
+    denom = tl.sum(w, 1) + tl.exp(sink - top)  # [H]
+    part = tl.load(part_ptr + at[:, :, None] * HEAD_DIM + dims[None, None, :],
+                   mask=ok[:, :, None] & dim_ok[None, None, :], other=0.0)  # [H, S, D]
+    out = tl.sum(part * w[:, :, None], 1) / denom[:, None]  # [H, D]
+    tl.store(out_ptr + b * so_b + heads[:, None] * HEAD_DIM + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
 def write_kv(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor,
@@ -136,6 +147,8 @@ def write_kv(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Te
     into its slot of `kv` (one layer's pages [N + 1, 2, ps, kvh, hd], contiguous), page
     `table[i, (pos // ps) % table.shape[1]]` (a full table or an SWA ring)."""
     bs, kvh, hd = k.shape
+    if _INTERPRET and k.dtype != kv.dtype:  # the interpreter truncates f32 -> bf16; torch and
+        k, v = k.to(kv.dtype), v.to(kv.dtype)  # the GPU round to nearest even
     _write_kv_kernel[(bs,)](
         k, v, kv, table, positions, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kv.stride(0), kv.stride(1), kv.stride(2), table.stride(0), table.shape[1],
@@ -158,18 +171,19 @@ def paged_decode(q: torch.Tensor, kv: torch.Tensor, table: torch.Tensor,
     part, lse = partial
     splits = part.shape[2]
     group = nh // nkv
-    f32_dot = kv.dtype == torch.float32 or q.dtype != kv.dtype
+    f32 = kv.dtype == torch.float32 or q.dtype != kv.dtype  # else the native bf16/fp16 dot
     _stage1_kernel[(bs, nkv, splits)](
         q, kv, table, positions, part, lse, q.stride(0), q.stride(1), kv.stride(0),
         kv.stride(1), kv.stride(2), table.stride(0), table.shape[1], window, scale,
         GROUP=group, HEAD_DIM=hd, PAGE=kv.shape[2], SPLITS=splits,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,
-        BLOCK_D=max(16, triton.next_power_of_2(hd)), F32_DOT=f32_dot, num_warps=4)
+        BLOCK_D=max(16, triton.next_power_of_2(hd)), FP32_DOT=f32 or _INTERPRET,
+        ROUND_P=not f32, num_warps=4)
     out = torch.empty(bs, nh * hd, dtype=q.dtype, device=q.device)  # [bs, heads * hd]
-    _stage2_kernel[(bs, nh)](
-        part, lse, sinks, out, out.stride(0), HEAD_DIM=hd, SPLITS=splits,
-        BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=triton.next_power_of_2(hd),
-        num_warps=1)
+    _stage2_kernel[(bs, nkv)](
+        part, lse, sinks, out, out.stride(0), GROUP=group, HEAD_DIM=hd, SPLITS=splits,
+        BLOCK_H=triton.next_power_of_2(group), BLOCK_S=triton.next_power_of_2(splits),
+        BLOCK_D=triton.next_power_of_2(hd), num_warps=2)
     return out
 
 

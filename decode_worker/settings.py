@@ -116,7 +116,8 @@ class SchedulerSettings(_Section):
     )
     cuda_graph_capture_tokens: int = Field(
         8192, ge=0, description="At start-up, capture the graphs of every batch bucket for "
-        "contexts up to this many tokens; longer ones are captured on first use (0 = all then)"
+        "contexts up to this many tokens; longer ones are captured on first use (0 = all then). "
+        "With the Triton attention one graph per batch bucket serves every context"
     )
 
     @field_validator("cuda_graph_batch_sizes")

@@ -149,8 +149,8 @@ class _Graph:
     replay: Replay
     tokens: torch.Tensor  # [B] i64
     positions: torch.Tensor  # [B] i64
-    full_t: torch.Tensor  # [B, P] i64
-    swa_t: torch.Tensor  # [B, ring] i64
+    full_t: torch.Tensor  # [B, P] i32 (the slot tables' dtype)
+    swa_t: torch.Tensor  # [B, ring] i32
     out: torch.Tensor  # [B, V] f32
 
 
@@ -224,8 +224,8 @@ class CudaGraphDecoder:
         dev = self.device
         tokens = torch.zeros(size, dtype=torch.long, device=dev)  # [B]
         positions = torch.zeros(size, dtype=torch.long, device=dev)  # [B]
-        full_t = torch.zeros(size, pages, dtype=torch.long, device=dev)  # [B, P]
-        swa_t = torch.zeros(size, self.swa_ring, dtype=torch.long, device=dev)  # [B, ring]
+        full_t = torch.zeros(size, pages, dtype=torch.int32, device=dev)  # [B, P]
+        swa_t = torch.zeros(size, self.swa_ring, dtype=torch.int32, device=dev)  # [B, ring]
 
         def step() -> torch.Tensor:
             return self.step(tokens, positions, full_t, swa_t)  # [B, V]

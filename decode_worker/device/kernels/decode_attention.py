@@ -43,7 +43,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 NO_WINDOW = 1 << 30  # `window` of a full-attention layer: every earlier key
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["s_table", "ring"], do_not_specialize_on_alignment=["pos_ptr"])
 def _write_kv_kernel(  # type: ignore[no-untyped-def]
         k_ptr, v_ptr, kv_ptr, table_ptr, pos_ptr, sk_b, sk_h, sv_b, sv_h, s_page, s_kv, s_tok,
         s_table, ring, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
@@ -62,16 +62,18 @@ def _write_kv_kernel(  # type: ignore[no-untyped-def]
     tl.store(dst + s_kv, v.to(kv_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["s_table", "ring", "window"],
+            do_not_specialize_on_alignment=["pos_ptr"])
 def _stage1_kernel(  # type: ignore[no-untyped-def]
         q_ptr, kv_ptr, table_ptr, pos_ptr, part_ptr, lse_ptr, sq_b, sq_h, s_page, s_kv, s_tok,
         s_table, ring, window, scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-        PAGE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+        PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, ROUND_P: tl.constexpr):
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    splits = tl.num_programs(2)
     pos = tl.load(pos_ptr + b).to(tl.int32)
     lo = tl.maximum(pos - window, 0)
-    chunk = ((pos - lo + SPLITS) // SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # cdiv twice
+    chunk = ((pos - lo + splits) // splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # cdiv twice
     start = lo + split * chunk
     end = tl.minimum(start + chunk, pos + 1)
     rows, dims = tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_D)
@@ -112,33 +114,37 @@ def _stage1_kernel(  # type: ignore[no-untyped-def]
     full = denom > 0  # False for a split past the request's keys
     lse = tl.where(full, m + tl.log(tl.where(full, denom, 1.0)), float("-inf"))
     out = acc / tl.where(full, denom, 1.0)[:, None]  # [H, D]
-    at = (b * GROUP * tl.num_programs(1) + heads) * SPLITS + split  # row of [bs, heads, S]
+    at = (b * GROUP * tl.num_programs(1) + heads) * splits + split  # row of [bs, heads, S]
     tl.store(lse_ptr + at, lse, mask=row_ok)
     tl.store(part_ptr + at[:, None] * HEAD_DIM + dims[None, :], out,
              mask=row_ok[:, None] & dim_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _stage2_kernel(  # type: ignore[no-untyped-def]
-        part_ptr, lse_ptr, sink_ptr, out_ptr, so_b, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-        SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
-        BLOCK_D: tl.constexpr):
+        part_ptr, lse_ptr, sink_ptr, out_ptr, so_b, num_splits, GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     b, kvh = tl.program_id(0), tl.program_id(1)
-    rows, splits, dims = tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_D)
+    rows, dims = tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_D)
     heads = kvh * GROUP + rows  # [H]
     row_ok, dim_ok = rows < GROUP, dims < HEAD_DIM
-    at = (b * GROUP * tl.num_programs(1) + heads)[:, None] * SPLITS + splits[None, :]  # [H, S]
-    ok = row_ok[:, None] & (splits[None, :] < SPLITS)  # [H, S]
-    lse = tl.load(lse_ptr + at, mask=ok, other=float("-inf"))  # [H, S]
-    sink = tl.load(sink_ptr + heads, mask=row_ok, other=0.0).to(tl.float32)  # [H]
-    top = tl.maximum(tl.max(lse, 1), sink)  # [H]; finite thanks to the sink
-    w = tl.exp(lse - top[:, None])  # [H, S]; 0 for empty splits
-    denom = tl.sum(w, 1) + tl.exp(sink - top)  # [H]
-    part = tl.load(part_ptr + at[:, :, None] * HEAD_DIM + dims[None, None, :],
-                   mask=ok[:, :, None] & dim_ok[None, None, :], other=0.0)  # [H, S, D]
-    out = tl.sum(part * w[:, :, None], 1) / denom[:, None]  # [H, D]
+    at = (b * GROUP * tl.num_programs(1) + heads) * num_splits  # [H] first split's row
+    # the sink starts the running max; its exp term, 1, starts the denominator
+    m = tl.load(sink_ptr + heads, mask=row_ok, other=0.0).to(tl.float32)  # [H]
+    denom = tl.full([BLOCK_H], 1.0, tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for split in range(0, num_splits):
+        lse = tl.load(lse_ptr + at + split, mask=row_ok, other=float("-inf"))  # [H]
+        part = tl.load(part_ptr + (at + split)[:, None] * HEAD_DIM + dims[None, :],
+                       mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # [H, D]
+        new_m = tl.maximum(m, lse)  # finite thanks to the sink
+        corr, w = tl.exp(m - new_m), tl.exp(lse - new_m)  # w = 0 for an empty split
+        denom = denom * corr + w
+        acc = acc * corr[:, None] + part * w[:, None]
+        m = new_m
     tl.store(out_ptr + b * so_b + heads[:, None] * HEAD_DIM + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+             (acc / denom[:, None]).to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & dim_ok[None, :])
 
 
 def write_kv(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor,
@@ -152,8 +158,7 @@ def write_kv(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Te
     _write_kv_kernel[(bs,)](
         k, v, kv, table, positions, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kv.stride(0), kv.stride(1), kv.stride(2), table.stride(0), table.shape[1],
-        KV_HEADS=kvh, HEAD_DIM=hd, PAGE=kv.shape[2], BLOCK_KVH=triton.next_power_of_2(kvh),
-        BLOCK_D=triton.next_power_of_2(hd))
+        **write_meta(kvh, hd, kv.shape[2]))
 
 
 def paged_decode(q: torch.Tensor, kv: torch.Tensor, table: torch.Tensor,
@@ -175,15 +180,10 @@ def paged_decode(q: torch.Tensor, kv: torch.Tensor, table: torch.Tensor,
     _stage1_kernel[(bs, nkv, splits)](
         q, kv, table, positions, part, lse, q.stride(0), q.stride(1), kv.stride(0),
         kv.stride(1), kv.stride(2), table.stride(0), table.shape[1], window, scale,
-        GROUP=group, HEAD_DIM=hd, PAGE=kv.shape[2], SPLITS=splits,
-        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,
-        BLOCK_D=max(16, triton.next_power_of_2(hd)), FP32_DOT=f32 or _INTERPRET,
-        ROUND_P=not f32, num_warps=4)
+        **stage1_meta(group, hd, kv.shape[2], f32), num_warps=4)
     out = torch.empty(bs, nh * hd, dtype=q.dtype, device=q.device)  # [bs, heads * hd]
-    _stage2_kernel[(bs, nkv)](
-        part, lse, sinks, out, out.stride(0), GROUP=group, HEAD_DIM=hd, SPLITS=splits,
-        BLOCK_H=triton.next_power_of_2(group), BLOCK_S=triton.next_power_of_2(splits),
-        BLOCK_D=triton.next_power_of_2(hd), num_warps=2)
+    _stage2_kernel[(bs, nkv)](part, lse, sinks, out, out.stride(0), splits,
+                              **stage2_meta(group, hd), num_warps=2)
     return out
 
 
@@ -193,3 +193,24 @@ def partials(bs: int, heads: int, head_dim: int, splits: int, device: torch.devi
     part = torch.empty(bs, heads, splits, head_dim, dtype=torch.float32, device=device)
     lse = torch.empty(bs, heads, splits, dtype=torch.float32, device=device)  # [bs, heads, S]
     return part, lse  # part: [bs, heads, S, hd]
+
+
+# compile-time parameters of each kernel (tests/unit/device/sm90_compile.py compiles with them)
+def write_meta(kv_heads: int, head_dim: int, page_size: int) -> dict[str, int]:
+    return {"KV_HEADS": kv_heads, "HEAD_DIM": head_dim, "PAGE": page_size,
+            "BLOCK_KVH": triton.next_power_of_2(kv_heads),
+            "BLOCK_D": triton.next_power_of_2(head_dim)}
+
+
+def stage1_meta(group: int, head_dim: int, page_size: int, f32: bool) -> dict[str, int | bool]:
+    """`f32`: IEEE float32 dots (an fp32 pool, or q of another dtype); tl.dot wants every
+    tile dimension >= 16, so the group's rows and head_dim are padded to it."""
+    return {"GROUP": group, "HEAD_DIM": head_dim, "PAGE": page_size,
+            "BLOCK_H": max(16, triton.next_power_of_2(group)), "BLOCK_N": BLOCK_N,
+            "BLOCK_D": max(16, triton.next_power_of_2(head_dim)),
+            "FP32_DOT": f32 or _INTERPRET, "ROUND_P": not f32}
+
+
+def stage2_meta(group: int, head_dim: int) -> dict[str, int]:
+    return {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_H": triton.next_power_of_2(group),
+            "BLOCK_D": triton.next_power_of_2(head_dim)}

@@ -3,12 +3,11 @@
 A batch of `bs` requests with tables `width` pages wide runs in the graph of the smallest bucket
 (B >= bs, P >= width). The extra rows are dummy requests: token 0 at position 0 with all-zero page
 tables, so they write to and read from the reserved dummy page 0 only. Width buckets are powers
-of two up to `max_pages`; a step whose work does not depend on the width (the Triton attention
-reads each request's key count on the device) has one graph per size bucket, P = `max_pages`
-(`width_buckets=False`). Graphs are captured on first use or ahead of time (`capture_all`, which
-the daemon calls at start-up) and share one memory pool. Batches above the largest size bucket or
-wider than `max_pages` run eager (the runner decides with `can_run`). `destroy()` drops every
-graph and its memory pool.
+of two up to `max_pages`; a step that reads each request's keys whatever the width (the Triton
+attention) has one graph per size bucket, P = `max_pages` (`width_buckets=False`). Graphs are
+captured on first use or ahead of time (`capture_all`, at start-up) and share one memory pool.
+Batches above the largest size bucket or wider than `max_pages` run eager (the runner decides
+with `can_run`). `destroy()` drops every graph and its memory pool.
 
 Capturing is split from the bucket logic: `CudaGraphBackend` captures real CUDA graphs;
 `FakeGraphBackend` (CPU, for tests) "replays" by re-running the step into the same static
@@ -166,16 +165,24 @@ def graph_bucket(batch_sizes: list[int], max_pages: int, bs: int, width: int) ->
     return size, min(pages, max_pages)
 
 
+def capture_widths(pages: int, max_pages: int) -> list[int]:
+    """Widths whose buckets cover tables up to `pages` wide: powers of two, then the bound."""
+    top, widths, w = min(pages, max_pages), [], 1
+    while w < top:
+        widths.append(w)
+        w *= 2
+    return [*widths, top]
+
+
 class CudaGraphDecoder:
     """Captures and replays `step(tokens, positions, full_t, swa_t) -> logits`."""
 
     def __init__(self, step: StepFn, device: torch.device, batch_sizes: list[int],
                  max_pages: int, backend: GraphBackend | None = None, *,
                  swa_ring: int, width_buckets: bool = True) -> None:
-        """`swa_ring`: columns of the SWA table (a ring sized to the window, see
-        `device/decode_slots.py`); every graph's SWA buffer has exactly that width.
-        `width_buckets`: False when `step` reads only each request's keys whatever the table
-        width: every graph then has the `max_pages`-wide table."""
+        """`swa_ring`: columns of every graph's SWA table (a ring sized to the window, see
+        `device/decode_slots.py`). `width_buckets=False`: `step` reads each request's keys
+        whatever the table width, so every graph has the `max_pages`-wide table."""
         self.step = step
         self.device = device
         self.batch_sizes = sorted(set(batch_sizes))

@@ -23,7 +23,7 @@ from decode_worker.device.attention_backend import (
     decode_attention,
     resolve_attention_backend,
 )
-from decode_worker.device.cuda_graph import CudaGraphDecoder, GraphBackend
+from decode_worker.device.cuda_graph import CudaGraphDecoder, GraphBackend, capture_widths
 from decode_worker.device.decode_slots import (
     DecodeSlots,
     HostTokens,
@@ -221,13 +221,8 @@ class ModelRunner:
         if self.graphs is None:
             return 0
         pages = cdiv(max_context_len, self.pools.page_size)
-        widths, w = [], 1
-        while w < min(pages, self.graphs.max_pages):
-            widths.append(w)
-            w *= 2
-        widths.append(min(pages, self.graphs.max_pages))
         with torch.inference_mode():
-            self.graphs.capture_all(widths)
+            self.graphs.capture_all(capture_widths(pages, self.graphs.max_pages))
         return len(self.graphs.graphs)
 
     def destroy(self) -> None:

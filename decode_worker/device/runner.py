@@ -194,6 +194,12 @@ class ModelRunner:
         positions = torch.tensor(batch.positions, dtype=torch.long, device=dev)  # [bs]
         return self._run(tokens, positions, full_t, swa_t).clone()  # [bs, V], owned
 
+    def eager_step(self, tokens: torch.Tensor, positions: torch.Tensor, full_t: torch.Tensor,
+                   swa_t: torch.Tensor) -> torch.Tensor:
+        """One decode step run eagerly over given device tensors (a memory probe's step; the
+        tables need not be checked: page 0 is the dummy page). [bs, V] f32 logits."""
+        return self._decode_step(tokens, positions, full_t, swa_t)
+
     def _decode_step(self, tokens: torch.Tensor, positions: torch.Tensor,
                      full_t: torch.Tensor, swa_t: torch.Tensor) -> torch.Tensor:
         """Pure tensor step (graph-capturable): [bs] tokens -> [bs, V] f32 logits."""

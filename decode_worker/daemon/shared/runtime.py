@@ -155,8 +155,8 @@ def _measure_share(share: ShareTracker, settings: Settings, model: GptOssModel, 
         share.measure_graphs(capture_probe(_make_runner(settings, model, True), pools,
                                            sched.cuda_graph_capture_tokens))
     eager = ModelRunner(model, pools, use_cuda_graph=False, graph_batch_sizes=[1])
-    share.measure_headroom(lambda: eager_probe(eager, sched.max_running_requests,
-                                               PROBE_PREFILL_TOKENS))
+    rows = sched.max_running_requests if graphs else 1  # a prefill peer decodes nothing
+    share.measure_headroom(lambda: eager_probe(eager, rows, PROBE_PREFILL_TOKENS))
     return share.budget()
 
 

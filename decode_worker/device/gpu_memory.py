@@ -97,6 +97,8 @@ class ShareTracker:
         return cls(mem, fraction, total)
 
     def weights_loaded(self) -> None:
+        """Record what the loaded weights hold (the loader's freed temporaries returned)."""
+        self.mem.release_cached()
         self.weights_bytes = CONTEXT_BYTES + self.mem.held_bytes()
 
     def measure_graphs(self, capture: Callable[[], Callable[[], None]]) -> int:

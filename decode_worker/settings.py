@@ -74,7 +74,9 @@ class CacheSettings(_Section):
     num_full_pages: int | None = Field(None, gt=0, description="Full pool size; unset = derived")
     num_swa_pages: int | None = Field(None, gt=0, description="SWA pool size; unset = derived")
     memory_fraction: float = Field(
-        0.85, gt=0.0, le=1.0, description="Share of free device memory for weights + pools (CUDA)"
+        0.85, gt=0.0, le=1.0, description="Share of the device's total memory this process may "
+        "hold: weights, pools, CUDA graphs, activation headroom (CUDA; processes sharing a card "
+        "need shares that add up to at most 1)"
     )
     cpu_pool_bytes: int = Field(
         256 * 2**20, gt=0, description="Bytes for both pools together when running on CPU"

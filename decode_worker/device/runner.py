@@ -76,9 +76,8 @@ class ModelRunner:
         """`max_graph_pages`: widest page table a graph is captured for (default: the
         model's max_position_embeddings, capped at the full pool); wider batches run eager.
         Graphs are CUDA graphs on a CUDA device; `graph_backend` replaces them (tests run the
-        graph path on CPU with `FakeGraphBackend`). `attention_backend` (attention_backend.py):
-        `auto` resolves here, `triton` is taken as is (on CPU only under TRITON_INTERPRET=1,
-        tests; start-up refuses it without CUDA) and has one graph per batch bucket."""
+        graph path on CPU with `FakeGraphBackend`). `attention_backend`: `auto` resolves here,
+        `triton` is taken as is (CPU: tests under TRITON_INTERPRET=1), one graph per bucket."""
         self.model = model
         self.pools = pools
         self.window = model.cfg.window
@@ -205,6 +204,12 @@ class ModelRunner:
         tokens = torch.tensor(batch.token_ids, dtype=torch.long, device=dev)  # [bs]
         positions = torch.tensor(batch.positions, dtype=torch.long, device=dev)  # [bs]
         return self._run(tokens, positions, full_t, swa_t).clone()  # [bs, V], owned
+
+    def eager_step(self, tokens: torch.Tensor, positions: torch.Tensor, full_t: torch.Tensor,
+                   swa_t: torch.Tensor) -> torch.Tensor:
+        """One decode step run eagerly over given device tensors (a memory probe's step; the
+        tables need not be checked: page 0 is the dummy page). [bs, V] f32 logits."""
+        return self._decode_step(tokens, positions, full_t, swa_t)
 
     def _decode_step(self, tokens: torch.Tensor, positions: torch.Tensor,
                      full_t: torch.Tensor, swa_t: torch.Tensor) -> torch.Tensor:

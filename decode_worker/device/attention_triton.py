@@ -63,8 +63,7 @@ class TritonDecodeAttention:
         self.windows = {"full": NO_WINDOW, "swa": window}
         bs, dev = positions.shape[0], positions.device
         kvh = pools.spec.num_kv_heads
-        full_splits = num_kv_splits(bs, kvh, max_keys, dev)
-        self.splits = {"full": full_splits,
+        self.splits = {"full": num_kv_splits(bs, kvh, max_keys, dev),
                        "swa": num_kv_splits(bs, kvh, min(max_keys, window + 1), dev)}
         self.scratch: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.scale = pools.spec.head_dim ** -0.5

@@ -7,8 +7,8 @@ oracle exercises them). The tokenizer maps byte b to id b (GPT-2 byte-to-unicode
 merges) plus gpt-oss's harmony special tokens (`<|endoftext|>` 256, `<|start|>` 257,
 `<|message|>` 258, `<|end|>` 259, `<|channel|>` 260, `<|constrain|>` 261, `<|return|>` 262,
 `<|call|>` 263), so any text round-trips and any output decodes to text. Its chat template
-renders the harmony format (`harmony_template.py`); as gpt-oss's generation config does, `<|return|>`, `<|endoftext|>` and
-`<|call|>` end generation.
+renders the harmony format (`harmony_template.py`); as gpt-oss's generation config does,
+`<|return|>`, `<|endoftext|>` and `<|call|>` end generation.
 
 Written with `safetensors` and `tokenizers` only; `transformers` loads the directory with
 `GptOssForCausalLM.from_pretrained(dir)`. `decode-worker make-model DIR` calls `run`.

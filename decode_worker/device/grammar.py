@@ -22,7 +22,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
@@ -30,12 +29,12 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 import torch
 import xgrammar as xgr
 
 from decode_worker.core.sampling import GrammarSpec, SamplingParams
+from decode_worker.device.grammar_text import json_grammar, structural_tag
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import ClientError
 
@@ -44,17 +43,7 @@ log = logging.getLogger(__name__)
 MAX_CACHED_GRAMMARS = 256
 _EXTRA_KEY = "compiled_grammar"
 _XGR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # "[21:12:37] /project/cpp/x.cc:94: "
-# Two gaps in xgrammar <= 0.2.9's JSON strings, closed by rewriting the schema's EBNF:
-# - a string with minLength/maxLength is a repeat of a class that lets raw control characters
-#   (invalid JSON) through and has no escapes (mlc-ai/xgrammar#800): each repeat becomes one
-#   JSON character instead;
-# - over a byte-level vocabulary its classes take UTF-8-encoded surrogates (ED A0 80), which no
-#   UTF-8 decoder reads as text (three U+FFFD: a maxLength broken, text not what was matched).
-_NO_SURROGATE = r"\uD800-\uDFFF"
-_STRING_CHAR_FIXES = (
-    (r'[^\"\\\r\n]', r'([^\0-\x1f\"\\' + _NO_SURROGATE + r'] | ("\\" [\"\\/bfnrt]))'),
-    (r'[^\0-\x1f\"\\\r\n]', r'[^\0-\x1f\"\\\r\n' + _NO_SURROGATE + "]"),
-)
+__all__ = ["GrammarCache", "GrammarState", "json_grammar", "mask_logits", "prepare_sampling"]
 
 
 def token_info(tokenizer: Tokenizer, name_specials: bool = False) -> xgr.TokenizerInfo:
@@ -134,31 +123,6 @@ class GrammarCache:
             return sampling
         compiled = self.compile(sampling.grammar)
         return replace(sampling, extra={**sampling.extra, _EXTRA_KEY: compiled})
-
-
-def json_grammar(schema: str) -> str:
-    """The EBNF of `schema`: compact JSON (a model cannot pad it with endless spaces), every
-    string character valid JSON and UTF-8 (see _STRING_CHAR_FIXES). Raises what xgrammar raises."""
-    text = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
-    for wrong, right in _STRING_CHAR_FIXES:
-        text = text.replace(wrong, right)
-    return text
-
-
-def structural_tag(source: str) -> str:
-    """A structural tag's JSON with each `json_schema` element replaced by our JSON grammar."""
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, list):
-            return [walk(item) for item in node]
-        if not isinstance(node, dict):
-            return node
-        if node.get("type") == "json_schema" and "json_schema" in node:
-            schema = json.dumps(node["json_schema"], sort_keys=True)
-            return {"type": "grammar", "grammar": json_grammar(schema)}
-        return {key: walk(value) for key, value in node.items()}
-
-    return json.dumps(walk(json.loads(source)))
 
 
 _caches: weakref.WeakKeyDictionary[Tokenizer, GrammarCache] = weakref.WeakKeyDictionary()

@@ -189,7 +189,7 @@ def test_forced_tool_call_on_the_live_model_is_a_valid_call(api: Any, model: str
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
     forced = {"type": "function", "function": {"name": "get_weather"}}
     for seed in range(3):
-        reply = _chat(api, model, tools=[tool], tool_choice=forced, max_tokens=64,
+        reply = _chat(api, model, tools=[tool], tool_choice=forced, max_tokens=128,
                       temperature=1.0, seed=seed, extra_body={})
         choice = reply.choices[0]
         assert choice.finish_reason == "tool_calls", choice

@@ -122,8 +122,7 @@ class ContentPart(msgspec.Struct):
 
 
 class Message(msgspec.Struct):
-    """A chat message; an assistant's earlier tool calls, a tool's result (`tool_call_id`) and
-    an earlier turn's reasoning go to the chat template as they are."""
+    """A chat message; tool calls, a tool's result and reasoning go to the chat template."""
 
     role: str
     content: str | list[ContentPart] | None = None
@@ -137,7 +136,7 @@ class ChatReq(OpenAIBase):
     messages: list[Message] = msgspec.field(default_factory=list)
     logprobs: bool = False
     top_logprobs: int | None = None
-    separate_reasoning: bool = True  # SGLang's: reasoning in message.reasoning_content
+    separate_reasoning: bool = True  # SGLang's: the analysis in message.reasoning_content
     parallel_tool_calls: bool | None = None  # accepted; a harmony turn ends at its first call
 
 

@@ -130,6 +130,25 @@ def test_stream_deltas_equal_the_plain_answer(served: tuple[Any, FakeHarmonyBack
                for d in deltas[first_content:])  # reasoning first, then the answer
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_strings_cut_reasoning_and_content(served: tuple[Any, FakeHarmonyBackend],
+                                                stream: bool) -> None:
+    client, _ = served
+    for stop, reasoning, content in (("Paris", "The user asks about the weather; call the "
+                                      "tool.", "It is sunny in "),
+                                     ("weather", "The user asks about the ", "")):
+        reply = _create(client, "final", stop=[stop], stream=stream)
+        if stream:
+            deltas = [c.choices[0].delta for c in reply if c.choices]
+            got_r = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
+            got_c = "".join(d.content or "" for d in deltas)
+        else:
+            msg = reply.choices[0].message
+            got_r, got_c = msg.model_extra.get("reasoning_content") or "", msg.content
+            assert reply.choices[0].finish_reason == "stop"
+        assert (got_r, got_c) == (reasoning, content)
+
+
 def test_separate_reasoning_false_returns_the_raw_text(
         served: tuple[Any, FakeHarmonyBackend]) -> None:
     client, _ = served

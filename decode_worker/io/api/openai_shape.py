@@ -81,8 +81,10 @@ class OpenAIShape:
             lp = self.logprobs(k, run.output_ids, run.logprobs, run.top_logprobs)
             choice = self.choice(k, run.text.text, run.finish, lp, delta=False)
             if self.parsing is not None:
-                tok = run.backend.tokenizer
-                choice["message"], calls = chat_message(run.output_ids, self.parsing, tok)
+                sp = run.inp.sampling
+                choice["message"], calls = chat_message(run.output_ids, self.parsing,
+                                                        run.backend.tokenizer, sp.stop,
+                                                        sp.no_stop_trim)
                 choice["finish_reason"] = finish_reason(choice["finish_reason"], calls)
             choices.append(choice)
         body = self._envelope(choices, False)
@@ -124,7 +126,8 @@ async def stream_chunks(shape: OpenAIShape, include_usage: bool) -> AsyncGenerat
             first["delta"] = {"role": "assistant", "content": ""}
             yield shape.chunk(first)
     pending = [_Pending() for _ in shape.runs]
-    parsed = [ChatStream(shape.parsing, run.backend.tokenizer) for run in shape.runs] if (
+    parsed = [ChatStream(shape.parsing, run.backend.tokenizer, run.inp.sampling.stop,
+                         run.inp.sampling.no_stop_trim) for run in shape.runs] if (
         shape.parsing is not None) else None
     async with contextlib.aclosing(merged_steps(shape.runs)) as steps:
         async for k, step in steps:

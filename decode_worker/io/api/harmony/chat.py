@@ -12,18 +12,22 @@ always, the app refuses to start without them; `none`: never). Per request:
   `message.tool_calls` (id, name, arguments as JSON text) and `finish_reason: "tool_calls"`.
 A call cut by `max_tokens` is left as content text in a plain answer (its arguments are not
 whole JSON); in a stream its pieces were already sent as tool_calls deltas, and the finish
-reason says "length". `/generate` and `/v1/completions` are never parsed.
+reason says "length". Stop strings end generation as everywhere (matched on the raw text) and
+are applied to `reasoning_content` and `content` each (`StopFilter`: trimmed unless
+`no_stop_trim`), not to tool-call arguments. `/generate` and `/v1/completions` are never parsed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from decode_worker.errors import ConfigError
 from decode_worker.io.api.backend import Tokenizer
-from decode_worker.io.api.harmony.parser import Delta, HarmonyParser, Parsed, parse
+from decode_worker.io.api.harmony.parser import Delta, HarmonyParser, Kind, Parsed, parse
 from decode_worker.io.api.harmony.tokens import HarmonyTokens
+from decode_worker.io.api.textgen import StopFilter
 
 PARSERS = ("auto", "gpt-oss", "none")
 
@@ -67,17 +71,21 @@ def chat_parsing(tokens: HarmonyTokens | None, reasoning_parser: str, separate_r
     return ChatParsing(tokens, reasoning, calls)
 
 
-def chat_message(output_ids: list[int], parsing: ChatParsing,
-                 tokenizer: Tokenizer) -> tuple[dict[str, Any], bool]:
+def chat_message(output_ids: list[int], parsing: ChatParsing, tokenizer: Tokenizer,
+                 stop: Sequence[str] = (), no_stop_trim: bool = False,
+                 ) -> tuple[dict[str, Any], bool]:
     """A whole output's `message` and whether it holds tool calls (whole ones)."""
     parsed = parse(output_ids, parsing.tokens, tokenizer, parse_calls=parsing.calls)
-    return message_of(parsed, parsing)
+    return message_of(parsed, parsing, stop, no_stop_trim)
 
 
-def message_of(parsed: Parsed, parsing: ChatParsing) -> tuple[dict[str, Any], bool]:
+def message_of(parsed: Parsed, parsing: ChatParsing, stop: Sequence[str] = (),
+               no_stop_trim: bool = False) -> tuple[dict[str, Any], bool]:
     reasoning, content = parsed.reasoning, parsed.content
     if not parsing.reasoning:
         reasoning, content = "", reasoning + content
+    reasoning = StopFilter(stop, no_stop_trim).push(reasoning, final=True)
+    content = StopFilter(stop, no_stop_trim).push(content, final=True)
     calls = [c for c in parsed.calls if c.complete]
     content += "".join(c.arguments for c in parsed.calls if not c.complete)
     msg: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
@@ -93,16 +101,28 @@ def message_of(parsed: Parsed, parsing: ChatParsing) -> tuple[dict[str, Any], bo
 class ChatStream:
     """One sample's stream: each step's tokens -> the OpenAI `delta` they add."""
 
-    def __init__(self, parsing: ChatParsing, tokenizer: Tokenizer) -> None:
+    def __init__(self, parsing: ChatParsing, tokenizer: Tokenizer, stop: Sequence[str] = (),
+                 no_stop_trim: bool = False) -> None:
         self.parsing = parsing
         self.parser = HarmonyParser(parsing.tokens, tokenizer, parse_calls=parsing.calls)
+        self._filters: dict[Kind, StopFilter] = {
+            "reasoning": StopFilter(stop, no_stop_trim), "content": StopFilter(stop, no_stop_trim)}
 
     def delta(self, token_ids: list[int], last: bool) -> dict[str, Any]:
         """The delta of one step ({} when it added nothing visible yet)."""
         deltas = self.parser.push(token_ids)
         if last:
             deltas += self.parser.finish()
-        return delta_of(deltas, self.parsing.reasoning)
+        shown = []
+        for d in deltas:
+            if d.kind in ("reasoning", "content"):
+                kind: Kind = d.kind if self.parsing.reasoning else "content"
+                d = Delta(kind, self._filters[kind].push(d.text))
+            shown.append(d)
+        if last:  # what the filters held back was no stop string
+            shown += [Delta(k, f.push("", final=True)) for k, f in self._filters.items()]
+        return delta_of([d for d in shown if d.text or d.kind == "call"],
+                         self.parsing.reasoning)
 
     @property
     def made_calls(self) -> bool:

@@ -85,6 +85,7 @@ class HarmonyParser:
     def __init__(self, tokens: HarmonyTokens, tokenizer: Tokenizer, *, parse_calls: bool = True,
                  call_id: Callable[[], str] = new_call_id) -> None:
         self._t = tokens
+        self._special, self._closing = tokens.all_ids, tokens.closing_ids
         self._tokenizer = tokenizer
         self._parse_calls = parse_calls
         self._call_id = call_id
@@ -127,7 +128,7 @@ class HarmonyParser:
         t = self._t
         if tid == t.message:
             self._open_message(read_header(self._header, t, self._tokenizer))
-        elif tid in t.closing_ids:  # a header with no message: its text is content
+        elif tid in self._closing:  # a header with no message: its text is content
             self._degrade_header()
             self._state = "idle"
         elif tid == t.start:
@@ -141,13 +142,13 @@ class HarmonyParser:
 
     def _in_content(self, tid: int) -> None:
         t = self._t
-        if tid in t.closing_ids:
+        if tid in self._closing:
             self._close_message(complete=True)
             self._state = "idle"
         elif tid in (t.start, t.channel):  # a new message without the last one's <|end|>
             self._close_message(complete=False)
             self._state, self._header = "header", [tid] if tid == t.channel else []
-        elif tid not in t.all_ids:  # <|message|> / <|constrain|> here: stray, dropped
+        elif tid not in self._special:  # <|message|> / <|constrain|> here: stray, dropped
             self._text((tid,))
 
     def _in_idle(self, tid: int) -> None:
@@ -156,7 +157,7 @@ class HarmonyParser:
             self._state, self._header = "header", [tid] if tid == t.channel else []
         elif tid == t.message:
             self._start_content("content")
-        elif tid not in t.all_ids:  # text between messages: content
+        elif tid not in self._special:  # text between messages: content
             self._start_content("content")
             self._text((tid,))
 

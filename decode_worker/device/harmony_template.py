@@ -1,9 +1,10 @@
 """The chat template of the built-in tiny gpt-oss: OpenAI's harmony format, written here.
 
 It renders what a gpt-oss template renders, in the same structure (so the API's harmony parser
-and tool calls run against it): a system message (reasoning effort, the valid channels, the
-tool routing line), a developer message (the client's system/developer instructions and the
-tools as a `functions` namespace), then the turns:
+and tool calls run against it), with a short system message (every byte is a token of the tiny
+model): the reasoning effort, the valid channels, the tool routing line; a developer message
+(the client's system/developer instructions and the tools as a `functions` namespace), then
+the turns:
 
     <|start|>user<|message|>...<|end|>
     <|start|>assistant<|channel|>analysis<|message|>...<|end|>                (reasoning_content)
@@ -31,10 +32,8 @@ namespace functions {
 {% endfor %}
 } // namespace functions
 {%- endmacro -%}
-<|start|>system<|message|>You are a tiny gpt-oss with random weights (decode-worker's test model).
-Reasoning: {{ reasoning_effort | default("medium", true) }}
-
-# Valid channels: analysis, commentary, final. Channel must be included for every message.
+<|start|>system<|message|>Reasoning: {{ reasoning_effort | default("medium", true) }}
+# Valid channels: analysis, commentary, final.
 {%- if tools %}
 
 Calls to these tools must go to the commentary channel: 'functions'.{% endif %}<|end|>

@@ -191,6 +191,14 @@ class ApiSettings(_Section):
     strict_model_name: bool = Field(
         True, description="A request naming a model other than the served name gets 404"
     )
+    reasoning_parser: Literal["auto", "gpt-oss", "none"] = Field(
+        "auto", description="Chat: the harmony analysis channel as message.reasoning_content "
+        "(auto: when the tokenizer has the harmony special tokens; gpt-oss: required)"
+    )
+    tool_call_parser: Literal["auto", "gpt-oss", "none"] = Field(
+        "auto", description="Chat: tools accepted and harmony tool calls returned as "
+        "message.tool_calls (auto: when the tokenizer has the harmony special tokens)"
+    )
 
 
 class Settings(BaseSettings):

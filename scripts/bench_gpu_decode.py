@@ -63,10 +63,11 @@ def copy_bandwidth_gbps(device: torch.device, num_bytes: int = 2 * GIB, iters: i
     return 2 * num_bytes / statistics.median(times) / 1e9
 
 
-def make_runner(model: GptOssModel, pools: KVPools, batch: int, pages: int) -> ModelRunner:
+def make_runner(model: GptOssModel, pools: KVPools, batch: int, pages: int,
+                attention: str) -> ModelRunner:
     """The daemon's runner over `pools`, CUDA graphs for one batch bucket up to `pages` wide."""
     return ModelRunner(model, pools, use_cuda_graph=True, graph_batch_sizes=[batch],
-                       max_graph_pages=pages)
+                       max_graph_pages=pages, attention_backend=attention)
 
 
 def request_bytes(cfg: GptOssConfig, pools_dtype: torch.dtype, page_size: int,
@@ -89,12 +90,12 @@ def random_pools(cfg: GptOssConfig, batch: int, context: int, page_size: int,
     return pools
 
 
-def time_cell(model: GptOssModel, pools: KVPools, batch: int, context: int, steps: int,
-              warmup: int) -> float:
+def time_cell(model: GptOssModel, pools: KVPools, batch: int, context: int,
+              args: argparse.Namespace) -> float:
     """Median ms of one decode step for `batch` requests at position `context - 1`."""
     ps, cfg = pools.page_size, model.cfg
     need, ring = cdiv(context, ps), cdiv(cfg.window, ps) + 1
-    runner = make_runner(model, pools, batch, need)
+    runner = make_runner(model, pools, batch, need, args.attention_backend)
     slots = runner.new_slots(batch)
     last = (context - 1) // ps
     ids = []
@@ -107,13 +108,13 @@ def time_cell(model: GptOssModel, pools: KVPools, batch: int, context: int, step
     positions = [context - 1] * batch
     times = []
     try:
-        for step in range(warmup + steps):
+        for step in range(args.warmup + args.steps):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             logits, slots_t = runner.decode_slots(slots, ids, positions)
             slots.tokens[slots_t] = logits.argmax(-1)  # [bs]
             torch.cuda.synchronize()
-            if step >= warmup:
+            if step >= args.warmup:
                 times.append(time.perf_counter() - t0)
     finally:
         runner.destroy()
@@ -128,7 +129,10 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10, help="timed steps per cell (>= 10)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--page-size", type=int, default=64)
-    p.add_argument("--moe-backend", choices=["auto", "triton", "torch"], default="auto")
+    p.add_argument("--moe-backend", choices=["auto", "triton", "torch"], default="auto",
+                   help="model.moe_backend (torch: MXFP4 dequantized to bf16 at load)")
+    p.add_argument("--attention-backend", choices=["auto", "triton", "torch"], default="auto",
+                   help="model.attention_backend")
     p.add_argument("--headroom-gib", type=float, default=8.0,
                    help="device memory left free for activations and graphs")
     args = p.parse_args()
@@ -171,7 +175,7 @@ def run(args: argparse.Namespace, model: GptOssModel, bandwidth: float,
         pools = random_pools(cfg, max(fit), ctx, args.page_size, device)
         for bs in fit:
             try:
-                ms = time_cell(model, pools, bs, ctx, args.steps, args.warmup)
+                ms = time_cell(model, pools, bs, ctx, args)
             except torch.cuda.OutOfMemoryError:  # the step's temporaries, not the pools
                 print(f"| {bs} | {ctx} | out of memory | | | | |", flush=True)
                 torch.cuda.empty_cache()

@@ -71,27 +71,12 @@ def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
 def resolve_moe_backend(choice: str, device: torch.device) -> str:
     """`model.moe_backend` (auto | triton | torch) -> "triton" or "torch" for `device`.
 
-    auto: triton on CUDA when triton imports, else torch. Raises ConfigError for `triton`
-    without a CUDA device or without triton."""
-    if choice == "torch":
-        return "torch"
-    usable = device.type == "cuda" and _triton_imports()
-    if choice == "auto":
-        return "triton" if usable else "torch"
-    if choice != "triton":
-        raise ConfigError(f"model.moe_backend={choice!r}: expected auto, triton or torch")
-    if not usable:
-        raise ConfigError(f"model.moe_backend='triton' needs a CUDA device and the triton "
-                          f"package (device {device.type}); use 'auto' or 'torch'")
-    return "triton"
+    auto: triton on CUDA when triton imports, else torch. Raises ConfigError naming the setting
+    for `triton` without a CUDA device or without triton (as `model.attention_backend`)."""
+    # attention_backend imports this package (via kv_pool): imported here, not at the top
+    from decode_worker.device.attention_backend import resolve_backend
 
-
-def _triton_imports() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return resolve_backend("model.moe_backend", choice, device)
 
 
 def load_model(model_dir: Path, device: torch.device | str,

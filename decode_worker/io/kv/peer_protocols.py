@@ -60,16 +60,13 @@ class PeerProtocols:
         self._misses: dict[str, tuple[float, PeerProtocol]] = {}  # key -> (when, answer)
 
     def get(self, host: str, port: int, since: float | None = None) -> PeerProtocol | None:
-        """The peer's protocol; or the miss of a probe that ended at or after `since` (when
-        the caller began waiting; None: now), an "unavailable" PeerProtocol; or None while a
-        probe runs (started here when none runs and no such miss is known)."""
-        key = f"{host}:{port}"
-        if self.mode == "native":
-            return self._known.setdefault(key, PeerProtocol("native"))
-        if (proto := self._known.get(key)) is not None:
-            return proto
-        now = self._clock()
+        """The peer's protocol; or the miss of a probe that ended (or of a drop) at or after
+        `since` (when the caller began waiting; None: now), an "unavailable" PeerProtocol; or
+        None while a probe runs (started here when none runs and no such miss is known)."""
+        key, now = f"{host}:{port}", self._clock()
         since = now if since is None else since
+        if (proto := self._known.get(key)) is not None and self.mode != "native":
+            return proto
         job = self._probes.get(key)
         if job is not None and job.done():
             del self._probes[key]
@@ -80,6 +77,8 @@ class PeerProtocols:
         miss = self._misses.get(key)
         if miss is not None and miss[0] >= since:
             return miss[1]
+        if self.mode == "native":  # never probed: native unless it was just dropped
+            return self.known(key)
         if job is None:
             self._probes[key] = self._pool.submit(self._probe, host, port, self.probe_timeout_s)
         elif now - since > self.wait_limit_s:
@@ -89,6 +88,8 @@ class PeerProtocols:
 
     def known(self, key: str) -> PeerProtocol | None:
         """The decided protocol of "host:port", or None (nothing is probed here)."""
+        if self.mode == "native":
+            return self._known.setdefault(key, PeerProtocol("native"))
         return self._known.get(key)
 
     def last_miss(self, key: str) -> PeerProtocol | None:
@@ -100,10 +101,11 @@ class PeerProtocols:
         """The receiver dropped the peer (peer_dead: it died, or restarted): undecided again,
         and a probe still running is cancelled or ignored (it may have seen the old peer; a
         second one may then run beside it for a while). Kept as a miss, for callers that began
-        waiting before now (a cancel; a request admitted while the peer was decided)."""
+        waiting before now (a cancel; a request admitted while the peer was decided). When
+        every peer is native only that miss is kept."""
         if (job := self._probes.pop(key, None)) is not None:
             job.cancel()
-        if self._known.pop(key, None) is not None and self.mode != "native":
+        if self.mode != "native" and self._known.pop(key, None) is not None:
             log.info("prefill peer %s dropped: its protocol is probed again", key)
         self._miss(key, PeerProtocol("unavailable", detail=f"prefill peer {key} lost: {detail}"))
 

@@ -126,9 +126,16 @@ def test_a_decision_is_kept_until_the_peer_is_dropped() -> None:
     assert r.get(5, 500.1) is None and len(r.pool.running(5)) == 1  # a new request probes
 
 
-def test_native_mode_never_probes() -> None:
+def test_native_mode_never_probes_nor_forgets() -> None:
     r = Rig("native")
     assert r.get(6, 100.0) == PeerProtocol("native") and r.pool.jobs == []
+    r.protocols.forget("h:6", "connection closed")
+    assert r.protocols.known("h:6") == PeerProtocol("native")  # what a submit then goes to
+    assert r.protocols.counts() == {"native": 1, "sglang": 0}
+    lost = r.get(6, 99.0)  # a caller from before the drop (a cancel) holds: no connection now
+    assert lost is not None and lost.kind == "unavailable" and "connection closed" in lost.detail
+    r.now = 100.5
+    assert r.get(6, 100.1) == PeerProtocol("native") and r.pool.jobs == []  # a later one
 
 
 def test_a_probe_that_raises_is_a_miss() -> None:

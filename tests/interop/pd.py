@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import torch
 
 from tests.e2e.conftest import assert_top_logprobs_match
 from tests.e2e.driver import wait_idle
 from tests.e2e.live_fixtures import SMALL_POOLS, Live, gen_body, pool_is_whole
-from tests.interop.sglang_peer import SglangPrefill
+from tests.interop.sglang_peer import SglangPrefill, venv_python
 from tests.oracle.helpers import reference_greedy
 
 PAGE_SIZE = 16  # prefill page size = the worker's
@@ -23,6 +24,10 @@ MAX_NEW = 8
 TOP_LOGPROBS = 5  # the first token's alternatives come through SGLang's aux row
 LOGPROB_TOL = 1e-4  # float32 on both sides; misplaced KV moves logprobs far past this
 PEER_DEAD_AFTER_S = 3.0
+PYTHON = venv_python()  # the SGLang venv's interpreter, None where it is missing
+needs_sglang_venv = pytest.mark.skipif(PYTHON is None, reason="no SGLang venv "
+                                       "(.venv-sglang/bin/python); bash scripts/setup_sglang.sh "
+                                       "builds it")
 
 
 def worker_args(model_dir: Path, port: int, protocol: str = "auto") -> list[str]:

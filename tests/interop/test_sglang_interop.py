@@ -37,20 +37,17 @@ from tests.interop.pd import (
     MAX_NEW,
     PAGE_SIZE,
     PEER_DEAD_AFTER_S,
+    PYTHON,
     assert_idle_and_whole,
     check_against_reference,
     conversation,
+    needs_sglang_venv,
     pd_request,
     worker_args,
 )
-from tests.interop.sglang_peer import TERMINAL, HarnessPorts, SglangPrefill, venv_python
+from tests.interop.sglang_peer import TERMINAL, HarnessPorts, SglangPrefill
 
-PYTHON = venv_python()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(PYTHON is None, reason="no SGLang venv (.venv-sglang/bin/python); "
-                       "bash scripts/setup_sglang.sh builds it"),
-]
+pytestmark = [pytest.mark.slow, needs_sglang_venv]
 
 TP1 = HarnessPorts(18500, 18501, "18510-18519", "18520-18539")
 TP2 = HarnessPorts(18502, 18503, "18540-18549", "18550-18569")

@@ -35,21 +35,18 @@ from decode_worker.device.default_model import write_model
 from tests.e2e.live_fixtures import Live
 from tests.interop.pd import (
     PAGE_SIZE,
+    PYTHON,
     assert_idle_and_whole,
     check_against_reference,
     conversation,
+    needs_sglang_venv,
     pd_body,
     pd_request,
     worker_args,
 )
-from tests.interop.sglang_peer import TERMINAL, HarnessPorts, SglangPrefill, venv_python
+from tests.interop.sglang_peer import TERMINAL, HarnessPorts, SglangPrefill
 
-PYTHON = venv_python()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(PYTHON is None, reason="no SGLang venv (.venv-sglang/bin/python); "
-                       "bash scripts/setup_sglang.sh builds it"),
-]
+pytestmark = [pytest.mark.slow, needs_sglang_venv]
 
 PORTS = HarnessPorts(18600, 18601, "18610-18619", "18620-18639")
 WORKERS = {"auto": (18690, "18640-18659"), "sglang": (18691, "18660-18679")}  # port, UCX

@@ -150,6 +150,7 @@ def test_a_request_while_the_peer_is_down_fails_at_once_then_the_restart_serves(
             error = resp.json()["error"]
             assert error["reason"] == "peer_dead" and "unreachable" in error["message"], error
             assert took < DOWN_ANSWER_S, f"{name}: answered in {took:.2f} s"
+            print(f"\n[down] peer_protocol={name}: peer_dead answer in {took:.3f} s")
     served_after_restart(c, prompt_of(8), c.restart_prefill(), reference_run, "down")
 
 

@@ -154,6 +154,7 @@ def test_a_request_while_the_prefill_is_down_fails_at_once_then_the_restart_serv
             error = resp.json()["error"]
             assert error["reason"] == "peer_dead" and "unreachable" in error["message"], error
             assert took < DOWN_ANSWER_S, f"{name}: answered in {took:.2f} s"
+            print(f"\n[down] peer_protocol={name}: peer_dead answer in {took:.3f} s")
     health_at = rig.start_harness()
     served_after_restart(rig, prompt, health_at, "down, then restarted")
     for worker in rig.workers.values():

@@ -11,9 +11,10 @@ and takes a native answer as a misconfiguration; `native` never probes):
 Only a peer that answered decides: refused, reset, closed unanswered, silent or a 5xx is a
 miss ("unreachable", a request of it ends with peer_dead), and so is an answer from neither
 protocol ("foreign", transfer_failed). A miss decides nothing: it answers the callers that were
-waiting when it came (`since`), and the next caller after it starts a new probe. A caller waits
-for the running probe (`get` returns None), at most `wait_limit_s`. Owner thread only; probes
-run on `pool`.
+waiting when the probe ended (`since`; the probe's own clock, not when the owner looked: a
+refused probe that ended before a restarted peer listened again must not fail a request sent
+after), and the next caller starts a new probe. A caller waits for the running probe (`get`
+returns None), at most `wait_limit_s`. Owner thread only; probes run on `pool`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 Mode = Literal["auto", "native", "sglang"]
 Kind = Literal["native", "sglang", "unavailable"]
 ProbeFn = Callable[[str, int, float], Probe]  # (host, port, timeout_s) -> what answers there
+Clock = Callable[[], float]
 _MAX_MISSES = 4096  # peers whose last probe missed, remembered at once (oldest forgotten)
 
 
@@ -47,16 +49,30 @@ class PeerProtocol:
     reason: str = "peer_dead"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Probed:
+    """A probe's answer and when it ended (the owner's clock, read on the probe's thread)."""
+
+    found: Probe
+    ended_at: float
+
+
+def timed(probe: ProbeFn, clock: Clock, host: str, port: int, timeout_s: float) -> Probed:
+    """Run `probe` (on a pool thread) and stamp its end."""
+    found = probe(host, port, timeout_s)
+    return Probed(found, clock())
+
+
 class PeerProtocols:
     """Decided protocols, running probes and the last miss, by peer (see module doc)."""
 
     def __init__(self, mode: Mode, probe: ProbeFn, pool: Executor, probe_timeout_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 clock: Clock = time.monotonic) -> None:  # fmt: skip
         self.mode, self.probe_timeout_s = mode, probe_timeout_s
         self.wait_limit_s = probe_timeout_s + 1.0  # the probe's own bound, plus its queueing
         self._probe, self._pool, self._clock = probe, pool, clock
         self._known: dict[str, PeerProtocol] = {}
-        self._probes: dict[str, Future[Probe]] = {}
+        self._probes: dict[str, Future[Probed]] = {}
         self._misses: dict[str, tuple[float, PeerProtocol]] = {}  # key -> (when, answer)
 
     def get(self, host: str, port: int, since: float | None = None) -> PeerProtocol | None:
@@ -70,7 +86,7 @@ class PeerProtocols:
         job = self._probes.get(key)
         if job is not None and job.done():
             del self._probes[key]
-            proto = self._learn(key, _result(job), now)
+            proto = self._learn(key, *_result(job, now))
             if proto is not None:
                 return proto
             job = None
@@ -80,7 +96,8 @@ class PeerProtocols:
         if self.mode == "native":  # never probed: native unless it was just dropped
             return self.known(key)
         if job is None:
-            self._probes[key] = self._pool.submit(self._probe, host, port, self.probe_timeout_s)
+            self._probes[key] = self._pool.submit(timed, self._probe, self._clock, host, port,
+                                                  self.probe_timeout_s)
         elif now - since > self.wait_limit_s:
             return PeerProtocol("unavailable", detail=f"prefill peer {key} did not answer the "
                                 f"protocol probe within {self.wait_limit_s:.1f} s")  # fmt: skip
@@ -117,7 +134,8 @@ class PeerProtocols:
         return out
 
     def _learn(self, key: str, found: Probe, now: float) -> PeerProtocol | None:
-        """Decide from a probe's answer (returns the protocol), or record a miss (None)."""
+        """Decide from a probe's answer (returns the protocol), or record a miss that came at
+        `now` (None)."""
         if found.kind == "native" and self.mode == "sglang":
             found = Probe("foreign", detail="answers as a native decode-worker peer, but "
                                             "transfer.peer_protocol is 'sglang'")  # fmt: skip
@@ -146,10 +164,11 @@ class PeerProtocols:
             del self._misses[next(iter(self._misses))]
 
 
-def _result(job: Future[Probe]) -> Probe:
-    """A finished probe's answer; a probe that raised (a bug) counts as unreachable."""
+def _result(job: Future[Probed], now: float) -> tuple[Probe, float]:
+    """A finished probe's answer and end; one that raised (a bug) is unreachable, ended now."""
     try:
-        return job.result()
+        done = job.result()
     except Exception as exc:  # the pool's boundary: a bad address must not stop the engine
         log.exception("protocol probe failed")
-        return Probe("unreachable", detail=f"probe failed: {type(exc).__name__}: {exc}")
+        return Probe("unreachable", detail=f"probe failed: {type(exc).__name__}: {exc}"), now
+    return done.found, done.ended_at

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from decode_worker.io.kv.peer_protocols import Mode, PeerProtocol, PeerProtocols
+from decode_worker.io.kv.peer_protocols import Mode, PeerProtocol, PeerProtocols, Probed
 from decode_worker.io.kv.sglang.bootstrap_client import Probe
 from decode_worker.io.kv.sglang.server_info import PrefillServerInfo
 
@@ -29,18 +29,18 @@ ANSWERS = {"sglang": Probe("sglang", INFO), "native": Probe("native"),
 
 
 class FakePool(Executor):
-    """Keeps every submitted probe's future; the test finishes them."""
+    """Keeps every submitted probe's future; the test finishes them (as `timed` would)."""
 
     def __init__(self) -> None:
-        self.jobs: list[tuple[tuple[Any, ...], Future[Probe]]] = []
+        self.jobs: list[tuple[tuple[Any, ...], Future[Probed]]] = []
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        job: Future[Probe] = Future()
+        job: Future[Probed] = Future()
         self.jobs.append((args, job))
         return job
 
-    def running(self, port: int) -> list[Future[Probe]]:
-        return [job for args, job in self.jobs if args[1] == port and not job.done()]
+    def running(self, port: int) -> list[Future[Probed]]:  # args: (probe, clock, host, port, t)
+        return [job for args, job in self.jobs if args[3] == port and not job.done()]
 
 
 class Rig:
@@ -54,7 +54,7 @@ class Rig:
 
     def answer(self, port: int, outcome: str) -> None:
         (job,) = self.pool.running(port)
-        job.set_result(ANSWERS[outcome])
+        job.set_result(Probed(ANSWERS[outcome], self.now))  # it ends now
 
 
 def _no_probe(host: str, port: int, timeout_s: float) -> Probe:
@@ -79,6 +79,21 @@ def test_an_unreachable_peer_fails_its_waiters_and_the_next_request_probes_again
     proto = r.get(1, 100.3)
     assert proto == PeerProtocol("sglang", 16, 2)
     assert r.get(1, 100.0) == proto  # decided: whenever the caller began waiting
+
+
+def test_a_miss_that_ended_before_a_request_came_is_not_its_answer() -> None:
+    """Issue 25: a cancel's probe is refused while the peer is down; the peer restarts; a
+    request arrives before the owner looked at that probe: it probes again, and is served."""
+    r = Rig()
+    assert r.get(8, 100.0) is None  # a cancel's probe
+    r.now = 100.001
+    r.answer(8, "unreachable")  # refused at once: the peer is still down
+    r.now = 100.5  # the peer is up again; a request arrives
+    assert r.get(8, 100.5) is None and len(r.pool.running(8)) == 1  # not failed: a new probe
+    old = r.get(8, 100.0)  # the cancel that waited for the first probe gets its miss
+    assert old is not None and old.kind == "unavailable"
+    r.answer(8, "sglang")
+    assert r.get(8, 100.5) == PeerProtocol("sglang", 16, 2)
 
 
 def test_a_foreign_answer_decides_nothing_and_ends_requests_with_transfer_failed() -> None:
@@ -156,15 +171,16 @@ class _Detection(RuleBasedStateMachine):
         self.last_answer: dict[int, str] = {}  # port -> outcome of its last finished probe
         self.missed_at: dict[int, float] = {}  # port -> when a miss (or a drop) was taken
         self.taken: set[int] = set()  # ids of the finished probes `get` has seen
+        self.answered_at: dict[int, float] = {}  # port -> when its last probe ended
 
     @rule(port=st.integers(1, 3), back=st.sampled_from([0.0, 0.05, 0.5, 3.0]))
     def ask(self, port: int, back: float) -> None:
         since = self.rig.now - back
         running_before = bool(self.rig.pool.running(port))
         fresh = [job for args, job in self.rig.pool.jobs
-                 if args[1] == port and job.done() and id(job) not in self.taken]
+                 if args[3] == port and job.done() and id(job) not in self.taken]
         if fresh and self.last_answer.get(port) in ("unreachable", "foreign"):
-            self.missed_at[port] = self.rig.now  # this call takes that miss
+            self.missed_at[port] = self.answered_at[port]  # this call takes that miss
         proto = self.rig.get(port, since)
         self.taken |= {id(job) for job in fresh}
         if proto is None:
@@ -179,8 +195,9 @@ class _Detection(RuleBasedStateMachine):
     @rule(port=st.integers(1, 3), outcome=st.sampled_from(sorted(ANSWERS)))
     def probe_answers(self, port: int, outcome: str) -> None:
         for job in self.rig.pool.running(port):  # an ignored one (dropped peer) may answer too
-            job.set_result(ANSWERS[outcome])
+            job.set_result(Probed(ANSWERS[outcome], self.rig.now))
             self.last_answer[port] = outcome
+            self.answered_at[port] = self.rig.now
 
     @rule(dt=st.sampled_from([0.01, 0.3, 2.5]))
     def time_passes(self, dt: float) -> None:
@@ -191,7 +208,7 @@ class _Detection(RuleBasedStateMachine):
         self.rig.protocols.forget(f"h:{port}", "no heartbeat answer for 2.0 s")
         self.missed_at[port] = self.rig.now
         self.last_answer.pop(port, None)
-        self.taken |= {id(job) for args, job in self.rig.pool.jobs if args[1] == port}  # ignored
+        self.taken |= {id(job) for args, job in self.rig.pool.jobs if args[3] == port}  # ignored
 
     @invariant()
     def one_probe_per_peer_and_decisions_only_from_answers(self) -> None:

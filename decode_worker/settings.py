@@ -155,8 +155,9 @@ class TransferSettings(_Section):
     )
     peer_protocol: Literal["auto", "native", "sglang"] = Field(
         "auto", description="Decode worker: the protocol of a request's prefill peer; auto asks "
-        "its bootstrap address once (an SGLang bootstrap server answers GET /route) and caches "
-        "the answer until the peer restarts"
+        "its bootstrap address (an SGLang bootstrap server answers GET /route, a native peer "
+        "with a ZMQ greeting) and keeps the answer until the peer is dropped as dead; a peer "
+        "that does not answer decides nothing (its requests fail with peer_dead at once)"
     )
     prefill_protocol: Literal["native", "sglang"] = Field(
         "native", description="Prefill peer: the protocol it serves on bootstrap_port: native "

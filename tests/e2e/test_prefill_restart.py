@@ -1,62 +1,173 @@
-"""A prefill peer SIGKILLed under traffic and restarted on the same ports serves P/D again.
+"""A reference prefill peer (`decode-worker prefill`) SIGKILLed and restarted on the same ports
+serves the first P/D request sent once it is healthy again, token-exact against transformers,
+for a decode worker with `transfer.peer_protocol=auto` and one with `=native`; a request sent
+while it is down fails at once (502 peer_dead, "unreachable", under 1 s).
 
-Regression: while the peer was down the decode worker's protocol router failed requests itself
-("prefill peer unreachable"), so its transfer ids ran ahead of the native receiver's, and the
-first-token check compared the aux row (written under the id the peer was sent) with the
-router's id: every later P/D request failed with "first token missing" until a restart."""
+Regressions: while the peer was down the protocol router failed requests itself, so its
+transfer ids ran ahead of the native receiver's and the first-token check compared the aux row
+(written under the id the peer was sent) with the router's id: every later request failed with
+"first token missing". Issue 25: the native receiver noticed a dead peer only by its missing
+heartbeats, so a request sent while the peer was down waited `peer_dead_after_s`, and one sent
+to a peer restarted within that time went to a process that never had our handshake. Prints,
+per worker, the time from the restarted peer's health to its first successful answer.
+"""
 
 from __future__ import annotations
 
 import random
 import signal
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
-from decode_worker.daemon.shared.procs import ServerProcess
-from scripts.soak_lib.client import Answer, post
-from tests.e2e.driver import Workers
+from decode_worker.daemon.shared.procs import ServerProcess, free_port
+from tests.e2e.driver import Workers, wait_idle
 
 pytestmark = pytest.mark.slow
+MAX_NEW = 4
+DOWN_ANSWER_S = 1.0  # a request to a prefill peer that is down is answered within this
+# peer_dead_after_s well past every bound below: a dead peer is seen by its closed or refused
+# connection, not by its missing heartbeats
+SETS = {"transfer.peer_dead_after_s": 10, "transfer.abort_quiesce_s": 2,
+        "cache.num_full_pages": 256, "cache.num_swa_pages": 64}
 
 
-@pytest.fixture
-def workers(e2e_model_dir: Path) -> Iterator[Workers]:
-    extra = ["--set", "transfer.peer_dead_after_s=2", "--set", "transfer.abort_quiesce_s=2",
-             "--set", "cache.num_full_pages=256", "--set", "cache.num_swa_pages=64"]
+@dataclass
+class Cluster:
+    w: Workers  # the prefill peer and the `auto` decode worker
+    decodes: dict[str, ServerProcess]  # by transfer.peer_protocol
+    http: httpx.Client
+
+    def restart_prefill(self) -> float:
+        """Start the prefill peer again on its ports; returns when it answered /health."""
+        old = self.w.prefill
+        old.stop()
+        self.w.prefill = ServerProcess("prefill", old.args, old.port)
+        self.w.prefill.__enter__()
+        return wait_health(self.http, self.w.prefill, 120.0)
+
+
+@pytest.fixture(scope="module")
+def cluster(e2e_model_dir: Path) -> Iterator[Cluster]:
+    extra = [x for key, value in SETS.items() for x in ("--set", f"{key}={value}")]
     with Workers(e2e_model_dir, router=False, extra=extra) as w:
-        yield w
+        port = free_port()
+        native = ServerProcess("decode-native", [
+            "serve", "--port", str(port), "--model", str(e2e_model_dir), "--set",
+            "cache.page_size=16", *extra, "--set", "transfer.peer_protocol=native"], port)
+        with native, httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0)) as http:
+            native.wait_ready(120)
+            yield Cluster(w, {"auto": w.decode, "native": native}, http)
 
 
-def _pd(w: Workers, pool: ThreadPoolExecutor) -> Answer:
-    body = {"input_ids": list(range(3, 90)), "sampling_params": {
-        "max_new_tokens": 3, "temperature": 0}, "bootstrap_host": "127.0.0.1",
-        "bootstrap_port": w.boot_port, "bootstrap_room": random.getrandbits(63)}
-    pool.submit(post, f"{w.prefill.url}/generate", body, 20.0)
-    return post(f"{w.decode.url}/generate", body, 30.0)
+def body_of(c: Cluster, prompt: list[int]) -> dict[str, Any]:
+    return {"input_ids": prompt, "return_logprob": True, "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": c.w.boot_port, "bootstrap_room": random.getrandbits(63),
+            "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}}
 
 
-def test_pd_works_again_after_the_prefill_peer_restarts(workers: Workers) -> None:
-    w = workers
-    with ThreadPoolExecutor(4) as pool:
-        assert _pd(w, pool).kind == "tokens"
-        assert w.prefill.proc is not None
-        w.prefill.proc.send_signal(signal.SIGKILL)
-        w.prefill.proc.wait(10)
-        down = [_pd(w, pool) for _ in range(3)]  # answered by the worker: the peer is gone
-        assert all(a.kind == "error" and a.status == 502 for a in down), down
-        w.prefill.stop()
-        w.prefill = ServerProcess("prefill", w.prefill.args, w.prefill_port)
-        w.prefill.__enter__()
-        w.prefill.wait_ready(120)
-        deadline = time.monotonic() + 20  # the worker learns the restarted peer's protocol
-        answers = [_pd(w, pool)]
-        while answers[-1].kind != "tokens" and time.monotonic() < deadline:
-            time.sleep(0.5)
-            answers.append(_pd(w, pool))
-        after = [_pd(w, pool) for _ in range(3)]
-    assert answers[-1].kind == "tokens", answers
-    assert all(a.kind == "tokens" for a in after), after
+def pd(c: Cluster, decode: ServerProcess, prompt: list[int]) -> httpx.Response:
+    """The router's part: the same body to the prefill peer and to the decode worker."""
+    body = body_of(c, prompt)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pre = pool.submit(c.http.post, f"{c.w.prefill.url}/generate", json=body)
+        resp = c.http.post(f"{decode.url}/generate", json=body)
+        pre.result(timeout=30)
+    return resp
+
+
+def served(c: Cluster, decode: ServerProcess, prompt: list[int],
+           reference: Callable[[list[int], int], Any]) -> float:
+    """One P/D request: served, token-exact; returns when its answer came (before the check)."""
+    resp = pd(c, decode, prompt)
+    answered_at = time.monotonic()
+    assert resp.status_code == 200, resp.text[:2000]
+    out = resp.json()
+    want, lp_rows = reference(prompt, MAX_NEW)
+    assert out["output_ids"] == want, "tokens differ from the reference"
+    got = out["meta_info"]["output_token_logprobs"]
+    worst = max(abs(lp - float(rows[t])) for (lp, t, _), rows in zip(got, lp_rows, strict=True))
+    assert worst < 1e-4, f"logprobs off by {worst:.2e}"
+    return answered_at
+
+
+def served_after_restart(c: Cluster, prompt: list[int], health_at: float,
+                         reference: Callable[[list[int], int], Any], label: str) -> None:
+    """Each worker's first request once the peer is healthy (one after the other)."""
+    for name, decode in c.decodes.items():
+        sent = time.monotonic()
+        answered_at = served(c, decode, prompt, reference)
+        print(f"\n[{label}] peer_protocol={name}: first success {answered_at - health_at:.3f} s "
+              f"after the restarted prefill peer's health (the request itself "
+              f"{answered_at - sent:.3f} s)")
+        wait_idle(decode.url, 15)
+
+
+def test_the_first_request_after_a_restart_is_served(cluster: Cluster,
+                                                     reference_run: Any) -> None:
+    """Killed with a transfer of each worker in flight (its request reached the peer, whose
+    prompt never comes): those fail peer_dead; restarted: the next request is served."""
+    c, prompt = cluster, prompt_of(1)
+    for name, decode in c.decodes.items():
+        served(c, decode, prompt, reference_run)
+        sent = time.monotonic()
+        took = served(c, decode, prompt_of(0), reference_run) - sent
+        print(f"\n[steady] peer_protocol={name}: a request {took:.3f} s")
+    with ThreadPoolExecutor(max_workers=len(c.decodes)) as pool:
+        stuck: list[Future[httpx.Response]] = [
+            pool.submit(c.http.post, f"{d.url}/generate", json=body_of(c, prompt_of(2)))
+            for d in c.decodes.values()]
+        time.sleep(0.5)  # their transfer requests wait at the peer for the prompt
+        assert c.w.prefill.proc is not None
+        c.w.prefill.proc.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        for answer in stuck:
+            resp = answer.result(timeout=30)
+            assert resp.status_code == 502 and "peer_dead" in resp.text, resp.text[:2000]
+    assert time.monotonic() - killed_at < DOWN_ANSWER_S  # the connection closed: at once
+    served_after_restart(c, prompt_of(3), c.restart_prefill(), reference_run, "killed")
+
+
+def test_a_request_while_the_peer_is_down_fails_at_once_then_the_restart_serves(
+        cluster: Cluster, reference_run: Any) -> None:
+    c = cluster
+    assert c.w.prefill.proc is not None
+    c.w.prefill.proc.send_signal(signal.SIGKILL)
+    c.w.prefill.proc.wait(10)
+    time.sleep(0.2)  # the workers see their connections to it close
+    for name, decode in c.decodes.items():
+        for i in range(3):  # each probes again (auto) or connects again (native): no answer
+            start = time.monotonic()
+            resp = c.http.post(f"{decode.url}/generate", json=body_of(c, prompt_of(4 + i)))
+            took = time.monotonic() - start
+            assert resp.status_code == 502, f"{name}: {resp.text[:2000]}"
+            error = resp.json()["error"]
+            assert error["reason"] == "peer_dead" and "unreachable" in error["message"], error
+            assert took < DOWN_ANSWER_S, f"{name}: answered in {took:.2f} s"
+            print(f"\n[down] peer_protocol={name}: peer_dead answer in {took:.3f} s")
+    served_after_restart(c, prompt_of(8), c.restart_prefill(), reference_run, "down")
+
+
+def prompt_of(seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 250) for _ in range(rng.randrange(80, 200))]
+
+
+def wait_health(http: httpx.Client, proc: ServerProcess, timeout_s: float) -> float:
+    """Poll GET /health every 10 ms; `time.monotonic()` of the first 200."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.proc is not None and proc.proc.poll() is None, proc.output()[-3000:]
+        try:
+            if http.get(f"{proc.url}/health", timeout=1.0).status_code == 200:
+                return time.monotonic()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.01)
+    raise AssertionError(f"{proc.name} not healthy in {timeout_s} s:\n{proc.output()[-3000:]}")

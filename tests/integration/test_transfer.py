@@ -225,10 +225,11 @@ def test_prefill_peer_killed_mid_transfer_fails_only_that_request(
         assert not decode.rx.poll()
         time.sleep(0.01)
     doomed.kill()
+    killed_at = time.monotonic()
     events = decode.wait(tid, "failed", timeout_s=10.0)
     failed = next(e for e in events if e.kind == "failed")
-    assert failed.reason == "peer_dead" and "heartbeat" in failed.detail
-    assert time.monotonic() - t0 < 5.0  # noticed in seconds, far inside the 20 s deadline
+    assert failed.reason == "peer_dead" and "connection closed" in failed.detail
+    assert time.monotonic() - killed_at < 1.0  # its connection closed: no heartbeat to miss
     events += decode.wait(tid, "released", timeout_s=5.0)
     assert [e.kind for e in events] == ["failed", "released"]
     decode.full.free(full)

@@ -76,6 +76,19 @@ class SglangPrefill:
         raise RuntimeError(f"SGLang prefill harness not ready (exit {self.proc.poll()}):\n"
                            f"{self.output()[-4000:]}")
 
+    def wait_healthy(self, timeout_s: float = 150.0) -> float:
+        """Poll GET /health on the control port every 10 ms (it answers once every rank has
+        registered with the bootstrap server); returns `time.monotonic()` of the first 200."""
+        assert self.proc is not None, "start() first"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if self.http.get("/health", timeout=1.0).status_code == 200:
+                    return time.monotonic()
+            time.sleep(0.01)
+        raise RuntimeError(f"SGLang prefill harness not healthy (exit {self.proc.poll()}):\n"
+                           f"{self.output()[-4000:]}")
+
     def prefill(self, spec: dict[str, Any]) -> dict[str, Any]:
         """POST /prefill: start a room on every rank (202 at once)."""
         resp = self.http.post("/prefill", json=spec)

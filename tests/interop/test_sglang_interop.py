@@ -25,33 +25,30 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
 
 from decode_worker.daemon.shared.procs import ServerProcess
 from decode_worker.device.default_model import write_model
-from tests.e2e.conftest import assert_top_logprobs_match
-from tests.e2e.driver import wait_idle
-from tests.e2e.live_fixtures import SMALL_POOLS, Live, gen_body, pool_is_whole
-from tests.interop.sglang_peer import TERMINAL, HarnessPorts, SglangPrefill, venv_python
-from tests.oracle.helpers import reference_greedy
+from tests.e2e.live_fixtures import Live, gen_body
+from tests.interop.pd import (
+    MAX_NEW,
+    PAGE_SIZE,
+    PEER_DEAD_AFTER_S,
+    PYTHON,
+    assert_idle_and_whole,
+    check_against_reference,
+    conversation,
+    needs_sglang_venv,
+    pd_request,
+    worker_args,
+)
+from tests.interop.sglang_peer import TERMINAL, HarnessPorts, SglangPrefill
 
-PYTHON = venv_python()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(PYTHON is None, reason="no SGLang venv (.venv-sglang/bin/python); "
-                       "bash scripts/setup_sglang.sh builds it"),
-]
+pytestmark = [pytest.mark.slow, needs_sglang_venv]
 
-PAGE_SIZE = 16  # prefill page size = the worker's
-MAX_NEW = 8
-TOP_LOGPROBS = 5  # the first token's alternatives come through SGLang's aux row
-LOGPROB_TOL = 1e-4  # float32 on both sides; misplaced KV moves logprobs far past this
-PEER_DEAD_AFTER_S = 3.0
 TP1 = HarnessPorts(18500, 18501, "18510-18519", "18520-18539")
 TP2 = HarnessPorts(18502, 18503, "18540-18549", "18550-18569")
 WORKER_UCX = "18570-18589"
@@ -80,7 +77,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     harness_args = ["--model", str(model_dir), "--page-size", str(PAGE_SIZE)]
     tp1 = SglangPrefill(PYTHON, TP1, harness_args).start()
     tp2 = SglangPrefill(PYTHON, TP2, [*harness_args, "--tp-size", "2", "--tp-in-process"]).start()
-    proc = ServerProcess("decode", worker_args(model_dir), WORKER_PORT,
+    proc = ServerProcess("decode", worker_args(model_dir, WORKER_PORT), WORKER_PORT,
                          env={"UCX_TCP_PORT_RANGE": WORKER_UCX})
     try:
         with proc:
@@ -97,63 +94,6 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         tp1.kill()
         tp2.kill()
         proc.log.close()
-
-
-def worker_args(model_dir: Path) -> list[str]:
-    # abort_quiesce_s: pages of a transfer the dead prefill never acked wait this long
-    sets = {"cache.page_size": PAGE_SIZE, "transfer.peer_protocol": "auto",
-            "transfer.peer_dead_after_s": PEER_DEAD_AFTER_S, "transfer.abort_quiesce_s": 2,
-            "scheduler.kv_timeout_s": 15}
-    return ["serve", "--model", str(model_dir), "--port", str(WORKER_PORT), *SMALL_POOLS,
-            *[x for key, value in sets.items() for x in ("--set", f"{key}={value}")]]
-
-
-def conversation(seed: int, turns: int = 3) -> list[list[int]]:
-    """New user tokens per turn: a 150-token system prompt (longer than the window + a page)
-    and a short message first, then short messages of 5-40 tokens."""
-    rng = random.Random(seed)
-    msgs = [[rng.randrange(3, 250) for _ in range(rng.randrange(5, 41))] for _ in range(turns)]
-    return [[rng.randrange(3, 250) for _ in range(150)] + msgs[0], *msgs[1:]]
-
-
-def pd_request(harness: SglangPrefill, worker: Live, input_ids: list[int],
-               **prefill: Any) -> tuple[httpx.Response, dict[str, Any]]:
-    """What the router does: the same room to the prefill and the worker, concurrently.
-    Returns the worker's answer and the room's final state on the prefill side."""
-    room = random.getrandbits(63)
-    body = gen_body(input_ids, MAX_NEW, return_logprob=True, top_logprobs_num=TOP_LOGPROBS,
-                    bootstrap_host="127.0.0.1", bootstrap_port=harness.ports.bootstrap,
-                    bootstrap_room=room)
-    spec = {"room": room, "input_ids": input_ids, "kv": "model", "return_logprob": True,
-            "top_logprobs_num": TOP_LOGPROBS, "timeout_s": 30, **prefill}
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pre = pool.submit(harness.prefill, spec)
-        resp = worker.post("/generate", body, timeout_s=40)
-        pre.result(timeout=30)
-    # a room the worker failed may never end on the prefill side (no TransferInfo came)
-    return resp, harness.wait_room(room, timeout_s=15 if resp.status_code == 200 else 5)
-
-
-def check_against_reference(rig: Rig, prompt: list[int], out: dict[str, Any]) -> None:
-    tokens, logits = reference_greedy(rig.reference, prompt, MAX_NEW)  # [steps, V] f32
-    lps = torch.log_softmax(logits, dim=-1)  # [steps, V]
-    meta = out["meta_info"]
-    assert out["output_ids"] == tokens, "tokens differ from transformers'"
-    got = meta["output_token_logprobs"]
-    assert [t for _, t, _ in got] == tokens
-    worst = max(abs(lp - float(lps[i, t])) for i, (lp, t, _) in enumerate(got))
-    assert worst < LOGPROB_TOL, f"logprobs off by {worst:.2e}"
-    assert_top_logprobs_match(meta["output_top_logprobs"], list(lps), TOP_LOGPROBS, LOGPROB_TOL)
-    assert meta["prompt_tokens"] == len(prompt)
-
-
-def assert_idle_and_whole(worker: Live, timeout_s: float = 15.0) -> None:
-    """/get_load shows nothing running or waiting, and every page is back (pool gauges)."""
-    wait_idle(worker.url, timeout_s)
-    deadline = time.monotonic() + timeout_s
-    while problems := pool_is_whole(worker.wait_idle(timeout_s)):
-        assert time.monotonic() < deadline, f"pages not back: {problems}"
-        time.sleep(0.1)
 
 
 def assert_peers_speak_sglang(worker: Live, at_least: int, timeout_s: float = 5.0) -> None:
@@ -182,7 +122,7 @@ def test_multi_turn_conversation_matches_reference(rig: Rig, tp: int) -> None:
             harness.output()[-3000:])
         assert len(state["ranks"]) == tp
         out = resp.json()
-        check_against_reference(rig, prompt, out)
+        check_against_reference(rig.reference, prompt, out)
         cached.append(out["meta_info"]["cached_tokens"])
         prefixes.append(min(r["decode_prefix_len"] for r in state["ranks"]))
         history = prompt + out["output_ids"]
@@ -202,7 +142,7 @@ def test_failed_room_answers_502_with_the_peer_reason(rig: Rig) -> None:
     assert_idle_and_whole(rig.worker)
     resp, state = pd_request(rig.tp1, rig.worker, prompt)  # the same peer, served again
     assert resp.status_code == 200, resp.text[:2000]
-    check_against_reference(rig, prompt, resp.json())
+    check_against_reference(rig.reference, prompt, resp.json())
 
 
 def test_killed_prefill_fails_its_request_and_pages_come_back(rig: Rig) -> None:

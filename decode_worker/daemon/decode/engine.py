@@ -213,7 +213,7 @@ class DecodeEngine:
                            "(bootstrap_host, bootstrap_port)", now)
             return
         if live.has_peer:
-            self.fetcher.resolving.append(live)  # queued once its peer's protocol is known
+            self.fetcher.wait_for_peer(live, now)  # queued once its peer's protocol is known
             self._resolve(now)
             return
         self._enqueue(live, now)

@@ -40,7 +40,8 @@ class AuxRows:
 
 class KVFetcher:
     """Transfers in flight by id, the aux rows (first token, logprobs) they land in, and the
-    requests waiting to learn their peer's protocol (`resolving`)."""
+    requests waiting to learn their peer's protocol (`resolving`: each with when it began
+    waiting; the prealloc-queue gauge counts them)."""
 
     def __init__(self, receiver: ProtocolRouter, aux: AuxRows, table: RequestTable,
                  runner: ModelRunner, sampler: Sampler) -> None:
@@ -48,21 +49,26 @@ class KVFetcher:
         self.runner, self.sampler = runner, sampler
         self.page_size = table.kv_ctx.page_size
         self.by_transfer: dict[int, LiveRequest] = {}
-        self.resolving: list[LiveRequest] = []
+        self.resolving: list[tuple[LiveRequest, float]] = []
         self._free_slots = list(range(aux.native.num_rows - 1, -1, -1))
+
+    def wait_for_peer(self, live: LiveRequest, now: float) -> None:
+        """`live` waits (from `now`) until its peer's protocol is known (`resolve`)."""
+        self.resolving.append((live, now))
 
     def resolve(self) -> list[tuple[LiveRequest, tuple[str, str] | None]]:
         """The waiting requests whose peer's protocol is now known, each with None (queue it:
         an SGLang peer's page size is set on the request) or the (reason, message) it ends
-        with. Requests that ended meanwhile are dropped."""
+        with: an unavailable peer (unreachable: peer_dead, counted as a transfer failure) or
+        one this worker cannot take KV from. Requests that ended meanwhile are dropped."""
         out, still = [], []
-        for live in self.resolving:
+        for live, since in self.resolving:
             if live.ended is not None:
                 continue
             proto = self.receiver.protocol_of(live.cmd.bootstrap_host or "",
-                                              live.cmd.bootstrap_port or 0)
+                                              live.cmd.bootstrap_port or 0, since)
             if proto is None:
-                still.append(live)
+                still.append((live, since))
                 continue
             refusal = self._refusal(proto)
             if refusal is None and proto.kind == "sglang":
@@ -72,8 +78,10 @@ class KVFetcher:
         return out
 
     def _refusal(self, proto: PeerProtocol) -> tuple[str, str] | None:
-        """Why this worker cannot take KV from `proto`'s peer, or None. An unreachable peer is
-        not refused here: its transfer fails (`peer_dead`, counted) like any dead peer's."""
+        """Why this worker cannot take KV from `proto`'s peer, or None."""
+        if proto.kind == "unavailable":
+            self.receiver.count_failure(proto.reason)
+            return proto.reason, proto.detail
         ps, ours = proto.prefill_page_size, self.page_size
         if proto.kind != "sglang" or ps is None or ps == ours:
             return None

@@ -4,7 +4,8 @@
   its own thread. Each decoded message goes to a handler that returns the replies; other threads
   send with `send()` (queued, written by the server thread: a ZMQ socket has one owner).
 - `BootstrapClient` (decode side): one DEALER socket per peer, used only by the thread that owns
-  the receiver; every call is non-blocking.
+  the receiver; every call is non-blocking. A ZMQ monitor on it shows a refused connection
+  (the peer is not there) and a dropped one (it exited or restarted) at once.
 
 Frames are `protocol.encode`d messages; an undecodable frame is logged and dropped (a peer cannot
 kill the server with garbage).
@@ -18,6 +19,7 @@ import threading
 from collections.abc import Callable
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from decode_worker.errors import ProtocolError, TransferError
 from decode_worker.io.kv import protocol
@@ -118,11 +120,30 @@ class BootstrapClient:
         self._sock.setsockopt(zmq.SNDHWM, 100_000)
         ipv6 = ":" in host
         self._sock.setsockopt(zmq.IPV6, int(ipv6))
+        self._monitor = self._sock.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
+        self._connected = False
         try:
             self._sock.connect(f"tcp://[{host}]:{port}" if ipv6 else f"tcp://{host}:{port}")
         except zmq.ZMQError as exc:
-            self._sock.close()
+            self.close()
             raise TransferError(f"cannot reach prefill peer {self.address}: {exc}") from None
+
+    def connection_lost(self) -> str | None:
+        """Why the connection is gone, once it is: refused before it ever connected, or closed
+        after (the peer exited or restarted: it lost our handshake); None while it stands or
+        is still being made."""
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                return None
+            if event == zmq.EVENT_CONNECTED:
+                self._connected = True
+            elif event == zmq.EVENT_DISCONNECTED:
+                return "connection closed (the prefill peer exited or restarted)"
+            elif not self._connected:  # EVENT_CONNECT_RETRIED: refused, nothing listens
+                return "prefill peer unreachable: connection refused"
 
     def send(self, msg: Message) -> None:
         """Queue one message. Raises TransferError if ZMQ refuses it (queue full)."""
@@ -145,4 +166,6 @@ class BootstrapClient:
                 log.warning("peer %s: %s", self.address, exc)
 
     def close(self) -> None:
+        self._sock.disable_monitor()
+        self._monitor.close()
         self._sock.close()

@@ -87,6 +87,21 @@ class Transfer:
         return len(self.parts) >= notif.num_parts
 
 
+@dataclass(slots=True)
+class LostPeers:
+    """The peers a receiver dropped as dead, as ("host:port", why), until its owner takes them
+    (each once): such a peer may come back speaking another protocol."""
+
+    items: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, key: str, why: str) -> None:
+        self.items.append((key, why))
+
+    def take(self) -> list[tuple[str, str]]:
+        out, self.items = self.items, []
+        return out
+
+
 EventKind = Literal["done", "failed", "released"]
 
 

@@ -10,8 +10,10 @@ at least every ~100 ms. Every failure fails only its own transfer. Per transfer 
     abort  ──► "released"                   (no "failed": the owner asked for it)
 
 Failure reasons are the abort labels of docs/CONTRACTS.md: transfer_failed (peer-reported
-error, refused handshake, NIXL error), peer_dead (no heartbeat answer for `peer_dead_after_s`),
-kv_timeout (the transfer's deadline passed), bad_request (invalid page ids), kv_checksum.
+error, refused handshake, NIXL error), peer_dead (no heartbeat answer for `peer_dead_after_s`,
+or the connection refused or closed: the peer is not there, or exited or restarted), kv_timeout
+(the transfer's deadline passed), bad_request (invalid page ids), kv_checksum. A peer dropped
+as dead goes in `lost_peers`; the next submit connects and handshakes anew.
 
 The per-transfer book (deadlines, quiesce, events, stats) is `kv_transfers.TransferBook`; this
 module is the plumbing around it: the NIXL agent, the peers' ZMQ sockets, handshakes, heartbeats.
@@ -30,7 +32,7 @@ from decode_worker.errors import PageError, TransferError
 from decode_worker.io.kv import protocol as p
 from decode_worker.io.kv.kv_checksum import landed_checksum
 from decode_worker.io.kv.nixl_agent import NixlAgent, unique_agent_name
-from decode_worker.io.kv.peer import Peer, ReceiverStats, Transfer, TransferEvent, register_regions
+from decode_worker.io.kv.peer import LostPeers, Peer, Transfer, TransferEvent, register_regions
 from decode_worker.io.kv.protocol_check import check_compat, validate_request
 from decode_worker.io.kv.transfers import TransferBook
 
@@ -39,7 +41,7 @@ if TYPE_CHECKING:  # io/ takes the settings object but does not import pydantic 
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KVReceiver", "ReceiverStats", "TransferEvent", "register_regions"]
+__all__ = ["KVReceiver", "TransferEvent"]
 
 
 class KVReceiver:
@@ -72,6 +74,7 @@ class KVReceiver:
         self._book = TransferBook(regions, settings.abort_quiesce_s, self._send_abort,
                                   checksum_of=landed_checksum(settings.kv_checksum, regions))
         self._next_id = 1
+        self.lost_peers = LostPeers()  # dropped as dead, for the router (it probes them again)
         self.stats = self._book.stats
 
     # -- owner API -------------------------------------------------------------------------
@@ -140,7 +143,6 @@ class KVReceiver:
     @property
     def num_in_flight(self) -> int:
         return len(self._book)
-
     def close(self) -> None:
         for peer in self._peers.values():
             peer.client.close()
@@ -201,6 +203,8 @@ class KVReceiver:
         """Fail every transfer of this peer; its socket is closed, a later submit reconnects."""
         log.warning("prefill peer %s dropped (%s): %s", peer.key, reason, detail)
         self._peers.pop(peer.key, None)
+        if reason == "peer_dead":
+            self.lost_peers.add(peer.key, detail)
         peer.client.close()
         if peer.agent_name:
             self.agent.remove_peer(peer.agent_name)
@@ -213,7 +217,9 @@ class KVReceiver:
     def _check_liveness(self, now: float) -> None:
         dead_after = self.settings.peer_dead_after_s
         for peer in list(self._peers.values()):
-            if peer.is_silent(now, dead_after):
+            if (why := peer.client.connection_lost()) is not None:
+                self._drop_peer(peer, "peer_dead", why, now)
+            elif peer.is_silent(now, dead_after):
                 what = "heartbeat" if peer.ready else "handshake"
                 self._drop_peer(peer, "peer_dead", f"no {what} answer for {dead_after:.1f} s", now)
             elif now >= peer.next_ping:

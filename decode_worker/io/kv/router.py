@@ -5,14 +5,15 @@ ONE NIXL agent (pools and SGLang aux buffers registered once). `transfer.peer_pr
 
     native | sglang   every peer speaks it (sglang: the server info is still fetched, for the
                       prefill page size and TP size)
-    auto              probe the peer's bootstrap address once (bootstrap_client.probe): JSON
-                      server info or 503 = SGLang, a ZMQ greeting = native; cached per peer,
-                      dropped when a transfer of that peer fails with peer_dead (restart)
+    auto              probe the peer's bootstrap address (bootstrap_client.probe): JSON server
+                      info = SGLang, a ZMTP greeting = native; no answer decides nothing
 
-The engine asks `protocol_of(host, port)` when a request arrives (None: a probe is in flight)
-and submits once it is known. Transfer ids are the router's own, unique across protocols.
-A peer whose probe found nothing ("unavailable": refused, silent, or not the configured
-protocol) still takes a submit, which fails with peer_dead; one not probed yet, bad_request.
+Per peer the decision (peer_protocols.py) is kept until a receiver drops the peer (peer_dead:
+it died or restarted); the next request probes again. The engine asks `protocol_of(host,
+port, since)` when a request arrives (None: a probe is in flight; "unavailable": the probe it
+waited for found no peer to serve it) and submits once it is known. Transfer ids are the
+router's own, unique across protocols. A submit to a peer not decided fails at once: peer_dead
+(or transfer_failed) with the last miss's detail; bad_request if it was never probed.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Literal
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from decode_worker.io.kv import protocol as p
 from decode_worker.io.kv.nixl_agent import NixlAgent, unique_agent_name
@@ -33,8 +34,9 @@ from decode_worker.io.kv.peer import (
     TransferReceiver,
     register_regions,
 )
+from decode_worker.io.kv.peer_protocols import Mode, PeerProtocol, PeerProtocols
 from decode_worker.io.kv.receiver import KVReceiver
-from decode_worker.io.kv.sglang.bootstrap_client import Probe, probe
+from decode_worker.io.kv.sglang.bootstrap_client import probe
 from decode_worker.io.kv.sglang.receiver import AuxRegion, SglangReceiver
 
 if TYPE_CHECKING:
@@ -42,21 +44,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["auto", "native", "sglang"]
-Kind = Literal["native", "sglang", "unavailable"]
+__all__ = ["PeerProtocol", "ProtocolRouter"]
 _CANCEL_WAIT_S = 5.0  # how long a room's cancel waits for its peer's protocol to be known
 _MAX_CANCELS = 4096  # cancels waiting at once (a flood to a dead peer): the oldest go first
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PeerProtocol:
-    """What a peer speaks; for "sglang" its page size and attention TP size; for
-    "unavailable" why (unreachable, or not what `peer_protocol` says)."""
-
-    kind: Kind
-    prefill_page_size: int | None = None
-    tp_size: int | None = None
-    detail: str = ""
 
 
 class ProtocolRouter:
@@ -89,11 +79,9 @@ class ProtocolRouter:
         if self.mode != "native":
             self.sglang = SglangReceiver(settings, compat, regions, sglang_aux, agent=self.agent,
                                          kv_timeout_s=kv_timeout_s, zmq_ports=zmq_ports)
-        self._probe_timeout_s = max(0.2, min(2.0, settings.peer_dead_after_s / 2))
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="peer-probe")
-        self._known: dict[str, PeerProtocol] = {}
-        self._probes: dict[str, Future[Probe]] = {}
-        self._recent: dict[str, tuple[float, PeerProtocol | None]] = {}  # key -> (until, answer)
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="peer-probe")
+        self.protocols = PeerProtocols(self.mode, probe, self._pool,
+                                       max(0.2, min(2.0, settings.peer_dead_after_s / 2)))
         self._routes: dict[int, tuple[str, int, str]] = {}  # our id -> (kind, inner id, peer)
         self._ours: dict[tuple[str, int], int] = {}  # (kind, inner id) -> our id
         self._synthetic: list[TransferEvent] = []
@@ -104,50 +92,19 @@ class ProtocolRouter:
 
     # -- protocol of a peer ----------------------------------------------------------------
 
-    def protocol_of(self, host: str, port: int) -> PeerProtocol | None:
-        """What the peer at host:port speaks; None while a probe (started here) runs."""
-        key = f"{host}:{port}"
-        if self.mode == "native":
-            return self._known.setdefault(key, PeerProtocol("native"))
-        if key in self._known:
-            return self._known[key]
-        until, answer = self._recent.get(key, (0.0, None))
-        if time.monotonic() < until:
-            return answer  # a recent 503 (None) or "unavailable": not probed again yet
-        job = self._probes.get(key)
-        if job is None:
-            self._probes[key] = self._pool.submit(probe, host, port, self._probe_timeout_s)
-            return None
-        if not job.done():
-            return None
-        del self._probes[key]
-        return self._learn(key, job.result())
-
-    def _learn(self, key: str, found: Probe) -> PeerProtocol | None:
-        if found.kind == "sglang" and found.info is None:  # 503: its ranks still register
-            self._recent[key] = (time.monotonic() + 0.5, None)
-            return None
-        if found.kind == "native" and self.mode == "sglang":
-            found = Probe("unavailable", detail="answers as a native decode-worker peer, but "
-                                                "transfer.peer_protocol is 'sglang'")
-        if found.kind == "unavailable":  # kept one heartbeat interval, then probed again
-            proto = PeerProtocol("unavailable", detail=found.detail)
-            self._recent[key] = (time.monotonic() + self.settings.heartbeat_interval_s, proto)
-            return proto
-        info = found.info
-        proto = PeerProtocol(found.kind, info.page_size if info else None,
-                             info.attn_tp_size if info else None)  # fmt: skip
-        log.info("prefill peer %s speaks %s%s", key, proto.kind, f" (page {proto.prefill_page_size}"
-                 f", tp {proto.tp_size})" if info else "")  # fmt: skip
-        self._known[key] = proto
-        return proto
+    def protocol_of(self, host: str, port: int, since: float | None = None) -> PeerProtocol | None:
+        """What the peer at host:port speaks (`PeerProtocols.get`: `since` is when the caller
+        began waiting, None: now); None while a probe (started here if needed) runs."""
+        return self.protocols.get(host, port, since)
 
     def peers_by_protocol(self) -> dict[str, int]:
         """How many known peers speak each protocol (for a gauge)."""
-        out = {"native": 0, "sglang": 0}
-        for proto in self._known.values():
-            out[proto.kind] = out.get(proto.kind, 0) + 1
-        return out
+        return self.protocols.counts()
+
+    def count_failure(self, reason: str) -> None:
+        """A request its peer's protocol refused before any transfer (an unreachable peer:
+        peer_dead) counts with the transfer failures, as its transfer would have."""
+        self._own_failures[reason] += 1
 
     # -- owner API -------------------------------------------------------------------------
 
@@ -156,17 +113,18 @@ class ProtocolRouter:
         swa_window_start: int, full_page_ids: list[int], swa_page_ids: list[int],
         aux_slot: int, timeout_s: float | None = None, prompt_ids: list[int] | None = None,
     ) -> int:  # fmt: skip
-        """`TransferReceiver.submit`, to the receiver of the peer's protocol. Ask `protocol_of`
-        first: a peer whose protocol is not known yet gets "failed" (bad_request), an
-        "unavailable" one "failed" (peer_dead), then "released", from the next `poll`."""
+        """`TransferReceiver.submit`, to the receiver of the peer's protocol (never probes: ask
+        `protocol_of` first). A peer not decided gets "failed" (its last miss's reason and
+        detail; bad_request if never probed), then "released", from the next `poll`."""
         tid, self._next_id = self._next_id, self._next_id + 1
         key = f"{host}:{port}"
-        proto = self._known.get(key) or self.protocol_of(host, port)
+        proto = self.protocols.known(key) or self.protocols.last_miss(key)
         receiver = self._receiver(proto.kind if proto else "")
         if proto is None or receiver is None:
-            reason, detail = (("peer_dead", proto.detail) if proto else
-                              ("bad_request", "its protocol is not known yet (probe running)"))
-            self._synthesize(tid, rid, room, reason, f"prefill peer {key}: {detail}")
+            reason, detail = ((proto.reason, proto.detail) if proto else
+                              ("bad_request", f"prefill peer {key}: its protocol is not known "
+                               "yet (ask protocol_of first)"))  # fmt: skip
+            self._synthesize(tid, rid, room, reason, detail)
             return tid
         inner = receiver.submit(
             host, port, rid=rid, room=room, prompt_len=prompt_len, reused_len=reused_len,
@@ -182,7 +140,8 @@ class ProtocolRouter:
         """Tell the prefill peer at host:port, in its protocol, that this worker ended `room`'s
         request (`reason`) before its KV arrived; until that protocol is known, or while the
         peer is unreachable (a restarting peer may still receive the router's copy of the
-        request), the message waits in `poll`, at most `_CANCEL_WAIT_S`. Never raises."""
+        request), the message waits in `poll`, at most `_CANCEL_WAIT_S`, and the peer is probed
+        at most once a heartbeat interval for it. Never raises."""
         until = time.monotonic() + _CANCEL_WAIT_S
         self._cancels.append((until, host, port, room, reason, detail))
         del self._cancels[:-_MAX_CANCELS]
@@ -191,9 +150,10 @@ class ProtocolRouter:
     def _send_cancels(self) -> None:
         cancels, self._cancels = self._cancels, []
         protos: dict[tuple[str, int], PeerProtocol | None] = {}  # one lookup per peer
+        since = time.monotonic() - self.settings.heartbeat_interval_s  # a recent miss will do
         for until, host, port, room, reason, detail in cancels:
             if (host, port) not in protos:
-                protos[host, port] = self.protocol_of(host, port)
+                protos[host, port] = self.protocol_of(host, port, since)
             proto = protos[host, port]
             if (receiver := self._receiver(proto.kind if proto else "")) is not None:
                 receiver.cancel_room(host, port, room, reason, detail)
@@ -207,13 +167,18 @@ class ProtocolRouter:
             receiver.abort(route[1])
 
     def poll(self) -> list[TransferEvent]:
-        """Both receivers' events, under the router's ids; totals `stats`."""
+        """Both receivers' events, under the router's ids; totals `stats`. A peer a receiver
+        dropped as dead is undecided again before its transfers' "failed" events are
+        returned (so the requests and cancels they end probe it again)."""
         events, self._synthetic = self._synthetic, []
         self._send_cancels()
         for kind in ("native", "sglang"):
             receiver = self._receiver(kind)
             if receiver is not None:
                 events += [self._ours_event(kind, ev) for ev in receiver.poll()]
+        for key, detail in self.native.lost_peers.take() + (
+                self.sglang.lost_peers.take() if self.sglang else []):
+            self.protocols.forget(key, detail)
         parts = [self.native.stats] + ([self.sglang.stats] if self.sglang else [])
         self.stats.total(parts)
         self.stats.failures.update(self._own_failures)
@@ -239,12 +204,9 @@ class ProtocolRouter:
 
     def _ours_event(self, kind: str, ev: TransferEvent) -> TransferEvent:
         tid = self._ours.get((kind, ev.transfer_id), 0)
-        route = self._routes.get(tid)
         if ev.kind != "failed":
             self._ours.pop((kind, ev.transfer_id), None)
             self._routes.pop(tid, None)
-        elif ev.reason == "peer_dead" and route is not None:
-            self._known.pop(route[2], None)  # it may come back as something else: probe again
         return dataclasses.replace(ev, transfer_id=tid, wire_id=ev.wire_id or ev.transfer_id)
 
     def _synthesize(self, tid: int, rid: str, room: int, reason: str, detail: str) -> None:

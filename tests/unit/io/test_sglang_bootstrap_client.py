@@ -1,12 +1,15 @@
 """SGLang bootstrap client: the server-info checks against the golden answers of SGLang 0.5.23's
 bootstrap server (tests/data/sglang_frames/*.http.json), and the calls and the protocol probe
-against a tiny stdlib HTTP server, a raw ZMQ socket (a native peer) and a closed port.
-Ports 18390-18392."""
+against a tiny stdlib HTTP server, a raw ZMQ socket (a native peer), a closed port and raw TCP
+servers that misbehave as dying or foreign ones do: only a ZMTP greeting is a native peer.
+Ports 18390-18392 (the raw servers take free ones)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -140,10 +143,21 @@ def test_probe_finds_sglang_with_its_server_info(fake: FakeBootstrap) -> None:
     assert found.kind == "sglang" and found.info is not None and found.info.attn_tp_size == 2
 
 
-def test_probe_takes_a_503_for_sglang_still_registering(fake: FakeBootstrap) -> None:
+def test_a_probe_asks_a_503_again_until_its_deadline(fake: FakeBootstrap) -> None:
+    """SGLang's ranks still registering: the probe asks again; the server info once they
+    are in is the answer; a 503 until the deadline is no answer."""
     fake.routes[bc.SERVER_INFO_PATH] = (503, golden("route_not_ready")["body"])
-    assert bc.probe("127.0.0.1", HTTP_PORT, 2.0) == bc.Probe("sglang")
     assert bc.fetch_server_info("127.0.0.1", HTTP_PORT, 2.0) is None
+    start = time.monotonic()
+    found = bc.probe("127.0.0.1", HTTP_PORT, 0.5)
+    assert found.kind == "unreachable" and "503" in found.detail, found
+    assert 0.4 < time.monotonic() - start < 1.5
+    timer = threading.Timer(0.3, fake.routes.__setitem__, (
+        bc.SERVER_INFO_PATH, (200, golden("route_server_info")["body"])))
+    timer.start()
+    found = bc.probe("127.0.0.1", HTTP_PORT, 2.0)
+    timer.join()
+    assert found.kind == "sglang" and found.info is not None and found.info.page_size == 16
 
 
 def test_probe_finds_a_native_peer_at_once(zmq_router: None) -> None:
@@ -154,17 +168,80 @@ def test_probe_finds_a_native_peer_at_once(zmq_router: None) -> None:
         bc.check_health("127.0.0.1", ZMQ_PORT, 5.0)
 
 
-def test_probe_of_a_closed_port_is_unavailable_and_definite() -> None:
+def test_probe_of_a_closed_port_is_unreachable_and_definite() -> None:
     found = bc.probe("127.0.0.1", CLOSED_PORT, 2.0)
-    assert found.kind == "unavailable" and "unreachable" in found.detail
+    assert found.kind == "unreachable" and "refused" in found.detail
     with pytest.raises(bc.PeerUnreachable) as err:
         bc.check_health("127.0.0.1", CLOSED_PORT, 2.0)
     assert err.value.definite
 
 
-def test_probe_of_another_http_server_is_unavailable(fake: FakeBootstrap) -> None:
+def test_probe_of_another_http_server_is_foreign(fake: FakeBootstrap) -> None:
     found = bc.probe("127.0.0.1", HTTP_PORT, 2.0)
-    assert found.kind == "unavailable" and "404" in found.detail
+    assert found.kind == "foreign" and "404" in found.detail
+
+
+@pytest.mark.parametrize("status", [500, 502, 504])
+def test_a_5xx_other_than_503_is_no_answer(fake: FakeBootstrap, status: int) -> None:
+    """A proxy with nothing behind it, or a failing server: unreachable, not foreign."""
+    fake.routes[bc.SERVER_INFO_PATH] = (status, "upstream gone")
+    found = bc.probe("127.0.0.1", HTTP_PORT, 2.0)
+    assert found.kind == "unreachable" and str(status) in found.detail
+    fake.routes[bc.HEALTH_PATH] = (status, "boom")
+    with pytest.raises(bc.PeerUnreachable) as err:
+        bc.check_health("127.0.0.1", HTTP_PORT, 2.0)
+    assert not err.value.definite
+
+
+class RawServer:
+    """A TCP listener on a free port whose every connection gets `behaviour`: "close" (FIN
+    before a byte), "reset" (RST), "garbage" (non-HTTP bytes), "silent" (reads, says nothing)."""
+
+    def __init__(self, behaviour: str) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.behaviour, self.held = behaviour, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.recv(4096)
+            if self.behaviour == "reset":
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            elif self.behaviour == "garbage":
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+            if self.behaviour == "silent":
+                self.held.append(conn)
+            else:
+                conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.mark.parametrize(("behaviour", "kind", "words"), [
+    ("close", "unreachable", "without answering"),
+    ("reset", "unreachable", "connection lost"),
+    ("silent", "unreachable", "no answer within"),
+    ("garbage", "foreign", "instead of HTTP"),
+])  # fmt: skip
+def test_a_dying_or_foreign_server_is_never_taken_for_a_native_peer(
+        behaviour: str, kind: str, words: str) -> None:
+    server = RawServer(behaviour)
+    try:
+        start = time.monotonic()
+        found = bc.probe("127.0.0.1", server.port, 0.5)
+        took = time.monotonic() - start
+    finally:
+        server.close()
+    assert (found.kind, words in found.detail) == (kind, True), found
+    assert took < 1.0  # within about the probe's timeout, even for a silent one
 
 
 def test_rank_endpoints_and_health(fake: FakeBootstrap) -> None:
@@ -177,7 +254,7 @@ def test_rank_endpoints_and_health(fake: FakeBootstrap) -> None:
         bc.fetch_rank_endpoint("127.0.0.1", HTTP_PORT, 0, 7, 2.0)
     fake.routes[bc.HEALTH_PATH] = (200, "OK")
     bc.check_health("127.0.0.1", HTTP_PORT, 2.0)
-    fake.routes[bc.HEALTH_PATH] = (500, "boom")
-    with pytest.raises(ProtocolError, match="500"):
+    fake.routes[bc.HEALTH_PATH] = (404, "no")
+    with pytest.raises(ProtocolError, match="404"):
         bc.check_health("127.0.0.1", HTTP_PORT, 2.0)
     assert bc.local_ip_toward("127.0.0.1", HTTP_PORT) == "127.0.0.1"

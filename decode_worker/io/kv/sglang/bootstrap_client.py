@@ -14,6 +14,10 @@ the router own a small thread pool and poll the futures). The server (SGLang's a
 A decode worker's own (native) bootstrap port is a ZMQ ROUTER socket: it answers a connection
 with ZMTP's greeting (first byte 0xFF) and then waits forever, so every call peeks at the first
 bytes of the answer and raises `NotHttp` at once instead of waiting for a status line.
+
+What counts as no answer (`PeerUnreachable`), never as a native peer: refused, unresolvable,
+reset, closed before a byte came (a server being killed accepts and then drops connections),
+silent until the timeout, a 5xx other than SGLang's 503 (a proxy with nothing behind it).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,10 +40,13 @@ from decode_worker.io.kv.sglang.server_info import (
 SERVER_INFO_PATH = ("/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1"
                     "&target_pp_rank=-1")  # fmt: skip
 HEALTH_PATH = "/health"
+ZMTP_SIGNATURE = b"\xff"  # the first byte of every ZMTP 3 greeting (what a ZMQ socket says first)
+_RETRY_503_S = 0.1  # a probe that meets a 503 (SGLang's ranks registering) asks again this often
 
 
 class PeerUnreachable(TransferError):
-    """No HTTP answer: refused, unresolvable (`definite`), or silent until the timeout."""
+    """No answer: refused, unresolvable, reset or closed unanswered (`definite`), silent until
+    the timeout, or a 5xx other than 503 (not definite)."""
 
     def __init__(self, message: str, definite: bool) -> None:
         super().__init__(message)
@@ -46,7 +54,12 @@ class PeerUnreachable(TransferError):
 
 
 class NotHttp(TransferError):
-    """The port answered, but not in HTTP (a ZMQ socket: a native decode-worker peer)."""
+    """The port answered, but not in HTTP; `zmtp`: with a ZMTP greeting (a ZMQ socket: a native
+    decode-worker peer), else with other bytes."""
+
+    def __init__(self, message: str, zmtp: bool) -> None:
+        super().__init__(message)
+        self.zmtp = zmtp
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,17 +73,20 @@ class HttpAnswer:
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """What listens on a bootstrap address: "sglang" (with its server info, or None while its
-    ranks register: 503), "native" (a ZMQ socket), or "unavailable" (`detail` says why)."""
+    """What listens on a bootstrap address: "sglang" (with its server info), "native" (a ZMQ
+    socket), "unreachable" (no answer, see the module doc; or a 503 until the deadline), or
+    "foreign" (an answer from neither); `detail` says why for the last two."""
 
-    kind: Literal["sglang", "native", "unavailable"]
+    kind: Literal["sglang", "native", "unreachable", "foreign"]
     info: PrefillServerInfo | None = None
     detail: str = ""
 
 
 def http_get(host: str, port: int, path: str, timeout_s: float) -> HttpAnswer:
-    """One `GET path` (connection closed after). Raises PeerUnreachable or NotHttp."""
+    """One `GET path` (connection closed after), within about `timeout_s`. Raises
+    PeerUnreachable (no answer, a reset, a 5xx other than 503) or NotHttp."""
     where = f"{host}:{port}"
+    deadline = time.monotonic() + timeout_s
     conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
         try:
@@ -79,26 +95,40 @@ def http_get(host: str, port: int, path: str, timeout_s: float) -> HttpAnswer:
             raise PeerUnreachable(f"{where}: {exc}", definite=True) from None
         except OSError as exc:  # timeout, no route
             raise PeerUnreachable(f"{where}: cannot connect: {exc}", definite=False) from None
+        assert conn.sock is not None  # connected above (our own state, not peer input)
+        conn.sock.settimeout(max(0.01, deadline - time.monotonic()))
         try:
             conn.request("GET", path, headers={"Connection": "close"})
             _expect_http(conn, where)
             resp = conn.getresponse()
-            return HttpAnswer(resp.status, resp.read())
+            answer = HttpAnswer(resp.status, resp.read())
         except TimeoutError:
             raise PeerUnreachable(f"{where}: no answer within {timeout_s:.1f} s",
                                   definite=False) from None  # fmt: skip
-        except (http.client.HTTPException, ConnectionError) as exc:
-            raise NotHttp(f"{where}: not an HTTP answer ({type(exc).__name__})") from None
+        except ConnectionError as exc:  # reset, or closed mid-answer (before the HTTPException)
+            raise PeerUnreachable(f"{where}: connection lost before an answer "
+                                  f"({type(exc).__name__})", definite=True) from None
+        except http.client.HTTPException as exc:
+            raise NotHttp(f"{where}: not an HTTP answer ({type(exc).__name__})", False) from None
     finally:
         conn.close()
+    if answer.status >= 500 and answer.status != 503:
+        raise PeerUnreachable(f"{where}: answered {answer.status}: {answer.text()}",
+                              definite=False)  # fmt: skip
+    return answer
 
 
 def _expect_http(conn: http.client.HTTPConnection, where: str) -> None:
-    """Peek at the answer's first bytes: raises NotHttp unless they begin "HTTP/"."""
+    """Peek at the answer's first bytes: raises PeerUnreachable if the peer closed without a
+    byte, NotHttp unless they begin "HTTP/"."""
     assert conn.sock is not None  # connected above (our own state, not peer input)
     head = conn.sock.recv(5, socket.MSG_PEEK)
-    if not head or not b"HTTP/".startswith(head):
-        raise NotHttp(f"{where}: answered {head!r} instead of HTTP (a ZMQ socket?)")
+    if not head:
+        raise PeerUnreachable(f"{where}: closed the connection without answering", definite=True)
+    if head.startswith(ZMTP_SIGNATURE):
+        raise NotHttp(f"{where}: answered with a ZMTP greeting (a ZMQ socket)", zmtp=True)
+    if not b"HTTP/".startswith(head):
+        raise NotHttp(f"{where}: answered {head!r} instead of HTTP", zmtp=False)
 
 
 def fetch_server_info(host: str, port: int, timeout_s: float) -> PrefillServerInfo | None:
@@ -134,20 +164,27 @@ def check_health(host: str, port: int, timeout_s: float) -> None:
 
 
 def probe(host: str, port: int, timeout_s: float) -> Probe:
-    """Which protocol the peer at host:port speaks (auto mode). Never raises TransferError."""
-    try:
-        answer = http_get(host, port, SERVER_INFO_PATH, timeout_s)
-    except NotHttp:
-        return Probe("native")
-    except PeerUnreachable as exc:
-        return Probe("unavailable", detail=f"prefill peer unreachable: {exc}")
-    if answer.status == 503:
-        return Probe("sglang")
+    """Which protocol the peer at host:port speaks (auto mode), within about `timeout_s` (a
+    503 is asked again until then). Never raises TransferError."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            answer = http_get(host, port, SERVER_INFO_PATH, max(0.01, deadline - time.monotonic()))
+        except NotHttp as exc:
+            return Probe("native") if exc.zmtp else Probe("foreign", detail=str(exc))
+        except PeerUnreachable as exc:
+            return Probe("unreachable", detail=str(exc))
+        if answer.status != 503:
+            break
+        if time.monotonic() + _RETRY_503_S > deadline:
+            return Probe("unreachable", detail=f"{host}:{port}: answered 503 for {timeout_s:.1f} "
+                                               "s (its SGLang ranks are still registering)")
+        time.sleep(_RETRY_503_S)
     try:
         return Probe("sglang", parse_server_info(_json(answer, f"{host}:{port} GET /route")))
     except ProtocolError as exc:
-        return Probe("unavailable", detail=f"answers HTTP but not as an SGLang bootstrap "
-                                           f"server: {exc}")  # fmt: skip
+        return Probe("foreign", detail=f"answers HTTP but not as an SGLang bootstrap server: "
+                                       f"{exc}")  # fmt: skip
 
 
 def local_ip_toward(host: str, port: int) -> str:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from decode_worker.errors import TransferError
+from decode_worker.io.kv.peer import LostPeers
 from decode_worker.io.kv.protocol import ModelCompat, RegionLayout
 from decode_worker.io.kv.sglang.bootstrap_client import PeerUnreachable, check_health
 from decode_worker.io.kv.sglang.layout import SglangLayout, build_layout
@@ -63,6 +64,7 @@ class SglangPeers:
         self.http_timeout_s = http_timeout_s
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sglang-bootstrap")
         self.peers: dict[str, SglangPeer] = {}
+        self.lost = LostPeers()  # the peers lost as dead (peer_dead), until the owner takes them
 
     def get_or_add(self, key: str, host: str, port: int, now: float) -> SglangPeer:
         peer = self.peers.get(key)
@@ -94,6 +96,8 @@ class SglangPeers:
         if not reason:
             return None
         log.warning("SGLang prefill %s dropped (%s): %s", peer.key, reason, detail)
+        if reason == "peer_dead":
+            self.lost.add(peer.key, detail)
         return PeerLost(peer, reason, detail)
 
     def _advance(

@@ -12,9 +12,10 @@ never blocks (HTTP runs in a small thread pool, polled through futures). Per tra
 Failure reasons: transfer_failed (KV_STATUS Failed, detail = the prefill's reason; a prefill
 this worker refuses: page size, KV dtype, layout, parallelism; not an SGLang bootstrap server;
 a send error), peer_dead (bootstrap server refused or silent on /health for
-`peer_dead_after_s`, or a rank's connection dropped: the peer is forgotten, the next submit
-registers again), kv_timeout, bad_request (page ids, window start or aux row that do not fit,
-or a room already in flight). Peers: peer_set.py; pages as SGLang sees them: layout.py.
+`peer_dead_after_s`, or a rank's connection dropped: the peer is forgotten, put in
+`lost_peers`, and the next submit registers again), kv_timeout, bad_request (page ids, window
+start or aux row that do not fit, or a room already in flight). Peers: peer_set.py; pages as
+SGLang sees them: layout.py.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ class SglangReceiver:
                                   size_of=lambda req: self._xfers[req.transfer_id].num_bytes)
         self._rooms = RoomIndex()
         self._next_id, self._generation = 1, 0
+        self.lost_peers = self._peers.lost  # dropped as dead, for the router to probe again
         self.stats = self._book.stats
 
     # -- owner API -------------------------------------------------------------------------
@@ -155,7 +157,6 @@ class SglangReceiver:
     @property
     def num_in_flight(self) -> int:
         return len(self._book)
-
     def close(self) -> None:
         self._peers.close()
         self._inbox.close()

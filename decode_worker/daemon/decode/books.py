@@ -62,8 +62,14 @@ class Books:
                       if st is not None), default=0) * self.kv_ctx.page_size
         queued = (sum(lv.req.fill_len for lv in self.table.lives.values()
                       if lv.req.state is RequestState.QUEUED) if q.prealloc else 0)
+        kst = self.kv_ctx.stats
+        hit_rate = (kst.prefix_hit_tokens_total / kst.prefix_query_tokens_total
+                    if kst.prefix_query_tokens_total else 0.0)
         self.load = Load(num_running_reqs=q.running, num_waiting_reqs=q.prealloc + q.transfer,
-                         num_tokens=in_use + queued, measured_at=time.perf_counter())
+                         num_tokens=in_use + queued, measured_at=time.perf_counter(),
+                         num_used_tokens=in_use, num_queued_tokens=queued,
+                         num_prealloc_reqs=q.prealloc, num_transfer_reqs=q.transfer,
+                         cache_hit_rate=hit_rate)
         if decoding and now < self._next_publish:
             return
         self._next_publish = now + PUBLISH_EVERY_S

@@ -188,7 +188,8 @@ class GenerateBackend(Protocol):
     def health(self) -> Health: ...
 
     def load(self) -> Load:
-        """For GET /get_load and /v1/loads: the latest figures, at once (never waits on the compute side)."""
+        """For GET /get_load and /v1/loads: the latest figures, at once (never waits on the
+        compute side)."""
         ...
 
     async def flush_cache(self) -> FlushResult:

@@ -38,7 +38,7 @@ def test_v1_loads_reports_one_rank_in_sglangs_shape() -> None:
     assert row["max_running_requests"] == 64
     ints = ("num_running_reqs", "num_waiting_reqs", "num_used_tokens", "max_total_num_tokens",
             "max_running_requests", "num_waiting_uncached_tokens")
-    assert all(type(row[k]) is int for k in ints)  # noqa: E721 - 1.0 would not parse as i32
+    assert all(type(row[k]) is int for k in ints)  # 1.0 would not parse as smg's i32
     disagg = row["disaggregation"]
     assert disagg["mode"] == "decode"
     assert (disagg["decode_prealloc_queue_reqs"], disagg["decode_transfer_queue_reqs"]) == (2, 3)

@@ -13,11 +13,18 @@ fresh router (the gateway's own routing state starts cold too). `--pool-pages P`
 decode worker P pages in each KV pool, so the cache must evict.
 
 Per run it prints the later-turn hit rate (sum of `usage.prompt_tokens_details.cached_tokens`
-over sum of `prompt_tokens`, turns 2..T), the requests each decode worker served, and the median
-time to first token and time per output token (client side, through the router). The last line
-is exactly `bench_scaleout: workers=<N> single=<hit> cache_aware=<hit> best=<policy>:<hit>`,
-hits in percent with one decimal (`best`: the N-worker policy with the highest hit rate).
-A benchmark, not a test: CI runs only the e2e test built on the same parts.
+over sum of `prompt_tokens`, turns 2..T; and the same for turn 1), the requests each decode
+worker ended (its `decode_worker_requests_total`), how many of them did not finish (a decode
+worker aborted or failed them and the router retried them elsewhere), and the median time to
+first token and time per output token (client side, through the router; on a small shared CPU
+box these mostly measure contention). `--sticky` sends the routing key with every policy and
+adds `--routing-key-override`; `--router-args` passes more flags to the N-worker routers.
+The last line is exactly
+
+    bench_scaleout: workers=<N> single=<hit> cache_aware=<hit> best=<policy>:<hit>
+
+hits in percent with one decimal (`best`: the N-worker policy with the highest hit rate; `n/a`
+for a policy not run). A benchmark, not a test: CI runs the e2e test built on the same parts.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ POLICIES = ("round_robin", "cache_aware", "prefix_hash", "manual")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="bench_scaleout", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=3, help="decode workers (N)")
     ap.add_argument("--conversations", type=int, default=9, help="conversations (C)")
     ap.add_argument("--turns", type=int, default=4, help="turns per conversation (T)")
@@ -96,7 +103,7 @@ def run_all(stack: Stack, args: argparse.Namespace, policies: list[str]) -> list
     results = []
     for label, policy, n in plan:
         stack.flush()
-        before = stack.served()
+        before, finished = stack.served(), sum(stack.served("finished"))
         keyed = policy == "manual" or args.sticky
         t0 = time.monotonic()
         extra = shlex.split(args.router_args) if n > 1 else []
@@ -107,15 +114,19 @@ def run_all(stack: Stack, args: argparse.Namespace, policies: list[str]) -> list
                          (lambda i: f"conversation-{i}") if keyed else (lambda _: None))
         seconds = time.monotonic() - t0
         per_worker = [b - a for a, b in zip(before, stack.served(), strict=True)][:n]
+        # requests a decode worker ended otherwise (aborted, failed) and the router retried
+        retried = sum(per_worker) - (sum(stack.served("finished")) - finished)
         results.append({
             "policy": label, "workers": n, "hit": later_turn_hit(turns),
-            "requests_per_worker": per_worker, "seconds": round(seconds, 1),
+            "requests_per_worker": per_worker, "not_finished": retried,
+            "seconds": round(seconds, 1),
             "ttft_p50_ms": p50_ms([t.ttft_s for t in turns]),
             "tpot_p50_ms": p50_ms([t.tpot_s for t in turns]),
             "first_turn_hit": hit_rate([t for t in turns if t.turn == 0]),
         })
         print(f"bench_scaleout: {label}: hit {_pct(results[-1]['hit'])} requests "
-              f"{per_worker} in {seconds:.1f}s", file=sys.stderr, flush=True)
+              f"{per_worker} ({retried} not finished) in {seconds:.1f}s", file=sys.stderr,
+              flush=True)
     return results
 
 
@@ -125,12 +136,12 @@ def _print_table(results: list[dict[str, Any]], args: argparse.Namespace) -> Non
     print(f"bench_scaleout: {args.router}{flags}, {args.conversations} conversations x "
           f"{args.turns} turns, {args.max_tokens} output tokens per turn, {pools}")
     print(f"{'decode policy':<14} {'workers':>7} {'later-turn hit':>14} {'turn-1 hit':>10} "
-          f"{'requests per worker':<22} {'TTFT p50 ms':>11} {'TPOT p50 ms':>11}")
+          f"{'requests per worker':<20} {'retried':>7} {'TTFT p50 ms':>11} {'TPOT p50 ms':>11}")
     for r in results:
         shares = " / ".join(str(n) for n in r["requests_per_worker"])
         print(f"{r['policy']:<14} {r['workers']:>7} {_pct(r['hit']):>14} "
-              f"{_pct(r['first_turn_hit']):>10} {shares:<22} {r['ttft_p50_ms']:>11.1f} "
-              f"{r['tpot_p50_ms']:>11.1f}")
+              f"{_pct(r['first_turn_hit']):>10} {shares:<20} {r['not_finished']:>7} "
+              f"{r['ttft_p50_ms']:>11.1f} {r['tpot_p50_ms']:>11.1f}")
 
 
 def _pct(x: float | None) -> str:

@@ -80,7 +80,9 @@ class Stack:
             with urllib.request.urlopen(req, timeout=timeout_s + 10) as resp:
                 resp.read()  # 200 text; a refusal (400) raises HTTPError
 
-    def served(self) -> list[int]:
-        """Requests each decode worker has ended so far (any status)."""
-        return [int(scrape_metric(d.url, "decode_worker_requests_total"))
+    def served(self, status: str = "") -> list[int]:
+        """Requests each decode worker has ended so far (with `status`, e.g. "finished": only
+        those; empty: any status)."""
+        labels = f'status="{status}"' if status else ""
+        return [int(scrape_metric(d.url, "decode_worker_requests_total", labels))
                 for d in self.decodes]

@@ -2,12 +2,14 @@
 prefix reuse one decode worker has, and every answer is the reference implementation's.
 
 One prefill peer and two decode workers (real processes, NIXL on loopback). The same
-conversations (a shared system prompt, then user turns; token ids from the model's own
-tokenizer, the history carried as ids) run twice through smg's `/generate`: once with only
-the first decode worker behind it, once with both and `--decode-policy cache_aware`, every cache
-flushed in between. The later-turn hit rate (`meta_info.cached_tokens` / `prompt_tokens`, turns
-2..T) with two workers must be at least 90 % of the single worker's, and every answer must be
-token-exact against transformers' greedy run of the same prompt.
+conversations (each opens with its own ticket line, then the assistant's instructions and user
+turns; token ids from the model's own tokenizer, the history carried as ids) run twice through
+smg's `/generate`: once with only the first decode worker behind it, once with both and
+`--decode-policy cache_aware`, every cache flushed in between. The conversations share no long
+prefix, so smg spreads their first turns by load and must then keep each on its worker: both
+workers serve, the later-turn hit rate (`meta_info.cached_tokens` / `prompt_tokens`, turns 2..T)
+with two workers is at least 90 % of the single worker's, and every answer is token-exact
+against transformers' greedy run of the same prompt.
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ CONVERSATIONS, TURNS, MAX_NEW = 4, 3, 6
 Reference = Callable[[list[int], int], tuple[list[int], list[float]]]
 
 
-def _play(url: str, system: list[int], users: list[list[list[int]]]) -> list[dict[str, Any]]:
+def _play(url: str, systems: list[list[int]],
+          users: list[list[list[int]]]) -> list[dict[str, Any]]:
     """All conversations at once, turn after turn: per turn, the prompt ids sent and the
     `/generate` answer's output ids, prompt and cached token counts."""
 
     def one(i: int) -> list[dict[str, Any]]:
-        history, out = list(system), []
+        history, out = list(systems[i]), []
         for t, user in enumerate(users[i]):
             prompt = history + user
             body = {"input_ids": prompt, "sampling_params": {
@@ -61,7 +64,7 @@ def _hit(turns: list[dict[str, Any]]) -> float:
 def test_two_decode_workers_behind_smg_keep_the_single_workers_reuse(
         e2e_model_dir: Path, reference_greedy: Reference) -> None:
     tok = Tokenizer.from_dir(e2e_model_dir)
-    system = tok.encode(SYSTEM)
+    systems = [tok.encode(f"Ticket {i}. {SYSTEM}") for i in range(CONVERSATIONS)]
     users = [[tok.encode(" " + text) for text in conv]
              for conv in user_turns(CONVERSATIONS, TURNS, seed=3)]
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -71,9 +74,10 @@ def test_two_decode_workers_behind_smg_keep_the_single_workers_reuse(
             stack.flush()
             before = stack.served()
             with stack.routed(policy, n) as router:
-                runs[label] = _play(router.url, system, users)
+                runs[label] = _play(router.url, systems, users)
             shares = [b - a for a, b in zip(before, stack.served(), strict=True)]
     assert sum(shares) == CONVERSATIONS * TURNS, shares
+    assert min(shares) >= TURNS, f"each worker serves a conversation: {shares}"
     single, scaled = _hit(runs["single"]), _hit(runs["cache_aware"])
     assert single > 0.5, f"the single worker reuses earlier turns: {single:.3f}"
     assert scaled >= 0.9 * single, (f"two workers reuse {scaled:.3f} of later prompts, one "

@@ -78,6 +78,8 @@ def load_row(load: Load, info: dict[str, Any]) -> dict[str, Any]:
     """The `core` fields of one rank. `token_usage` is tokens held by requests over the KV
     capacity (`max_total_num_tokens` from /server_info; 0 when unknown), as SGLang counts it:
     the evictable prefix cache is free room, not usage."""
+    mode = str(info.get("disaggregation_mode") or "null")
+    decode = mode == "decode"
     capacity = _int(info.get("max_total_num_tokens"))
     usage = min(1.0, load.num_used_tokens / capacity) if capacity > 0 else 0.0
     return {
@@ -89,6 +91,10 @@ def load_row(load: Load, info: dict[str, Any]) -> dict[str, Any]:
         "max_running_requests": _int(info.get("max_running_requests")),
         "token_usage": round(usage, 6), "gen_throughput": 0.0,
         "cache_hit_rate": round(load.cache_hit_rate, 6), "utilization": 0.0,
+        # smg's flat names for what SGLang nests under "disaggregation"
+        "num_total_reqs": load.num_running_reqs + load.num_waiting_reqs,
+        "disagg_mode": mode, "decode_queue_reqs": load.num_waiting_reqs if decode else 0,
+        "prefill_queue_reqs": load.num_running_reqs if mode == "prefill" else 0,
     }
 
 

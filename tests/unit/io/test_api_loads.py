@@ -43,6 +43,9 @@ def test_v1_loads_reports_one_rank_in_sglangs_shape() -> None:
     assert disagg["mode"] == "decode"
     assert (disagg["decode_prealloc_queue_reqs"], disagg["decode_transfer_queue_reqs"]) == (2, 3)
     assert set(row["queues"]) == {"waiting", "grammar", "paused", "retracted", "prealloc_ready"}
+    # smg's flat names for the same (it does not read the nested section over HTTP)
+    assert (row["disagg_mode"], row["decode_queue_reqs"], row["num_total_reqs"]) == (
+        "decode", 5, 8)
     assert "memory" not in row  # nothing to report: left out, as SGLang leaves it out
 
 

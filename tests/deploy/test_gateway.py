@@ -51,7 +51,7 @@ def test_a_url_naming_no_pod_is_reported(k8s_copy: Path) -> None:
         args[args.index("--decode") + 1] = "http://decode-7.elsewhere:30000"
 
     edit_yaml(k8s_copy / "examples" / "pd-gateway" / "gateway.yaml", "Deployment", change)
-    problems = check_kustomization(k8s_copy / "examples" / "pd-gateway")
+    problems = gateway_problems(render(k8s_copy / "examples" / "pd-gateway"))
     assert any("http://decode-7.elsewhere:30000 names no StatefulSet pod" in p
                for p in problems), problems
 

@@ -11,6 +11,7 @@ a `smg` script, so with both packages installed `smg` on PATH is whichever was i
 from __future__ import annotations
 
 import importlib.util
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -73,6 +74,11 @@ class Router(ServerProcess):
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=self.env)
         return self
+
+    def stop(self, sig: int = signal.SIGKILL, timeout_s: float = 30.0) -> int | None:
+        """SIGKILL by default: a test or benchmark router holds nothing worth a graceful stop,
+        and on SIGTERM smg keeps its listener open 5 s more (its drain settle window)."""
+        return super().stop(sig, timeout_s)
 
     def wait_workers(self, count: int, timeout_s: float) -> None:
         """Until GET /workers lists `count` workers; raises DecodeWorkerError with the

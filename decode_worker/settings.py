@@ -51,6 +51,10 @@ class ModelSettings(_Section):
         "auto", description="Weight/activation dtype; auto = float32 on CPU, bfloat16 on CUDA"
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if present")
+    attention_backend: Literal["auto", "triton", "torch"] = Field(
+        "auto", description="Decode attention: triton = the paged Triton kernel (CUDA only), "
+        "torch = the reference path; auto = triton on CUDA when triton imports, else torch"
+    )
     cache_dir: Path = Field(
         Path.home() / ".cache" / "decode-worker",
         description="Where the embedded default model is written once",
@@ -70,7 +74,9 @@ class CacheSettings(_Section):
     num_full_pages: int | None = Field(None, gt=0, description="Full pool size; unset = derived")
     num_swa_pages: int | None = Field(None, gt=0, description="SWA pool size; unset = derived")
     memory_fraction: float = Field(
-        0.85, gt=0.0, le=1.0, description="Share of free device memory for weights + pools (CUDA)"
+        0.85, gt=0.0, le=1.0, description="Share of the device's total memory this process may "
+        "hold: weights, pools, CUDA graphs, activation headroom (CUDA; processes sharing a card "
+        "need shares that add up to at most 1)"
     )
     cpu_pool_bytes: int = Field(
         256 * 2**20, gt=0, description="Bytes for both pools together when running on CPU"
@@ -112,7 +118,8 @@ class SchedulerSettings(_Section):
     )
     cuda_graph_capture_tokens: int = Field(
         8192, ge=0, description="At start-up, capture the graphs of every batch bucket for "
-        "contexts up to this many tokens; longer ones are captured on first use (0 = all then)"
+        "contexts up to this many tokens; longer ones are captured on first use (0 = all then). "
+        "With the Triton attention one graph per batch bucket serves every context"
     )
 
     @field_validator("cuda_graph_batch_sizes")
@@ -183,6 +190,14 @@ class ApiSettings(_Section):
 
     strict_model_name: bool = Field(
         True, description="A request naming a model other than the served name gets 404"
+    )
+    reasoning_parser: Literal["auto", "gpt-oss", "none"] = Field(
+        "auto", description="Chat: the harmony analysis channel as message.reasoning_content "
+        "(auto: when the tokenizer has the harmony special tokens; gpt-oss: required)"
+    )
+    tool_call_parser: Literal["auto", "gpt-oss", "none"] = Field(
+        "auto", description="Chat: tools accepted and harmony tool calls returned as "
+        "message.tool_calls (auto: when the tokenizer has the harmony special tokens)"
     )
 
 

@@ -20,6 +20,12 @@ def _has_cuda() -> bool:
 # triton is imported, so here, before any test module loads. A CUDA machine runs them compiled.
 if not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+else:
+    # servers the tests start share one card (up to four at once: prefill peers, decode
+    # workers, the test process's own engine): each gets its own share of the device
+    from decode_worker.core.memory_budget import colocated_share
+
+    os.environ.setdefault("DECODE_WORKER_CACHE__MEMORY_FRACTION", str(colocated_share(4)))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

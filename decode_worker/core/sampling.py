@@ -21,17 +21,19 @@ def check_top_logprobs(n: int | None, field_name: str) -> int:
     return n
 
 
-GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf"]
-GRAMMAR_KINDS: tuple[GrammarKind, ...] = ("json_schema", "json_object", "regex", "ebnf")
+GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf", "structural_tag"]
+GRAMMAR_KINDS: tuple[GrammarKind, ...] = ("json_schema", "json_object", "regex", "ebnf",
+                                          "structural_tag")
 
 
 @dataclass(frozen=True, slots=True)
 class GrammarSpec:
     """A constraint on the output text (structured output), compiled by device/grammar.py.
 
-    `source` is the JSON schema text (json_schema), the regular expression (regex) or the
-    grammar in xgrammar's EBNF (ebnf); json_object takes none (""). Hashable: the compiled
-    grammar is cached by spec.
+    `source` is the JSON schema text (json_schema), the regular expression (regex), the
+    grammar in xgrammar's EBNF (ebnf) or xgrammar's structural tag as JSON (structural_tag: a
+    forced tool call, whose special tokens it names by id); json_object takes none ("").
+    Hashable: the compiled grammar is cached by spec.
     """
 
     kind: GrammarKind
@@ -45,13 +47,14 @@ class GrammarSpec:
             return
         if not self.source.strip():
             raise ClientError(f"{self.kind}: empty")
-        if self.kind == "json_schema":
+        if self.kind in ("json_schema", "structural_tag"):
             try:
                 schema = json.loads(self.source)
             except ValueError as exc:
-                raise ClientError(f"json_schema is not valid JSON: {exc}") from None
-            if not isinstance(schema, dict | bool):
-                raise ClientError("json_schema must be a JSON object (a JSON Schema)")
+                raise ClientError(f"{self.kind} is not valid JSON: {exc}") from None
+            if not isinstance(schema, dict | bool) or (
+                    self.kind == "structural_tag" and not isinstance(schema, dict)):
+                raise ClientError(f"{self.kind} must be a JSON object")
 
 
 def pick_grammar(candidates: dict[str, GrammarSpec | None]) -> GrammarSpec | None:

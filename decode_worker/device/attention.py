@@ -8,6 +8,8 @@ Page 0 is the dummy page: writes aimed at it (graph padding, SWA pages that are 
 there harmlessly, and reads from it are always masked out.
 
 Everything is vectorized: one gather per layer over the whole batch, no per-token Python loop.
+On CUDA the decode step uses the Triton kernel instead (device/attention_triton.py,
+`model.attention_backend`); `DecodeAttention` is the CPU path and the kernel's reference.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@
 A batch of `bs` requests with tables `width` pages wide runs in the graph of the smallest bucket
 (B >= bs, P >= width). The extra rows are dummy requests: token 0 at position 0 with all-zero page
 tables, so they write to and read from the reserved dummy page 0 only. Width buckets are powers
-of two up to `max_pages`. Graphs are captured on first use or ahead of time (`capture_all`, which
-the daemon calls at start-up) and share one memory pool. Batches above the largest size bucket or
-wider than `max_pages` run eager (the runner decides with `can_run`). `destroy()` drops every
-graph and its memory pool.
+of two up to `max_pages`; a step that reads each request's keys whatever the width (the Triton
+attention) has one graph per size bucket, P = `max_pages` (`width_buckets=False`). Graphs are
+captured on first use or ahead of time (`capture_all`, at start-up) and share one memory pool.
+Batches above the largest size bucket or wider than `max_pages` run eager (the runner decides
+with `can_run`). `destroy()` drops every graph and its memory pool.
 
 Capturing is split from the bucket logic: `CudaGraphBackend` captures real CUDA graphs;
 `FakeGraphBackend` (CPU, for tests) "replays" by re-running the step into the same static
@@ -147,8 +148,8 @@ class _Graph:
     replay: Replay
     tokens: torch.Tensor  # [B] i64
     positions: torch.Tensor  # [B] i64
-    full_t: torch.Tensor  # [B, P] i64
-    swa_t: torch.Tensor  # [B, ring] i64
+    full_t: torch.Tensor  # [B, P] i32 (the slot tables' dtype)
+    swa_t: torch.Tensor  # [B, ring] i32
     out: torch.Tensor  # [B, V] f32
 
 
@@ -164,27 +165,39 @@ def graph_bucket(batch_sizes: list[int], max_pages: int, bs: int, width: int) ->
     return size, min(pages, max_pages)
 
 
+def capture_widths(pages: int, max_pages: int) -> list[int]:
+    """Widths whose buckets cover tables up to `pages` wide: powers of two, then the bound."""
+    top, widths, w = min(pages, max_pages), [], 1
+    while w < top:
+        widths.append(w)
+        w *= 2
+    return [*widths, top]
+
+
 class CudaGraphDecoder:
     """Captures and replays `step(tokens, positions, full_t, swa_t) -> logits`."""
 
     def __init__(self, step: StepFn, device: torch.device, batch_sizes: list[int],
                  max_pages: int, backend: GraphBackend | None = None, *,
-                 swa_ring: int) -> None:
-        """`swa_ring`: columns of the SWA table (a ring sized to the window, see
-        `device/decode_slots.py`); every graph's SWA buffer has exactly that width."""
+                 swa_ring: int, width_buckets: bool = True) -> None:
+        """`swa_ring`: columns of every graph's SWA table (a ring sized to the window, see
+        `device/decode_slots.py`). `width_buckets=False`: `step` reads each request's keys
+        whatever the table width, so every graph has the `max_pages`-wide table."""
         self.step = step
         self.device = device
         self.batch_sizes = sorted(set(batch_sizes))
         self.max_pages = max_pages
         self.swa_ring = swa_ring
         self.backend = backend if backend is not None else CudaGraphBackend(device)
+        self.width_buckets = width_buckets
         self.graphs: dict[tuple[int, int], _Graph] = {}
 
     def can_run(self, bs: int, width: int) -> bool:
         return bs <= self.batch_sizes[-1] and width <= self.max_pages
 
     def bucket(self, bs: int, width: int) -> tuple[int, int]:
-        return graph_bucket(self.batch_sizes, self.max_pages, bs, width)
+        size, pages = graph_bucket(self.batch_sizes, self.max_pages, bs, width)
+        return size, pages if self.width_buckets else self.max_pages
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, full_t: torch.Tensor,
             swa_t: torch.Tensor) -> torch.Tensor:
@@ -218,8 +231,8 @@ class CudaGraphDecoder:
         dev = self.device
         tokens = torch.zeros(size, dtype=torch.long, device=dev)  # [B]
         positions = torch.zeros(size, dtype=torch.long, device=dev)  # [B]
-        full_t = torch.zeros(size, pages, dtype=torch.long, device=dev)  # [B, P]
-        swa_t = torch.zeros(size, self.swa_ring, dtype=torch.long, device=dev)  # [B, ring]
+        full_t = torch.zeros(size, pages, dtype=torch.int32, device=dev)  # [B, P]
+        swa_t = torch.zeros(size, self.swa_ring, dtype=torch.int32, device=dev)  # [B, ring]
 
         def step() -> torch.Tensor:
             return self.step(tokens, positions, full_t, swa_t)  # [B, V]

@@ -4,7 +4,11 @@
 over 2 KV heads of 16, 4 experts with top-2, YaRN RoPE as gpt-oss ships it, float32. Every tensor
 is drawn from N(0, 0.02) (RMSNorm weights 1 + N(0, 0.02); biases and sinks random too, so the
 oracle exercises them). The tokenizer maps byte b to id b (GPT-2 byte-to-unicode alphabet, no
-merges) plus 4 special tokens, so any text round-trips and any output decodes to text.
+merges) plus gpt-oss's harmony special tokens (`<|endoftext|>` 256, `<|start|>` 257,
+`<|message|>` 258, `<|end|>` 259, `<|channel|>` 260, `<|constrain|>` 261, `<|return|>` 262,
+`<|call|>` 263), so any text round-trips and any output decodes to text. Its chat template
+renders the harmony format (`harmony_template.py`); as gpt-oss's generation config does,
+`<|return|>`, `<|endoftext|>` and `<|call|>` end generation.
 
 Written with `safetensors` and `tokenizers` only; `transformers` loads the directory with
 `GptOssForCausalLM.from_pretrained(dir)`. `decode-worker make-model DIR` calls `run`.
@@ -25,11 +29,14 @@ from safetensors.torch import save_file
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from decode_worker.device.tokenizer import BUILTIN_CHAT_TEMPLATE
+from decode_worker.device.harmony_template import HARMONY_CHAT_TEMPLATE
 
-FORMAT_VERSION = 1
-SPECIAL_TOKENS = ("<|endoftext|>", "<|start|>", "<|message|>", "<|end|>")
-EOS_TOKEN_ID = 256  # <|endoftext|>
+FORMAT_VERSION = 2  # 2: harmony special tokens and chat template (the cache dir changes name)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|start|>", "<|message|>", "<|end|>", "<|channel|>",
+                  "<|constrain|>", "<|return|>", "<|call|>")
+EOS_TOKEN_ID = 256  # <|endoftext|>: config.json's eos and the pad token
+RETURN_TOKEN_ID, CALL_TOKEN_ID = 262, 263  # <|return|>, <|call|>
+EOS_TOKEN_IDS = (RETURN_TOKEN_ID, EOS_TOKEN_ID, CALL_TOKEN_ID)  # generation_config, gpt-oss order
 VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 INIT_STD = 0.02
 
@@ -106,13 +113,13 @@ def write_model(out_dir: Path, seed: int = 0, **overrides: Any) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg = tiny_config(**overrides)
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    gen_cfg = {"eos_token_id": cfg["eos_token_id"], "do_sample": False}
+    gen_cfg = {"eos_token_id": list(EOS_TOKEN_IDS), "do_sample": False}
     (out_dir / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
     save_file(random_state_dict(cfg, seed), str(out_dir / "model.safetensors"),
               metadata={"format": "pt"})  # one key: header bytes stay stable
     byte_tokenizer().save(str(out_dir / "tokenizer.json"))
     tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": SPECIAL_TOKENS[0],
-               "pad_token": SPECIAL_TOKENS[0], "chat_template": BUILTIN_CHAT_TEMPLATE,
+               "pad_token": SPECIAL_TOKENS[0], "chat_template": HARMONY_CHAT_TEMPLATE,
                "model_max_length": cfg["max_position_embeddings"]}
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
     return out_dir

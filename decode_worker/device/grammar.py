@@ -10,6 +10,11 @@
   catches up lazily (`catch_up(output_ids)` before each mask): so the first token, sampled by
   the prefill peer, advances the decode side's grammar, and a retracted request or a step
   committed late loses nothing.
+- A structural tag (`structural_tag`: a forced tool call in harmony) names special tokens by id.
+  It is compiled over a second view of the vocabulary where each special token has a text no
+  other part of a grammar can match (a NUL byte, then its own text: JSON strings exclude
+  control characters), so only a `{"type": "token"}` element can produce one; its
+  `{"type": "json_schema"}` elements get our JSON grammar (`json_grammar`) instead of xgrammar's.
 - `mask_logits` applies the batch's bitmask to the rows with a grammar (one int32 bitmask for
   the batch, one apply call). Ids past the tokenizer's vocabulary (a padded model vocab) are
   masked too. A terminated matcher allows only its stop tokens (EOS and the request's).
@@ -29,6 +34,7 @@ import torch
 import xgrammar as xgr
 
 from decode_worker.core.sampling import GrammarSpec, SamplingParams
+from decode_worker.device.grammar_text import json_grammar, structural_tag
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import ClientError
 
@@ -37,30 +43,22 @@ log = logging.getLogger(__name__)
 MAX_CACHED_GRAMMARS = 256
 _EXTRA_KEY = "compiled_grammar"
 _XGR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # "[21:12:37] /project/cpp/x.cc:94: "
-# Two gaps in xgrammar <= 0.2.9's JSON strings, closed by rewriting the schema's EBNF:
-# - a string with minLength/maxLength is a repeat of a class that lets raw control characters
-#   (invalid JSON) through and has no escapes (mlc-ai/xgrammar#800): each repeat becomes one
-#   JSON character instead;
-# - over a byte-level vocabulary its classes take UTF-8-encoded surrogates (ED A0 80), which no
-#   UTF-8 decoder reads as text (three U+FFFD: a maxLength broken, text not what was matched).
-_NO_SURROGATE = r"\uD800-\uDFFF"
-_STRING_CHAR_FIXES = (
-    (r'[^\"\\\r\n]', r'([^\0-\x1f\"\\' + _NO_SURROGATE + r'] | ("\\" [\"\\/bfnrt]))'),
-    (r'[^\0-\x1f\"\\\r\n]', r'[^\0-\x1f\"\\\r\n' + _NO_SURROGATE + "]"),
-)
+__all__ = ["GrammarCache", "GrammarState", "json_grammar", "mask_logits", "prepare_sampling"]
 
 
-def token_info(tokenizer: Tokenizer) -> xgr.TokenizerInfo:
+def token_info(tokenizer: Tokenizer, name_specials: bool = False) -> xgr.TokenizerInfo:
     """xgrammar's view of `tokenizer`: each id's token string (special added tokens as "", which
-    xgrammar never allows inside the grammar), its vocab type, EOS as the stop tokens."""
+    xgrammar never allows inside the grammar; with `name_specials`, a NUL byte then their text,
+    for structural tags), its vocab type, EOS as the stop tokens."""
     inner = tokenizer.inner
     vocab: list[str] = [""] * tokenizer.vocab_size
     for text, tid in inner.get_vocab(with_added_tokens=True).items():
         vocab[tid] = text
+    meta = xgr.TokenizerInfo._detect_metadata_from_hf(inner.to_str())
+    nul = chr(256) if meta["vocab_type"] == xgr.VocabType.BYTE_LEVEL else "\x00"  # byte 0
     for tid, added in inner.get_added_tokens_decoder().items():
         if added.special:
-            vocab[tid] = ""
-    meta = xgr.TokenizerInfo._detect_metadata_from_hf(inner.to_str())
+            vocab[tid] = nul + added.content if name_specials else ""
     return xgr.TokenizerInfo(vocab, meta["vocab_type"], vocab_size=len(vocab),
                              stop_token_ids=list(tokenizer.eos_token_ids),
                              add_prefix_space=meta["add_prefix_space"])
@@ -74,6 +72,8 @@ class GrammarCache:
         self.info = token_info(tokenizer)
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=2, cache_enabled=False)
         self.max_entries = max_entries
+        self._tokenizer = tokenizer
+        self._tag_compiler: xgr.GrammarCompiler | None = None  # for structural tags, on demand
         self._compiled: OrderedDict[GrammarSpec, xgr.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
         self.num_compiled = 0  # compilations done (cache misses)
@@ -101,10 +101,21 @@ class GrammarCache:
                 return self.compiler.compile_grammar(json_grammar(schema))
             if spec.kind == "regex":
                 return self.compiler.compile_regex(spec.source)
+            if spec.kind == "structural_tag":
+                return self._tags().compile_structural_tag(structural_tag(spec.source))
             return self.compiler.compile_grammar(spec.source)
         except (RuntimeError, ValueError, TypeError) as exc:
             message = _XGR_PREFIX.sub("", str(exc).strip())
             raise ClientError(f"{spec.kind} cannot be compiled: {message}") from None
+
+    def _tags(self) -> xgr.GrammarCompiler:
+        """The compiler over the vocabulary whose special tokens a grammar can name (see the
+        module doc); built on the first structural tag. Called under no lock: two threads may
+        both build one, either is right."""
+        if self._tag_compiler is None:
+            info = token_info(self._tokenizer, name_specials=True)
+            self._tag_compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
+        return self._tag_compiler
 
     def prepare(self, sampling: SamplingParams) -> SamplingParams:
         """`sampling` with its grammar compiled and attached (itself when it has none)."""
@@ -112,15 +123,6 @@ class GrammarCache:
             return sampling
         compiled = self.compile(sampling.grammar)
         return replace(sampling, extra={**sampling.extra, _EXTRA_KEY: compiled})
-
-
-def json_grammar(schema: str) -> str:
-    """The EBNF of `schema`: compact JSON (a model cannot pad it with endless spaces), every
-    string character valid JSON and UTF-8 (see _STRING_CHAR_FIXES). Raises what xgrammar raises."""
-    text = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
-    for wrong, right in _STRING_CHAR_FIXES:
-        text = text.replace(wrong, right)
-    return text
 
 
 _caches: weakref.WeakKeyDictionary[Tokenizer, GrammarCache] = weakref.WeakKeyDictionary()

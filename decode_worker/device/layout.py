@@ -1,9 +1,9 @@
 """How many pages each pool gets: a frozen runtime fact, never written back into settings.
 
 Sizes come from `cache.num_full_pages` / `cache.num_swa_pages` when set; otherwise from a byte
-budget (on CUDA: `memory_fraction` of the device's total memory minus what is already in use,
-measured after the weights are loaded; on CPU: `cache.cpu_pool_bytes`) split between the pools by
-`cache.swa_pool_share`.
+budget (on CUDA: what this process's share of the device leaves after its weights, graphs and
+headroom, `device/gpu_memory.py`, passed in by the caller; on CPU: `cache.cpu_pool_bytes`) split
+between the pools by `cache.swa_pool_share`.
 """
 
 from __future__ import annotations
@@ -42,13 +42,14 @@ def plan_cache_layout(
     dtype: torch.dtype,
     budget_bytes: int | None = None,
 ) -> CacheLayout:
-    """Decide the pool sizes. `budget_bytes` overrides the measured budget (tests).
+    """Decide the pool sizes. `budget_bytes`: the pools' bytes (on CUDA, from the process's
+    share; default `cache.cpu_pool_bytes` on CPU, nothing on CUDA: explicit sizes only).
 
     Raises ConfigError when not even one page per pool fits, naming the setting to change.
     """
     page_bytes = spec.page_bytes(cache.page_size, dtype)
     if budget_bytes is None:
-        budget_bytes = _device_budget(cache, device)
+        budget_bytes = cache.cpu_pool_bytes if device.type != "cuda" else 0
     full_layer_bytes = max(spec.num_full_layers, 1) * page_bytes
     swa_layer_bytes = max(spec.num_swa_layers, 1) * page_bytes
     share = cache.swa_pool_share if spec.num_swa_layers else 0.0
@@ -66,11 +67,3 @@ def plan_cache_layout(
         page_size=cache.page_size, num_full_pages=num_full, num_swa_pages=num_swa,
         page_bytes=page_bytes, budget_bytes=budget_bytes,
         source="settings" if explicit else "budget")
-
-
-def _device_budget(cache: CacheSettings, device: torch.device) -> int:
-    if device.type != "cuda":
-        return cache.cpu_pool_bytes
-    free, total = torch.cuda.mem_get_info(device)
-    used = total - free
-    return max(0, int(total * cache.memory_fraction) - used)

@@ -17,8 +17,13 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from decode_worker.device.attention import DecodeAttention, PrefillAttention
-from decode_worker.device.cuda_graph import CudaGraphDecoder, GraphBackend
+from decode_worker.device.attention import PrefillAttention
+from decode_worker.device.attention_backend import (
+    AttentionBackend,
+    decode_attention,
+    resolve_attention_backend,
+)
+from decode_worker.device.cuda_graph import CudaGraphDecoder, GraphBackend, capture_widths
 from decode_worker.device.decode_slots import (
     DecodeSlots,
     HostTokens,
@@ -66,11 +71,13 @@ class ModelRunner:
 
     def __init__(self, model: GptOssModel, pools: KVPools, *, use_cuda_graph: bool,
                  graph_batch_sizes: list[int], max_graph_pages: int | None = None,
-                 graph_backend: GraphBackend | None = None) -> None:
+                 graph_backend: GraphBackend | None = None,
+                 attention_backend: AttentionBackend | str = "auto") -> None:
         """`max_graph_pages`: widest page table a graph is captured for (default: the
         model's max_position_embeddings, capped at the full pool); wider batches run eager.
         Graphs are CUDA graphs on a CUDA device; `graph_backend` replaces them (tests run the
-        graph path on CPU with `FakeGraphBackend`)."""
+        graph path on CPU with `FakeGraphBackend`). `attention_backend`: `auto` resolves here,
+        `triton` is taken as is (CPU: tests under TRITON_INTERPRET=1), one graph per bucket."""
         self.model = model
         self.pools = pools
         self.window = model.cfg.window
@@ -79,11 +86,15 @@ class ModelRunner:
         self.swa_ring = swa_ring_width(self.window, pools.page_size)  # SWA table columns
         self.max_pages = min(cdiv(model.cfg.max_position_embeddings, pools.page_size),
                              pools.num_pages["full"])  # widest page table
+        self.attention_backend: AttentionBackend = (
+            "triton" if attention_backend == "triton"
+            else resolve_attention_backend(attention_backend, self.device))
         self.graphs: CudaGraphDecoder | None = None
         if use_cuda_graph and (self.device.type == "cuda" or graph_backend is not None):
-            self.graphs = CudaGraphDecoder(self._decode_step, self.device, graph_batch_sizes,
-                                           max_graph_pages or self.max_pages, graph_backend,
-                                           swa_ring=self.swa_ring)
+            self.graphs = CudaGraphDecoder(
+                self._decode_step, self.device, graph_batch_sizes,
+                max_graph_pages or self.max_pages, graph_backend, swa_ring=self.swa_ring,
+                width_buckets=self.attention_backend == "torch")
 
     @torch.inference_mode()
     def prefill(self, token_ids: list[int], full_page_ids: list[int], swa_page_ids: list[int],
@@ -194,26 +205,29 @@ class ModelRunner:
         positions = torch.tensor(batch.positions, dtype=torch.long, device=dev)  # [bs]
         return self._run(tokens, positions, full_t, swa_t).clone()  # [bs, V], owned
 
+    def eager_step(self, tokens: torch.Tensor, positions: torch.Tensor, full_t: torch.Tensor,
+                   swa_t: torch.Tensor) -> torch.Tensor:
+        """One decode step run eagerly over given device tensors (a memory probe's step; the
+        tables need not be checked: page 0 is the dummy page). [bs, V] f32 logits."""
+        return self._decode_step(tokens, positions, full_t, swa_t)
+
     def _decode_step(self, tokens: torch.Tensor, positions: torch.Tensor,
                      full_t: torch.Tensor, swa_t: torch.Tensor) -> torch.Tensor:
         """Pure tensor step (graph-capturable): [bs] tokens -> [bs, V] f32 logits."""
-        attn = DecodeAttention(self.pools, self.window, positions, full_t, swa_t)
+        attn = decode_attention(self.attention_backend, self.pools, self.window, positions,
+                                full_t, swa_t, max_keys=self.max_pages * self.pools.page_size)
         hidden = self.model.forward(tokens, positions, attn, static=self.graphs is not None)
         return self.model.logits(hidden)  # [bs, V]
 
     def capture_graphs(self, max_context_len: int) -> int:
         """Capture every (size bucket, width bucket) up to `max_context_len` tokens now, so that
-        no step pays a capture later; no-op without graphs. Returns the number of graphs."""
+        no step pays a capture later; no-op without graphs. Returns the number of graphs. With
+        the Triton backend the width does not matter: one graph per size bucket."""
         if self.graphs is None:
             return 0
         pages = cdiv(max_context_len, self.pools.page_size)
-        widths, w = [], 1
-        while w < min(pages, self.graphs.max_pages):
-            widths.append(w)
-            w *= 2
-        widths.append(min(pages, self.graphs.max_pages))
         with torch.inference_mode():
-            self.graphs.capture_all(widths)
+            self.graphs.capture_all(capture_widths(pages, self.graphs.max_pages))
         return len(self.graphs.graphs)
 
     def destroy(self) -> None:

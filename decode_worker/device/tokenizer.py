@@ -1,10 +1,13 @@
 """Tokenizer: a thin wrapper over `tokenizers` (tokenizer.json) plus the chat template.
 
 Chat template: when the model directory ships one (`chat_template.jinja`, or `chat_template` in
-tokenizer_config.json) and jinja2 is importable, it is rendered with `messages`,
-`add_generation_prompt`, `bos_token` and `eos_token` in a sandbox (with `raise_exception` and
-`strftime_now`, as transformers provides; a template error is a ClientError). Otherwise the
-built-in template is used:
+tokenizer_config.json) and jinja2 is importable, it is rendered with `messages` (each message's
+own keys too: `tool_calls`, `tool_call_id`, `name`, `reasoning_content`), `tools` (OpenAI's
+function tools, when given), `add_generation_prompt`, `bos_token` and `eos_token` in a sandbox
+(with `raise_exception` and `strftime_now`, as transformers provides; a template error is a
+ClientError). gpt-oss templates and the built-in tiny model's (`harmony_template.py`) render
+the harmony format, tools included. Otherwise the built-in template is used (it renders no
+tools):
 
     <|start|>{role}<|message|>{content}<|end|>   (one per message)
     <|start|>assistant<|message|>                (if add_generation_prompt)
@@ -65,15 +68,22 @@ class Tokenizer:
         """Text -> ids, special-token strings in the text are recognised, no BOS added."""
         return list(self.inner.encode(text, add_special_tokens=False).ids)
 
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a token's text (a special token such as `<|channel|>`), or None."""
+        tid = self.inner.token_to_id(token)
+        return None if tid is None else int(tid)
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Ids -> text (ids outside the vocabulary are dropped)."""
         return str(self.inner.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]],
-                            add_generation_prompt: bool = True) -> str:
-        """Render a chat (a list of {"role", "content"}) to prompt text. See the module doc."""
+                            add_generation_prompt: bool = True,
+                            tools: Sequence[dict[str, Any]] | None = None) -> str:
+        """Render a chat (a list of {"role", "content", ...}) and its tools to prompt text.
+        See the module doc."""
         if self.chat_template is not None:
-            rendered = self._render(self.chat_template, messages, add_generation_prompt)
+            rendered = self._render(self.chat_template, messages, add_generation_prompt, tools)
             if rendered is not None:
                 return rendered
         parts = [f"<|start|>{m['role']}<|message|>{_content(m)}<|end|>" for m in messages]
@@ -82,7 +92,8 @@ class Tokenizer:
         return "".join(parts)
 
     def _render(self, template: str, messages: Sequence[dict[str, Any]],
-                add_generation_prompt: bool) -> str | None:
+                add_generation_prompt: bool,
+                tools: Sequence[dict[str, Any]] | None = None) -> str | None:
         try:
             import jinja2
             from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -95,7 +106,8 @@ class Tokenizer:
                 self._compiled = env.from_string(template)
             return str(self._compiled.render(
                 messages=[{**m, "content": _content(m)} for m in messages],
-                add_generation_prompt=add_generation_prompt, **self.special))
+                add_generation_prompt=add_generation_prompt,
+                tools=list(tools) if tools else None, **self.special))
         except jinja2.TemplateError as exc:
             raise ClientError(f"chat template: {exc}") from None
 

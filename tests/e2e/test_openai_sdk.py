@@ -33,6 +33,8 @@ MESSAGES = [{"role": "system", "content": "You are terse."},
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 8},
                          "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+CITY = {"type": "object", "additionalProperties": False, "required": ["city"],
+        "properties": {"city": {"type": "string", "maxLength": 8}}}
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
@@ -180,11 +182,23 @@ def test_json_schema_output_parses_and_validates(api: Any, model: str) -> None:
         jsonschema.validate(json.loads(text), PERSON)
 
 
-def test_tools_request_is_refused_with_a_message(api: Any, model: str) -> None:
-    with pytest.raises(openai.BadRequestError) as err:
-        _chat(api, model, tools=[TOOL])
-    assert err.value.status_code == 400
-    assert "tool" in err.value.message.lower()
+def test_forced_tool_call_on_the_live_model_is_a_valid_call(api: Any, model: str) -> None:
+    """The tiny model speaks harmony's tokens but not the format (random weights); a named
+    tool_choice is a grammar, so its output is a call whose arguments match the schema, on the
+    decode worker alone and through the router (the prefill peer samples the first token under
+    the same grammar). With tool_choice auto the tools are accepted too (issue 24)."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    for seed in range(3):
+        reply = _chat(api, model, tools=[tool], tool_choice=forced, max_tokens=128,
+                      temperature=1.0, seed=seed, extra_body={})
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        [call] = choice.message.tool_calls
+        assert call.function.name == "get_weather" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), CITY)
+    auto = _chat(api, model, tools=[TOOL], max_tokens=8)
+    assert auto.choices[0].finish_reason in ("length", "stop", "tool_calls")
 
 
 def test_other_model_name_is_not_found(stack: Workers, model: str) -> None:

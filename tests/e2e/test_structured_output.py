@@ -68,11 +68,17 @@ def test_a_schema_xgrammar_cannot_compile_is_400_on_both_servers(e2e_model_dir: 
                     **bad, "bootstrap_host": "127.0.0.1", "bootstrap_port": workers.boot_port,
                     "bootstrap_room": random.getrandbits(63)}, timeout_s=30)
             assert "HTTP 400" in str(err.value) and "strin" in str(err.value), err.value
-        tools = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
-                 "tools": [{"type": "function", "function": {"name": "f"}}]}
+        tools = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,  # issue 24
+                 "tools": [{"type": "function", "function": {"name": "f"}}],
+                 "tool_choice": {"type": "function", "function": {"name": "g"}}}
         with pytest.raises(DecodeWorkerError) as err:
             http_json(f"{workers.decode.url}/v1/chat/completions", tools, timeout_s=30)
-        assert "HTTP 400" in str(err.value) and "tool calls are not supported" in str(err.value)
+        assert "HTTP 400" in str(err.value) and "not in `tools`" in str(err.value)
+        legacy = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+                  "functions": [{"name": "f"}]}
+        with pytest.raises(DecodeWorkerError) as err:
+            http_json(f"{workers.decode.url}/v1/chat/completions", legacy, timeout_s=30)
+        assert "HTTP 400" in str(err.value) and "tool calls are not parsed" in str(err.value)
         ok = http_json(f"{workers.decode.url}/v1/chat/completions", {
             "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}, timeout_s=30)
         assert ok["choices"][0]["finish_reason"] in ("length", "stop")  # still serving

@@ -1,4 +1,6 @@
-"""CUDA-graph decode replay equals eager decode, for every bucket (needs CUDA; auto-skipped).
+"""CUDA-graph decode replay equals eager decode, for every bucket and both attention backends
+(the Triton kernel: one graph per batch bucket; torch: per batch and width bucket), against the
+torch path run eager (needs CUDA; auto-skipped).
 
 Run on a GPU machine: `python -m pytest -q tests/gpu -x` (about a minute: tiny model, float32).
 """
@@ -21,7 +23,8 @@ pytestmark = pytest.mark.gpu
 
 BUCKETS = [1, 2, 4, 8]
 PAGE = 16
-ATOL = 1e-4  # graph and eager run the same kernels; the bound only absorbs MoE path choice
+ATOL = 1e-4  # float32; the bound absorbs MoE path choice and split-K summation order
+BACKENDS = ["torch", "triton"]
 
 
 @pytest.fixture(scope="module")
@@ -30,25 +33,33 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> GptOssModel:
     return load_model(d, "cuda", torch.float32)
 
 
-def build(model: GptOssModel, graphs: bool) -> ModelRunner:
+def build(model: GptOssModel, graphs: bool, attention: str = "torch") -> ModelRunner:
     pools = KVPools(KVSpec.from_config(model.cfg), 512, 512, PAGE, "cuda", torch.float32)
     return ModelRunner(model, pools, use_cuda_graph=graphs, graph_batch_sizes=BUCKETS,
-                       max_graph_pages=32)
+                       max_graph_pages=32, attention_backend=attention)
 
 
+def test_auto_picks_the_triton_kernel_on_cuda(model: GptOssModel) -> None:
+    assert build(model, graphs=False, attention="auto").attention_backend == "triton"
+
+
+@pytest.mark.parametrize("attention", BACKENDS)
 @pytest.mark.parametrize("bs", [1, 2, 3, 4, 7, 8])
-def test_graph_replay_equals_eager_for_every_bucket(model: GptOssModel, bs: int) -> None:
+def test_graph_replay_equals_eager_for_every_bucket(model: GptOssModel, bs: int,
+                                                    attention: str) -> None:
     lengths = [5 + 37 * i for i in range(bs)]  # spans the window (127) and page edges
     eager = run_steps(build(model, graphs=False), lengths, steps=6)
-    graphed_runner = build(model, graphs=True)
+    graphed_runner = build(model, graphs=True, attention=attention)
     graphed = run_steps(graphed_runner, lengths, steps=6)
     assert graphed_runner.graphs is not None and graphed_runner.graphs.graphs
     assert (eager - graphed).abs().max().item() < ATOL
     graphed_runner.destroy()
 
 
-def test_batches_above_the_largest_bucket_or_too_wide_run_eager(model: GptOssModel) -> None:
-    runner = build(model, graphs=True)
+@pytest.mark.parametrize("attention", BACKENDS)
+def test_batches_above_the_largest_bucket_or_too_wide_run_eager(model: GptOssModel,
+                                                                attention: str) -> None:
+    runner = build(model, graphs=True, attention=attention)
     assert runner.graphs is not None
     assert not runner.graphs.can_run(9, 4)
     assert not runner.graphs.can_run(2, 33)
@@ -62,8 +73,9 @@ def test_cuda_matches_cpu_runtime(model: GptOssModel, tmp_path: Path) -> None:
     pools = KVPools(KVSpec.from_config(cpu_model.cfg), 512, 512, PAGE, "cpu", torch.float32)
     cpu = run_steps(ModelRunner(cpu_model, pools, use_cuda_graph=False, graph_batch_sizes=[1]),
                     [130, 20], steps=4)
-    gpu = run_steps(build(model, graphs=True), [130, 20], steps=4).cpu()
-    assert (cpu - gpu).abs().max().item() < 1e-3
+    for attention in BACKENDS:
+        gpu = run_steps(build(model, graphs=True, attention=attention), [130, 20], steps=4)
+        assert (cpu - gpu.cpu()).abs().max().item() < 1e-3
 
 
 def test_destroy_releases_graph_memory(model: GptOssModel) -> None:
@@ -76,10 +88,11 @@ def test_destroy_releases_graph_memory(model: GptOssModel) -> None:
     assert torch.cuda.memory_reserved() <= before
 
 
-def test_capture_graphs_prepares_every_bucket(model: GptOssModel) -> None:
-    runner = build(model, graphs=True)
+@pytest.mark.parametrize("attention", BACKENDS)
+def test_capture_graphs_prepares_every_bucket(model: GptOssModel, attention: str) -> None:
+    runner = build(model, graphs=True, attention=attention)
     count = runner.capture_graphs(max_context_len=300)  # 19 pages -> widths 1..16, 19 -> 32 cap
-    assert count == len(BUCKETS) * 6
+    assert count == len(BUCKETS) * (6 if attention == "torch" else 1)  # triton: width 32 only
     eager = run_steps(build(model, graphs=False), [40, 250], steps=3)
     graphed = run_steps(runner, [40, 250], steps=3)
     assert (eager - graphed).abs().max().item() < ATOL

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from decode_worker.core.memory_budget import colocated_share
 from decode_worker.daemon.shared.procs import ServerProcess, free_port, http_json, scrape_metric
 from decode_worker.settings import LoadedSettings
 
@@ -52,7 +53,10 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
     decode_port = s.server.port if getattr(args, "port", None) else free_port()
     prefill_port, boot_port, plain_port = free_port(), args.bootstrap_port or free_port(), \
         free_port()
-    common = ["--set", f"cache.page_size={s.cache.page_size}"]
+    # three programs on one device: each its own share of the card (CUDA; ignored on CPU)
+    share = colocated_share(3, s.cache.memory_fraction)
+    common = ["--set", f"cache.page_size={s.cache.page_size}",
+              "--set", f"cache.memory_fraction={share}"]
     if s.model.path is not None:
         common += ["--model", str(s.model.path)]
     print(f"demo: starting a prefill peer (:{prefill_port}, bootstrap :{boot_port}), a decode "

@@ -9,20 +9,32 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from decode_worker.core.memory_budget import MemoryBudget, MemoryBudgetError, gib
 from decode_worker.core.validation import (
     CacheCombo,
     ModelFacts,
     model_facts_from_hf_config,
     validate_startup,
 )
+from decode_worker.device.attention_backend import resolve_attention_backend
 from decode_worker.device.default_model import ensure_default_model
+from decode_worker.device.gpu_memory import CudaMemory, DeviceMemory, ShareTracker
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.layout import CacheLayout, plan_cache_layout
+from decode_worker.device.memory_probe import (
+    PROBE_PREFILL_TOKENS,
+    capture_probe,
+    eager_probe,
+    model_bytes,
+    probe_pools,
+)
+from decode_worker.device.model.gpt_oss import GptOssModel
 from decode_worker.device.model.weights import load_model
 from decode_worker.device.runner import ModelRunner
 from decode_worker.device.tokenizer import Tokenizer
@@ -73,8 +85,11 @@ def read_model_facts(model_dir: Path) -> ModelFacts:
 def build_runtime(settings: Settings, *, use_cuda_graph: bool) -> Runtime:
     """Validate the model/cache combination, then load the model and allocate the pools.
 
-    Raises ConfigError (with the fix) for an unsupported combination, a missing model or pools
-    that do not fit.
+    On CUDA the pools get this process's share of the device (`cache.memory_fraction` of its
+    total memory) less the weights, the measured graph memory and activation headroom
+    (`device/gpu_memory.py`).
+    Raises ConfigError (with the fix) for an unsupported combination, a missing model, a
+    device without room for the share, or pools that do not fit.
     """
     model_dir = resolve_model_dir(settings)
     facts = read_model_facts(model_dir)
@@ -83,28 +98,111 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool) -> Runtime:
         page_size=c.page_size, decode_radix_cache=c.decode_radix_cache,
         unified_radix_tree=c.unified_radix_tree, hierarchical_cache=c.hierarchical_cache,
         num_full_pages=c.num_full_pages, num_swa_pages=c.num_swa_pages))
+    device, dtype, kv_dtype = _device_and_dtypes(settings)
+    attention = resolve_attention_backend(settings.model.attention_backend, device)
+    explicit = c.num_full_pages is not None and c.num_swa_pages is not None
+    memory = CudaMemory(device) if device.type == "cuda" else None
+    share = None
+    if memory is not None and not explicit:
+        share = ShareTracker.start(memory, c.memory_fraction)
+    model = load_model(model_dir, device, dtype)
+    spec = KVSpec.from_config(model.cfg)
+    graphs = use_cuda_graph and settings.scheduler.cuda_graph and device.type == "cuda"
+    pool_budget = None
+    if share is not None:
+        pool_budget = _measure_share(share, settings, model, spec, kv_dtype, graphs).pool_bytes
+        share.mem.release_cached()  # the probe pools and runners are gone
+    layout = plan_cache_layout(c, spec, device, kv_dtype, budget_bytes=pool_budget)
+    pools = _allocate_pools(layout, spec, device, kv_dtype, memory)
+    runner = _make_runner(settings, model, use_cuda_graph)(pools)
+    graph_bytes = _capture(runner, settings, memory)
+    if share is not None:
+        share.check_graphs(graph_bytes)
+    log.info("%s", describe_budget(share, model, layout, spec, graph_bytes))
+    log.info("runtime: %s on %s (%s, %s decode attention), pools %d full / %d swa pages of "
+             "%d tokens (%s)", model_dir, device, dtype, attention, layout.num_full_pages,
+             layout.num_swa_pages, layout.page_size, layout.source)
+    return Runtime(runner, Tokenizer.from_dir(model_dir), model_dir,
+                   settings.model.served_model_name or model_dir.name, facts, layout)
+
+
+def _device_and_dtypes(settings: Settings) -> tuple[torch.device, torch.dtype, torch.dtype]:
     ms = settings.model
     want_cuda = ms.device == "cuda" or (ms.device == "auto" and torch.cuda.is_available())
     if ms.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("model.device='cuda': no CUDA device is visible; use 'auto' or 'cpu'")
-    device = torch.device("cuda" if want_cuda else "cpu")
     dtype = _DTYPES.get(ms.dtype, torch.bfloat16 if want_cuda else torch.float32)
-    kv_dtype = _DTYPES.get(c.kv_dtype, dtype)
-    model = load_model(model_dir, device, dtype)
-    spec = KVSpec.from_config(model.cfg)
-    layout = plan_cache_layout(c, spec, device, kv_dtype)
-    pools = KVPools(spec, layout.num_full_pages, layout.num_swa_pages, layout.page_size,
-                    device, kv_dtype)
+    return torch.device("cuda" if want_cuda else "cpu"), dtype, _DTYPES.get(
+        settings.cache.kv_dtype, dtype)
+
+
+def _make_runner(settings: Settings, model: GptOssModel, use_cuda_graph: bool
+                 ) -> Callable[[KVPools], ModelRunner]:
     sched = settings.scheduler
-    runner = ModelRunner(model, pools, use_cuda_graph=use_cuda_graph and sched.cuda_graph,
-                         graph_batch_sizes=sched.cuda_graph_batch_sizes)
-    if runner.graphs is not None and sched.cuda_graph_capture_tokens:
-        t0 = time.perf_counter()
-        count = runner.capture_graphs(sched.cuda_graph_capture_tokens)
-        log.info("captured %d decode graphs (contexts up to %d tokens) in %.1f s", count,
-                 sched.cuda_graph_capture_tokens, time.perf_counter() - t0)
-    log.info("runtime: %s on %s (%s), pools %d full / %d swa pages of %d tokens (%s)",
-             model_dir, device, dtype, layout.num_full_pages, layout.num_swa_pages,
-             layout.page_size, layout.source)
-    return Runtime(runner, Tokenizer.from_dir(model_dir), model_dir,
-                   ms.served_model_name or model_dir.name, facts, layout)
+
+    def make(pools: KVPools) -> ModelRunner:
+        return ModelRunner(model, pools, use_cuda_graph=use_cuda_graph and sched.cuda_graph,
+                           graph_batch_sizes=sched.cuda_graph_batch_sizes,
+                           attention_backend=settings.model.attention_backend)
+
+    return make
+
+
+def _measure_share(share: ShareTracker, settings: Settings, model: GptOssModel, spec: KVSpec,
+                   kv_dtype: torch.dtype, graphs: bool) -> MemoryBudget:
+    """Weights, then the graphs and the headroom measured over probe pools (freed after)."""
+    share.weights_loaded()
+    sched, ps = settings.scheduler, settings.cache.page_size
+    pools = probe_pools(spec, ps, model.cfg.max_position_embeddings, model.device, kv_dtype)
+    if graphs and sched.cuda_graph_capture_tokens:
+        share.measure_graphs(capture_probe(_make_runner(settings, model, True), pools,
+                                           sched.cuda_graph_capture_tokens))
+    eager = ModelRunner(model, pools, use_cuda_graph=False, graph_batch_sizes=[1],
+                        attention_backend=settings.model.attention_backend)
+    rows = sched.max_running_requests if graphs else 1  # a prefill peer decodes nothing
+    share.measure_headroom(lambda: eager_probe(eager, rows, PROBE_PREFILL_TOKENS))
+    return share.budget()
+
+
+def _allocate_pools(layout: CacheLayout, spec: KVSpec, device: torch.device,
+                    kv_dtype: torch.dtype, memory: DeviceMemory | None) -> KVPools:
+    """The pools, or a ConfigError naming the numbers when the device has no room for them
+    (explicit `cache.num_*_pages`, or other processes took memory since the start)."""
+    need = sum(layout.pool_bytes(spec))
+    if memory is not None:
+        free, _ = memory.mem_get_info()
+        if need > free:
+            raise MemoryBudgetError(
+                f"KV pools of {layout.num_full_pages} full / {layout.num_swa_pages} SWA pages "
+                f"need {gib(need)}, the device has {gib(free)} free; lower cache.num_*_pages "
+                "or cache.memory_fraction")
+    return KVPools(spec, layout.num_full_pages, layout.num_swa_pages, layout.page_size,
+                   device, kv_dtype)
+
+
+def _capture(runner: ModelRunner, settings: Settings, memory: DeviceMemory | None) -> int:
+    """Capture the start-up graphs (if any); the bytes they took (0 without a device)."""
+    tokens = settings.scheduler.cuda_graph_capture_tokens
+    if runner.graphs is None or not tokens:
+        return 0
+    before = memory.held_bytes() if memory is not None else 0
+    t0 = time.perf_counter()
+    count = runner.capture_graphs(tokens)
+    took = (memory.held_bytes() - before) if memory is not None else 0
+    log.info("captured %d decode graphs (contexts up to %d tokens) in %.1f s, %s", count,
+             tokens, time.perf_counter() - t0, gib(took))
+    return took
+
+
+def describe_budget(share: ShareTracker | None, model: GptOssModel, layout: CacheLayout,
+                    spec: KVSpec, graph_bytes: int) -> str:
+    """The start-up budget line: the share's figures on CUDA (the pools as allocated), the
+    weights and pools on CPU (`cache.cpu_pool_bytes`) or with explicit `cache.num_*_pages`."""
+    pools = sum(layout.pool_bytes(spec))
+    if share is not None:
+        b = share.budget()
+        return MemoryBudget(b.fraction, b.total_bytes, b.weights_bytes, graph_bytes,
+                            b.headroom_bytes, pools).describe()
+    where = "cache.cpu_pool_bytes" if model.device.type == "cpu" else "cache.num_*_pages"
+    return (f"memory budget ({model.device.type}): weights {gib(model_bytes(model))}, pools "
+            f"{gib(pools)} ({where}), graphs {gib(graph_bytes)}, headroom not reserved")

@@ -24,12 +24,14 @@ from decode_worker.core.sampling import SamplingParams
 from decode_worker.errors import AdmissionRejected, ClientError, ServiceUnavailable
 from decode_worker.io.api.admin import handle_flush_cache, handle_get_load
 from decode_worker.io.api.backend import GenerateBackend, GenerateInput
+from decode_worker.io.api.chat import handle_chat
 from decode_worker.io.api.common import ApiConfig, error_obj, new_rid, now_s
 from decode_worker.io.api.generate import handle_generate
+from decode_worker.io.api.harmony.chat import check_parsers
 from decode_worker.io.api.limits import check_model, resolve_max_new_tokens
 from decode_worker.io.api.loads import handle_v1_loads
 from decode_worker.io.api.message import Request, Response, StreamResponse
-from decode_worker.io.api.openai import handle_chat, handle_completions
+from decode_worker.io.api.openai import handle_completions
 from decode_worker.io.api.run import GenerationRun, RejectedAtStart
 from decode_worker.io.api.targets import Target
 from decode_worker.io.metrics import Metrics
@@ -46,11 +48,13 @@ class ApiApp:
 
     Implements `context.ApiContext` (what the endpoint modules use: backend, config, metrics,
     make_input, start_run, model_name, check_model, max_new_tokens); the endpoints never import
-    this module. `/server_info` and `/model_info` add `served_model_name` (`model_name`)."""
+    this module. `/server_info` and `/model_info` add `served_model_name` (`model_name`).
+    Raises ConfigError for a reasoning / tool-call parser setting the tokenizer cannot serve."""
 
     def __init__(
         self, backend: GenerateBackend, config: ApiConfig, metrics: Metrics | None = None
     ) -> None:
+        check_parsers(config.reasoning_parser, config.tool_call_parser, backend.tokenizer)
         self.backend = backend
         self.config = config
         self.metrics = metrics

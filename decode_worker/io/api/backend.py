@@ -161,8 +161,10 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
-        """The prompt text for these messages, ending with the assistant turn's opening."""
+    def apply_chat_template(self, messages: list[dict[str, Any]], *,
+                            tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text for these messages (and tools, for templates that render them),
+        ending with the assistant turn's opening."""
         ...
 
 

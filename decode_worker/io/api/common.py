@@ -35,6 +35,8 @@ class ApiConfig:
     metrics_enabled: bool = True
     observe_latency: bool = True
     strict_model_name: bool = True  # a request naming another model is a 404
+    reasoning_parser: str = "auto"  # chat: auto / gpt-oss / none (io/api/harmony/chat.py)
+    tool_call_parser: str = "auto"
     # keys /server_info reports unless the backend reports them itself (the cache settings)
     server_info_defaults: dict[str, Any] = field(default_factory=dict)
 
@@ -49,6 +51,8 @@ class ApiConfig:
             api_key=key.get_secret_value() if key is not None else None,
             metrics_enabled=settings.metrics.enabled,
             strict_model_name=settings.api.strict_model_name,
+            reasoning_parser=settings.api.reasoning_parser,
+            tool_call_parser=settings.api.tool_call_parser,
             server_info_defaults=cache_info(settings),
         )
 

@@ -1,4 +1,4 @@
-"""OpenAI-compatible `POST /v1/completions` and `POST /v1/chat/completions`.
+"""OpenAI-compatible `POST /v1/completions` (and what chat completions share: `chat.py`).
 
 Non-streaming answers carry `usage` with `prompt_tokens_details.cached_tokens`. Streams send
 one chunk per text delta, a final chunk with `finish_reason`, a usage chunk when
@@ -17,14 +17,14 @@ from decode_worker.core.sampling import check_top_logprobs
 from decode_worker.errors import ClientError
 from decode_worker.io.api.common import RunStream, check_prompt, error_obj, vocab_size_of
 from decode_worker.io.api.context import ApiContext
+from decode_worker.io.api.harmony.chat import ChatParsing
+from decode_worker.io.api.harmony.tools import ToolPlan
 from decode_worker.io.api.limits import COMPLETIONS_DEFAULT_MAX_TOKENS
 from decode_worker.io.api.message import Request, Response, StreamResponse
 from decode_worker.io.api.openai_shape import OpenAIShape, stream_chunks
 from decode_worker.io.api.samples import Prompt, build_inputs, collect_all, start_all
 from decode_worker.io.api.schemas import (
-    ChatReq,
     CompletionReq,
-    Message,
     OpenAIBase,
     decode_body,
     requested_max_tokens,
@@ -39,40 +39,31 @@ async def handle_completions(app: ApiContext, req: Request) -> Response | Stream
         raise ClientError("echo=true is not supported")
     prompts = _prompt_ids(app, body.prompt)
     top = check_top_logprobs(body.logprobs, "logprobs")  # completions: logprobs=N alternatives
-    return await _serve(app, body, prompts, top > 0, top, chat=False,
+    return await serve(app, body, prompts, top > 0, top, chat=False,
                         received_at=req.received_at)
 
 
-async def handle_chat(app: ApiContext, req: Request) -> Response | StreamResponse:
-    body = decode_body(req.body, ChatReq)
-    app.check_model(body.model)
-    if not body.messages:
-        raise ClientError("messages must be a non-empty list")
-    prompt = app.backend.tokenizer.apply_chat_template([_message(m) for m in body.messages])
-    ids = app.backend.tokenizer.encode(prompt)
-    top = check_top_logprobs(body.top_logprobs, "top_logprobs")
-    if top and not body.logprobs:
-        raise ClientError("top_logprobs needs logprobs=true")
-    return await _serve(app, body, [ids], body.logprobs, top, chat=True,
-                        received_at=req.received_at)
-
-
-async def _serve(
+async def serve(
     app: ApiContext, body: OpenAIBase, prompt_ids: list[list[int]], logprobs: bool,
-    top_logprobs: int, chat: bool, received_at: float,
+    top_logprobs: int, chat: bool, received_at: float, *, tools: ToolPlan | None = None,
+    parsing: ChatParsing | None = None,
 ) -> Response | StreamResponse:
+    """Run the samples of `prompt_ids` and answer. Chat: `tools` when a tool-call parser took
+    the request's tools (their grammar forces a call), `parsing` how its output is split."""
     vocab = vocab_size_of(app.backend.tokenizer)
     default = None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS  # chat: up to the context
     prompts = []
     for raw in prompt_ids:
         ids = check_prompt(raw, app.config.max_prompt_tokens, vocab)
         max_new = app.max_new_tokens(len(ids), requested_max_tokens(body), default=default)
-        prompts.append(Prompt(ids, sampling_from_openai(body, max_new)))
+        prompts.append(Prompt(ids, sampling_from_openai(
+            body, max_new, tools_parsed=tools is not None,
+            tool_grammar=tools.grammar if tools is not None else None)))
     inps = build_inputs(app, prompts, body.n, body, body.rid, stream=body.stream,
                         return_logprob=logprobs, top_logprobs=top_logprobs,
                         endpoint="chat" if chat else "completions", received_at=received_at)
     runs = await start_all(app, inps)
-    shape = OpenAIShape(app.model_name(), runs, body.n, chat)
+    shape = OpenAIShape(app.model_name(), runs, body.n, chat, parsing)
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamResponse(200, RunStream(stream_chunks(shape, usage), runs))
@@ -97,14 +88,3 @@ def _prompt_ids(app: ApiContext, prompt: str | list[Any] | None) -> list[list[in
         return [list(p) for p in prompt]
     raise ClientError("prompt must be a string, a list of token ids, or a non-empty list of "
                       "either (a batch)")
-
-
-def _message(m: Message) -> dict[str, Any]:
-    if m.content is None or isinstance(m.content, str):
-        return {"role": m.role, "content": m.content or ""}
-    parts = []
-    for part in m.content:
-        if part.type != "text":
-            raise ClientError(f"message content type {part.type!r} is not supported")
-        parts.append(part.text or "")
-    return {"role": m.role, "content": "".join(parts)}

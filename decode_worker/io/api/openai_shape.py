@@ -1,7 +1,8 @@
 """The OpenAI response objects (completions and chat) of one request's samples.
 
 Choice `k` is sample k (`samples.py`: prompt `k // n`, its sample `k % n`). `usage` counts every
-prompt once (the samples of one prompt share it) and every sample's completion tokens.
+prompt once (the samples of one prompt share it) and every sample's completion tokens. A chat
+whose output is parsed (`parsing`: harmony) gets its message and deltas from `harmony/chat.py`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from decode_worker.core.sampling import TopLogprobs
 from decode_worker.io.api.common import SSE_DONE, error_obj, now_s, sse
+from decode_worker.io.api.harmony.chat import ChatParsing, ChatStream, chat_message, finish_reason
 from decode_worker.io.api.run import Finish, GenerationRun, Step
 from decode_worker.io.api.samples import merged_steps
 
@@ -19,8 +21,10 @@ from decode_worker.io.api.samples import merged_steps
 class OpenAIShape:
     """Builds the OpenAI response objects of a request's runs (one per sample)."""
 
-    def __init__(self, model: str, runs: Sequence[GenerationRun], n: int, chat: bool) -> None:
+    def __init__(self, model: str, runs: Sequence[GenerationRun], n: int, chat: bool,
+                 parsing: ChatParsing | None = None) -> None:
         self.model, self.runs, self.n, self.chat = model, list(runs), n, chat
+        self.parsing = parsing if chat else None
         rid = runs[0].inp.extra.get("client_rid", runs[0].inp.rid)
         self.id = f"chatcmpl-{rid}" if chat else f"cmpl-{rid}"
         self.created = now_s()
@@ -72,10 +76,17 @@ class OpenAIShape:
         return out
 
     def full(self) -> dict[str, Any]:
-        choices = [self.choice(k, run.text.text, run.finish,
-                               self.logprobs(k, run.output_ids, run.logprobs, run.top_logprobs),
-                               delta=False)
-                   for k, run in enumerate(self.runs)]
+        choices = []
+        for k, run in enumerate(self.runs):
+            lp = self.logprobs(k, run.output_ids, run.logprobs, run.top_logprobs)
+            choice = self.choice(k, run.text.text, run.finish, lp, delta=False)
+            if self.parsing is not None:
+                sp = run.inp.sampling
+                choice["message"], calls = chat_message(run.output_ids, self.parsing,
+                                                        run.backend.tokenizer, sp.stop,
+                                                        sp.no_stop_trim)
+                choice["finish_reason"] = finish_reason(choice["finish_reason"], calls)
+            choices.append(choice)
         body = self._envelope(choices, False)
         body["usage"] = self.usage()
         return body
@@ -115,6 +126,9 @@ async def stream_chunks(shape: OpenAIShape, include_usage: bool) -> AsyncGenerat
             first["delta"] = {"role": "assistant", "content": ""}
             yield shape.chunk(first)
     pending = [_Pending() for _ in shape.runs]
+    parsed = [ChatStream(shape.parsing, run.backend.tokenizer, run.inp.sampling.stop,
+                         run.inp.sampling.no_stop_trim) for run in shape.runs] if (
+        shape.parsing is not None) else None
     async with contextlib.aclosing(merged_steps(shape.runs)) as steps:
         async for k, step in steps:
             fin = step.finish
@@ -123,9 +137,27 @@ async def stream_chunks(shape: OpenAIShape, include_usage: bool) -> AsyncGenerat
                 yield SSE_DONE
                 return
             pending[k].add(step)
-            if step.text or fin is not None:
+            if parsed is not None:
+                chunk = _parsed_chunk(shape, k, step, parsed[k], pending[k])
+                if chunk is not None:
+                    yield chunk
+            elif step.text or fin is not None:
                 yield shape.chunk(shape.choice(k, step.text, fin, pending[k].take(shape, k),
                                                delta=True))
     if include_usage:
         yield shape.chunk(None, usage=True)
     yield SSE_DONE
+
+
+def _parsed_chunk(shape: OpenAIShape, k: int, step: Step, stream: ChatStream,
+                  pending: _Pending) -> bytes | None:
+    """Sample k's chunk for a step of a parsed (harmony) chat, or None when it added nothing
+    visible yet (its tokens' logprobs then wait for the next chunk)."""
+    fin = step.finish
+    delta = stream.delta(step.token_ids, last=fin is not None)
+    if not delta and fin is None:
+        return None
+    choice = shape.choice(k, "", fin, pending.take(shape, k), delta=True)
+    choice["delta"] = delta
+    choice["finish_reason"] = finish_reason(choice["finish_reason"], stream.made_calls)
+    return shape.chunk(choice)

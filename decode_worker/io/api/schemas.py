@@ -10,7 +10,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from decode_worker.core.sampling import GrammarSpec, SamplingParams
+from decode_worker.core.sampling import GrammarSpec, SamplingParams, pick_grammar
 from decode_worker.errors import ClientError
 from decode_worker.io.api import structured
 
@@ -104,7 +104,7 @@ class OpenAIBase(Bootstrap):
     skip_special_tokens: bool = True
     rid: str | None = None
     response_format: structured.ResponseFormat | None = None  # structured output (structured.py)
-    tools: list[Any] | None = None  # refused with a 400 until tool calls are parsed
+    tools: list[Any] | None = None  # chat with a tool-call parser (harmony/tools.py), else 400
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
@@ -127,14 +127,22 @@ class ContentPart(msgspec.Struct):
 
 
 class Message(msgspec.Struct):
+    """A chat message; tool calls, a tool's result and reasoning go to the chat template."""
+
     role: str
     content: str | list[ContentPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
 
 
 class ChatReq(OpenAIBase):
     messages: list[Message] = msgspec.field(default_factory=list)
     logprobs: bool = False
     top_logprobs: int | None = None
+    separate_reasoning: bool = True  # SGLang's: the analysis in message.reasoning_content
+    parallel_tool_calls: bool | None = None  # accepted; a harmony turn ends at its first call
 
 
 def decode_body(body: bytes, kind: type[T]) -> T:
@@ -236,16 +244,23 @@ def requested_max_tokens(req: OpenAIBase) -> int | None:
     return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
 
 
-def sampling_from_openai(req: OpenAIBase, max_new_tokens: int) -> SamplingParams:
+def sampling_from_openai(req: OpenAIBase, max_new_tokens: int, *, tools_parsed: bool = False,
+                         tool_grammar: GrammarSpec | None = None) -> SamplingParams:
     """`max_new_tokens` is the resolved limit (`limits.resolve_max_new_tokens`). Raises
-    ClientError (400), also for a request that asks for tool calls (`structured.py`)."""
-    structured.refuse_tools(req.tools, req.tool_choice, req.functions, req.function_call)
+    ClientError (400), also for a request that asks for tool calls unless they are parsed
+    (`tools_parsed`: chat with a tool-call parser; `tool_grammar` forces a call)."""
+    if tools_parsed:
+        structured.refuse_tools(None, None, req.functions, req.function_call)
+    else:
+        structured.refuse_tools(req.tools, req.tool_choice, req.functions, req.function_call)
     refuse_unapplied(req, req.min_tokens)
+    grammar = structured.grammar_from_response_format(req.response_format)
+    if tool_grammar is not None:
+        grammar = pick_grammar({"response_format": grammar, "tool_choice": tool_grammar})
     return build_sampling(
         max_new_tokens=max_new_tokens,
         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
         seed=req.seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos, no_stop_trim=req.no_stop_trim,
-        skip_special_tokens=req.skip_special_tokens,
-        grammar=structured.grammar_from_response_format(req.response_format),
+        skip_special_tokens=req.skip_special_tokens, grammar=grammar,
     )

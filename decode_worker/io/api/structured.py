@@ -7,9 +7,11 @@
 
 They become a `GrammarSpec` on the request's `SamplingParams`; only cheap checks happen here (io
 imports no torch): the backend compiles it with xgrammar (`device/grammar.py`) before the request
-runs, and a grammar it cannot compile is a 400 with xgrammar's message. Tool calls are not parsed
-for any model format yet, so `tools` (unless `tool_choice` is "none"), a forced `tool_choice`
-and the older `functions` are refused with a 400 that says so, never silently ignored.
+runs, and a grammar it cannot compile is a 400 with xgrammar's message. Tool calls are parsed
+for harmony models in chat (`harmony/`); elsewhere (completions, a model without the harmony
+tokens, `api.tool_call_parser=none`) `tools` (unless `tool_choice` is "none"), a forced
+`tool_choice` and the older `functions` are refused with a 400 that says so, never silently
+ignored.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import msgspec
 from decode_worker.core.sampling import GrammarSpec, pick_grammar
 from decode_worker.errors import ClientError
 
-TOOLS_UNSUPPORTED = ("tool calls are not supported yet for this model's format: the server "
-                     "cannot parse a tool call out of the output")
+TOOLS_UNSUPPORTED = ("tool calls are not parsed here (chat completions with a harmony model "
+                     "and api.tool_call_parser auto or gpt-oss only): the server cannot parse a "
+                     "tool call out of this output")
 
 
 class JsonSchemaFormat(msgspec.Struct):

@@ -2,8 +2,9 @@
 
 `IncrementalDetokenizer` never emits half a UTF-8 character: text whose decoding ends in U+FFFD
 (an incomplete byte sequence) is held until more tokens complete it, or until `flush()`.
-`TextStream` adds stop strings on top: text that could be the start of a stop string is held
-back, so a streamed client never sees part of one.
+`TextStream` adds stop strings on top (`StopFilter`, also applied to each field of a parsed
+chat): text that could be the start of a stop string is held back, so a streamed client never
+sees part of one.
 """
 
 from __future__ import annotations
@@ -50,8 +51,39 @@ class IncrementalDetokenizer:
         return new_text[len(prefix_text) :]
 
 
+class StopFilter:
+    """Stop strings over a text that arrives in pieces: text that could be the start of a stop
+    string is held back. After a match `stopped` is True, `matched` names it, and further
+    text is ignored; the stop string is trimmed unless `no_stop_trim`."""
+
+    def __init__(self, stop: Sequence[str] = (), no_stop_trim: bool = False) -> None:
+        self._stop = tuple(s for s in stop if s)
+        self._no_stop_trim = no_stop_trim
+        self._held = ""
+        self.stopped = False
+        self.matched: str | None = None
+
+    def push(self, new: str, final: bool = False) -> str:
+        """The part of `new` (after what was held) that is sure to be shown; `final` at the end
+        releases what is held."""
+        if self.stopped:
+            return ""
+        buf = self._held + new
+        hit = _earliest(buf, self._stop)
+        if hit is not None:
+            idx, stop = hit
+            out = buf[: idx + len(stop)] if self._no_stop_trim else buf[:idx]
+            self.stopped, self.matched, self._held = True, stop, ""
+        elif final or not self._stop:
+            out, self._held = buf, ""
+        else:
+            keep = _partial_suffix(buf, self._stop)
+            out, self._held = buf[: len(buf) - keep], buf[len(buf) - keep :]
+        return out
+
+
 class TextStream:
-    """Detokenized text with stop strings applied.
+    """Detokenized text with stop strings applied (`StopFilter`).
 
     After a stop string matched, `stopped` is True, `matched` names it, and further input is
     ignored. The stop string is trimmed from the text unless `no_stop_trim`.
@@ -60,12 +92,16 @@ class TextStream:
     def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = (), no_stop_trim: bool = False,
                  skip_special_tokens: bool = True) -> None:
         self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
-        self._stop = tuple(s for s in stop if s)
-        self._no_stop_trim = no_stop_trim
-        self._held = ""
+        self._filter = StopFilter(stop, no_stop_trim)
         self.text = ""
-        self.stopped = False
-        self.matched: str | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self._filter.stopped
+
+    @property
+    def matched(self) -> str | None:
+        return self._filter.matched
 
     def push(self, token_ids: Sequence[int]) -> str:
         if self.stopped:
@@ -79,17 +115,7 @@ class TextStream:
         return self._advance(self._detok.flush(), final=True)
 
     def _advance(self, new: str, final: bool) -> str:
-        buf = self._held + new
-        hit = _earliest(buf, self._stop)
-        if hit is not None:
-            idx, stop = hit
-            out = buf[: idx + len(stop)] if self._no_stop_trim else buf[:idx]
-            self.stopped, self.matched, self._held = True, stop, ""
-        elif final or not self._stop:
-            out, self._held = buf, ""
-        else:
-            keep = _partial_suffix(buf, self._stop)
-            out, self._held = buf[: len(buf) - keep], buf[len(buf) - keep :]
+        out = self._filter.push(new, final)
         self.text += out
         return out
 

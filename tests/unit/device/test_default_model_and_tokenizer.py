@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from decode_worker.cli import main
-from decode_worker.device.default_model import EOS_TOKEN_ID, VOCAB_SIZE, ensure_default_model
+from decode_worker.device.default_model import (
+    EOS_TOKEN_ID,
+    EOS_TOKEN_IDS,
+    FORMAT_VERSION,
+    VOCAB_SIZE,
+    ensure_default_model,
+)
 from decode_worker.device.model.config import GptOssConfig
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import ClientError
@@ -57,19 +63,33 @@ def test_byte_tokenizer_round_trips_any_text(model_dir: Path) -> None:
     ids = tok.encode(text)
     assert ids == list(text.encode("utf-8"))
     assert tok.decode(ids) == text
-    assert tok.vocab_size == VOCAB_SIZE
-    assert tok.eos_token_ids == (EOS_TOKEN_ID,)
+    assert tok.vocab_size == VOCAB_SIZE == 264
+    assert tok.eos_token_ids == EOS_TOKEN_IDS == (262, EOS_TOKEN_ID, 263)  # gpt-oss's order
     assert tok.encode("<|endoftext|>") == [EOS_TOKEN_ID]
     assert tok.decode([*tok.encode("hi"), EOS_TOKEN_ID]) == "hi"
 
 
-def test_chat_template_jinja_equals_builtin(model_dir: Path) -> None:
+def test_the_cache_dir_names_the_format_version(model_dir: Path) -> None:
+    assert FORMAT_VERSION == 2 and model_dir.name == "tiny-gpt-oss-v2-seed0"
+
+
+def test_chat_template_renders_harmony_and_the_builtin_fallback(model_dir: Path) -> None:
     tok = Tokenizer.from_dir(model_dir)
     assert tok.chat_template is not None
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     rendered = tok.apply_chat_template(messages)
-    tok.chat_template = None
-    assert rendered == tok.apply_chat_template(messages) == (
+    assert rendered.startswith("<|start|>system<|message|>")
+    assert "# Valid channels: analysis, commentary, final." in rendered
+    assert rendered.endswith("<|start|>developer<|message|># Instructions\n\nbe brief<|end|>"
+                             "<|start|>user<|message|>hi<|end|><|start|>assistant")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with_tools = tok.apply_chat_template(messages, tools=[tool])
+    assert "type f = (_: {\"type\": \"object\"}) => any;" in with_tools
+    assert "Calls to these tools must go to the commentary channel" in with_tools
+    for sp in ("<|channel|>", "<|message|>", "<|start|>"):  # the markers are single tokens
+        assert len(tok.encode(sp)) == 1
+    tok.chat_template = None  # no template in the directory: the plain built-in one
+    assert tok.apply_chat_template(messages) == (
         "<|start|>system<|message|>be brief<|end|><|start|>user<|message|>hi<|end|>"
         "<|start|>assistant<|message|>")
 

@@ -170,7 +170,7 @@ def test_terminated_grammar_allows_only_stop_tokens(tokenizer: Tokenizer,
     vocab = tokenizer.vocab_size + 12  # a model vocab padded past the tokenizer's
     masked = mask_logits(torch.zeros(2, vocab), [None, state])
     assert masked[0].isfinite().all()  # the unconstrained row is untouched
-    assert set(masked[1].isfinite().nonzero()[:, 0].tolist()) == {eos, 42}
+    assert set(masked[1].isfinite().nonzero()[:, 0].tolist()) == {*tokenizer.eos_token_ids, 42}
 
 
 def test_padded_vocab_ids_and_forbidden_tokens_are_never_sampled_logprobs_stay_raw(

@@ -6,6 +6,7 @@ output), so everything around the capture runs here; tests/gpu checks the real C
 
 from __future__ import annotations
 
+import os
 from functools import partial
 
 import pytest
@@ -37,10 +38,12 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> GptOssModel:
     return load_model(write_model(tmp_path_factory.mktemp("m"), seed=0), "cpu", torch.float32)
 
 
-def build(model: GptOssModel, backend: FakeGraphBackend | None) -> ModelRunner:
+def build(model: GptOssModel, backend: FakeGraphBackend | None, attention: str = "torch",
+          buckets: list[int] = BUCKETS) -> ModelRunner:
     pools = KVPools(KVSpec.from_config(model.cfg), 160, 160, PAGE, "cpu", torch.float32)
     return ModelRunner(model, pools, use_cuda_graph=backend is not None,
-                       graph_batch_sizes=BUCKETS, max_graph_pages=32, graph_backend=backend)
+                       graph_batch_sizes=buckets, max_graph_pages=32, graph_backend=backend,
+                       attention_backend=attention)
 
 
 def real_pages(runner: ModelRunner) -> list[torch.Tensor]:
@@ -107,6 +110,26 @@ def test_capture_graphs_prepares_every_bucket_and_destroy_releases(model: GptOss
     assert (run_steps(build(model, None), [40, 150], steps=3) - graphed).abs().max().item() < TOL
     runner.destroy()
     assert runner.graphs is None and backend.released
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the kernels run on CPU tensors only interpreted")
+def test_triton_attention_has_one_graph_per_batch_bucket_and_matches_torch(
+        model: GptOssModel) -> None:
+    """The Triton kernels (under the interpreter here) in the graph step: tables at the graph
+    width, dummy rows on page 0; one graph per batch bucket whatever the contexts."""
+    backend = FakeGraphBackend()
+    runner = build(model, backend, attention="triton", buckets=[1, 4])
+    assert runner.attention_backend == "triton"
+    assert runner.capture_graphs(max_context_len=400) == 2 == backend.captured  # 25 pages
+    assert runner.graphs is not None and set(runner.graphs.graphs) == {(1, 32), (4, 32)}
+    lengths = [5, 140, 77]  # bucket 4 with a dummy row; inside and past the window (127)
+    graphed = run_steps(runner, lengths, steps=3)
+    assert backend.captured == 2  # every step replayed a graph captured at start
+    eager_runner = build(model, None)
+    assert (run_steps(eager_runner, lengths, steps=3) - graphed).abs().max().item() < TOL
+    for e, g in zip(real_pages(eager_runner), real_pages(runner), strict=True):
+        assert (e - g).abs().max().item() < TOL
 
 
 def test_the_decode_step_passes_the_capture_guard_on_every_moe_path(model: GptOssModel) -> None:

@@ -65,17 +65,14 @@ def test_layout_takes_explicit_sizes_and_rejects_a_budget_too_small() -> None:
                           torch.float32)
 
 
-def test_cuda_budget_is_the_memory_fraction_minus_what_is_in_use(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """On CUDA the budget is measured after the weights are loaded: fraction x total - used."""
+def test_cuda_layout_takes_the_pool_bytes_of_the_share() -> None:
+    """On CUDA the caller passes what the process's share leaves for the pools
+    (tests/unit/device/test_gpu_share.py); without it only explicit sizes fit."""
     gib = 2**30
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (100 * gib, 140 * gib))
     cache = CacheSettings(page_size=64, memory_fraction=0.85, swa_pool_share=0.15)
-    layout = plan_cache_layout(cache, SPEC, torch.device("cuda"), torch.bfloat16)
-    assert layout.budget_bytes == int(140 * gib * 0.85) - 40 * gib
+    layout = plan_cache_layout(cache, SPEC, torch.device("cuda"), torch.bfloat16,
+                               budget_bytes=60 * gib)
     full_b, swa_b = layout.pool_bytes(SPEC)
-    assert layout.budget_bytes - 4 * layout.page_bytes <= full_b + swa_b <= layout.budget_bytes
-    # weights already above the fraction: refused with the setting to raise
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * gib, 140 * gib))
+    assert 60 * gib - 4 * layout.page_bytes <= full_b + swa_b <= 60 * gib
     with pytest.raises(ConfigError, match="memory_fraction"):
         plan_cache_layout(cache, SPEC, torch.device("cuda"), torch.bfloat16)

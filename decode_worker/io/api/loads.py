@@ -87,7 +87,7 @@ def load_row(load: Load, info: dict[str, Any]) -> dict[str, Any]:
         "num_running_reqs": load.num_running_reqs, "num_waiting_reqs": load.num_waiting_reqs,
         "num_waiting_uncached_tokens": load.num_queued_tokens,
         "num_used_tokens": load.num_used_tokens, "num_total_tokens": load.num_tokens,
-        "num_active_tokens": load.num_tokens, "max_total_num_tokens": capacity,
+        "max_total_num_tokens": capacity,
         "max_running_requests": _int(info.get("max_running_requests")),
         "token_usage": round(usage, 6), "gen_throughput": 0.0,
         "cache_hit_rate": round(load.cache_hit_rate, 6), "utilization": 0.0,

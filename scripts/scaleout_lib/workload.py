@@ -56,8 +56,11 @@ def user_turns(conversations: int, turns: int, seed: int = 0) -> list[list[str]]
 
 def chat_stream(url: str, body: dict[str, Any], headers: dict[str, str],
                 timeout_s: float = 300.0) -> tuple[str, dict[str, Any], float, float]:
-    """POST a streaming chat completion; (content, usage, ttft_s, tpot_s or -1). Raises
-    RuntimeError when the stream ends without a usage chunk or carries an error event."""
+    """POST a streaming chat completion; (content, usage, ttft_s, tpot_s or -1). The first
+    token is the first chunk (the role chunk leaves with it; the text may come later in one
+    piece, as gpt-oss's harmony parsing holds it back), the last one the chunk with the
+    `finish_reason`. Raises RuntimeError when the stream ends without a usage chunk or carries
+    an error event."""
     data = json.dumps({**body, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
     req = urllib.request.Request(f"{url}/v1/chat/completions", data=data, method="POST",
@@ -75,16 +78,16 @@ def chat_stream(url: str, body: dict[str, Any], headers: dict[str, str],
                 raise RuntimeError(f"stream error: {event['error']}")
             usage = event.get("usage") or usage
             for choice in event.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content") or ""
-                if piece:
-                    last = time.perf_counter()
-                    first = first or last
-                    content += piece
-    if usage is None:
-        raise RuntimeError("the stream ended without a usage chunk")
+                now = time.perf_counter()
+                first = first or now
+                content += (choice.get("delta") or {}).get("content") or ""
+                if choice.get("finish_reason"):
+                    last = now
+    if usage is None or not first:
+        raise RuntimeError("the stream ended without a first chunk or a usage chunk")
     n_out = int(usage.get("completion_tokens", 0))
-    tpot = (last - first) / (n_out - 1) if n_out > 1 and first else -1.0
-    return content, usage, (first or time.perf_counter()) - t0, tpot
+    tpot = (last - first) / (n_out - 1) if n_out > 1 and last else -1.0
+    return content, usage, first - t0, tpot
 
 
 def play(url: str, model: str, users: list[list[str]], max_tokens: int,

@@ -3,7 +3,7 @@
 #
 #   docker build -t decode-worker:0.1.0 .                      # the daemon (default target)
 #   docker build --build-arg CUDA_VERSION=12.9.1 -t ... .      # another CUDA runtime
-#   docker build --target router -t decode-worker-router:0.1.0 .   # SGLang router (PD mode)
+#   docker build --target router -t decode-worker-router:0.1.0 .   # SGLang Model Gateway (smg)
 #
 # Ports: 30000/tcp HTTP API + /health + /metrics (server.port); 8998/tcp ZMQ bootstrap of the
 # reference prefill peer (`decode-worker prefill`, transfer.bootstrap_port). NIXL/UCX opens its
@@ -33,12 +33,12 @@ RUN /opt/decode-worker/bin/pip install --no-deps -c deploy/requirements.lock . \
 
 FROM python:3.12-slim AS router
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN pip install sglang-router==0.3.2 \
+RUN pip install smg==1.13.0 \
     && useradd --system --uid 10001 --create-home router
 USER 10001
 # 8000: the router's HTTP API; 29000: its Prometheus metrics.
 EXPOSE 8000 29000
-ENTRYPOINT ["python", "-m", "sglang_router.launch_router"]
+ENTRYPOINT ["python", "-m", "smg.launch_router"]
 
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu${UBUNTU_VERSION} AS runtime
 LABEL org.opencontainers.image.title="decode-worker" \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Serving benchmark: SGLang's own `python -m sglang.bench_serving` through sglang-router in PD
-# mode, in front of the reference prefill peer and the decode worker; the decode radix cache on,
+# Serving benchmark: SGLang's own `python -m sglang.bench_serving` through the SGLang Model Gateway
+# (smg 1.13, PD mode) in front of the reference prefill peer and the decode worker; the decode radix cache on,
 # then off (cache.decode_radix_cache=false). A benchmark, not a test: CI does not run it.
 #
 #   bash scripts/bench_serving.sh                      # the built-in tiny gpt-oss, small counts
@@ -15,6 +15,9 @@
 # bench_serving's warm-up request included) and its prefix-cache hit tokens; a summary table
 # closes the output.
 #
+# Router: $ROUTER_MODULE (smg.launch_router; sglang_router.launch_router for sglang-router 0.3.2),
+# started as a module from $PYTHON (both packages install a `smg` console script), with
+# $ROUTER_POLICY (round_robin).
 # Environment: its own venv $BENCH_VENV (.venv-bench): SGLang 0.5.23 from .venv-sglang
 # (scripts/setup_sglang.sh, linked in by a .pth file) plus the `datasets` package that
 # sglang.bench_serving imports. Servers run from this checkout's python ($PYTHON).
@@ -31,6 +34,8 @@ BACKENDS=${BACKENDS:-"sglang sglang-oai sglang-oai-chat"}
 DATASETS=${DATASETS:-"sharegpt generated-shared-prefix"}
 CACHES=${CACHES:-"on off"}
 SERVER_TIMEOUT_S=${SERVER_TIMEOUT_S:-3600}  # every server is bounded by `timeout`
+ROUTER_MODULE=${ROUTER_MODULE:-smg.launch_router}
+ROUTER_POLICY=${ROUTER_POLICY:-round_robin}
 BPY="$VENV/bin/python"
 mkdir -p "$OUT"
 
@@ -93,9 +98,9 @@ start_stack() {  # start_stack on|off: prefill peer, decode worker, router; sets
     --set "cache.decode_radix_cache=$radix" > "$OUT/decode-$cache.log" 2>&1 & PIDS+=($!)
   wait_url "$PREFILL/health" 300
   wait_url "$DECODE/health" 300
-  timeout "$SERVER_TIMEOUT_S" "$PY" -m sglang_router.launch_router --pd-disaggregation \
+  timeout "$SERVER_TIMEOUT_S" "$PY" -m "$ROUTER_MODULE" --pd-disaggregation \
     --prefill "$PREFILL" "$bp" --decode "$DECODE" --host 127.0.0.1 --port "$rp" \
-    --prometheus-host 127.0.0.1 --prometheus-port "$(port)" --policy round_robin \
+    --prometheus-host 127.0.0.1 --prometheus-port "$(port)" --policy "$ROUTER_POLICY" \
     --worker-startup-check-interval 1 --health-check-interval-secs 5 \
     --request-timeout-secs 600 --disable-circuit-breaker > "$OUT/router-$cache.log" 2>&1 &
   PIDS+=($!)

@@ -2,18 +2,18 @@
 
     python scripts/soak.py --duration 60 --seed 1
 
-Starts a prefill peer, a decode worker with tiny pools (its integrity check runs every 0.2 s:
-a broken page or lock invariant stops it) and the SGLang router when installed; runs mixed
-streaming / non-streaming multi-turn traffic (P/D straight, through the router, local prefill)
-for `--duration` seconds while injecting one fault at a time at random moments: prefill
+Starts a prefill peer, a decode worker with tiny pools (its integrity check runs every 0.2 s: a
+broken page or lock invariant stops it) and the SGLang Model Gateway (smg) when installed; runs
+mixed streaming / non-streaming multi-turn traffic (P/D straight, through the router, local
+prefill) for `--duration` seconds while injecting one fault at a time at random moments: prefill
 SIGKILL (then restart), prefill SIGSTOP/SIGCONT, client disconnects mid-stream, malformed HTTP
 bodies, malformed protocol frames, duplicate and late completions from a misbehaving peer, pool
-pressure bursts, and a SIGTERM of the decode worker under load (then restart). Then it stops
-the traffic, waits for the worker to go idle and prints, per fault kind, injected / survived
-and the requests sent / answered with tokens / answered with an error / never answered (the
-requests started while a fault of that kind was being injected, its own and the traffic's;
-the `traffic` row: while none was); the counters that show the tiny pools at work
-(evictions, retractions); the page and queue gauges against their baseline; and last, exactly
+pressure bursts, and a SIGTERM of the decode worker under load (then restart). Then it stops the
+traffic, waits for the worker to go idle and prints, per fault kind, injected / survived and the
+requests sent / answered with tokens / answered with an error / never answered (the requests
+started while a fault of that kind was being injected, its own and the traffic's; the `traffic`
+row: while none was); the counters that show the tiny pools at work (evictions, retractions);
+the page and queue gauges against their baseline; and last, exactly
 
     soak: seconds=<s> faults=<n> requests=<n> unanswered=<n> leaked_pages=<n>
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", type=Path, help="HF model dir (default: the built-in tiny one)")
     ap.add_argument("--threads", type=int, default=4, help="concurrent conversations")
-    ap.add_argument("--no-router", action="store_true", help="do not start the SGLang router")
+    ap.add_argument("--no-router", action="store_true", help="do not start the router (smg)")
     ap.add_argument("--faults", default=",".join(FAULTS),
                     help="comma-separated fault kinds to inject (default: all)")
     args = ap.parse_args(argv)

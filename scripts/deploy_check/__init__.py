@@ -18,5 +18,5 @@ KUSTOMIZATIONS = (
     K8S / "base",
     K8S / "overlays" / "dev-single-gpu",
     K8S / "overlays" / "h200-prod",
-    K8S / "examples" / "pd-router",
+    K8S / "examples" / "pd-gateway",
 )

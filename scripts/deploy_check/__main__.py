@@ -21,6 +21,7 @@ import yaml
 from scripts.deploy_check import (
     K8S,
     KUSTOMIZATIONS,
+    gateway,
     hostfiles,
     observability,
     policy,
@@ -50,6 +51,7 @@ def check_kustomization(directory: Path, use_kubectl: bool = False) -> list[str]
     for obj in objs:
         problems += [f"{where}: {p}" for p in schemas.schema_problems(obj)]
     problems += [f"{where}: {p}" for p in policy.policy_problems(objs, where not in NO_RDMA)]
+    problems += [f"{where}: {p}" for p in gateway.gateway_problems(objs)]
     return problems
 
 

@@ -37,7 +37,12 @@ REQUIRED_PANELS = {
     "TTFT": "decode_worker_time_to_first_token_seconds_bucket",
     "ITL": "decode_worker_inter_token_latency_seconds_bucket",
 }
+# ... and per worker (`by (instance)`): topic -> the series such a query must read
+PER_WORKER_PANELS = {
+    "prefix hit rate per worker": "decode_worker_prefix_cache_hit_tokens_total",
+}
 SEVERITIES = {"critical", "warning", "info"}
+_BY_INSTANCE = re.compile(r"\bby\s*\(\s*instance\s*\)")
 _DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 _ROW = re.compile(r"^\|\s*`(decode_worker_\w+)`\s*\|\s*(\w+)\s*\|([^|]*)\|")
 
@@ -121,18 +126,24 @@ def dashboard_problems(path: Path = DASHBOARD, extra: Families | None = None) ->
     except (OSError, json.JSONDecodeError) as exc:
         return [f"{path}: {exc}"]
     sources = exported_series(extra)
-    out, read, ids = [], set(), []
+    out, read, per_worker, ids = [], set(), set(), []
     for panel in _panels(dash.get("panels", [])):
         ids.append(panel.get("id"))
         for target in panel.get("targets", []):
             expr = target.get("expr", "")
             out += expr_problems(f"panel {panel.get('title')!r}", expr, sources)
             read |= set(analyse(expr).metrics)
+            if _BY_INSTANCE.search(expr):
+                per_worker |= set(analyse(expr).metrics)
     if len(ids) != len(set(ids)):
         out.append(f"{path.name}: duplicate panel ids")
     for topic, series in REQUIRED_PANELS.items():
         if series not in read:
             out.append(f"{path.name}: no panel for {topic} (reads no {series})")
+    for topic, series in PER_WORKER_PANELS.items():
+        if series not in per_worker:
+            out.append(f"{path.name}: no panel for {topic} (no query reads {series} "
+                       "by (instance))")
     return out
 
 

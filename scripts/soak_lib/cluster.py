@@ -1,12 +1,11 @@
-"""The soak's real processes on loopback: a prefill peer, a decode worker with tiny pools, and
-the SGLang router in front of them when it is installed. Each can be killed and restarted on
-the same ports. Metric names come from `decode_worker.io.metrics`, not from string literals."""
+"""The soak's real processes on loopback: a prefill peer, a decode worker with tiny pools, and the
+SGLang Model Gateway (smg) in front of them when it is installed. Each can be killed and
+restarted on the same ports. Metric names come from `decode_worker.io.metrics`, not from string
+literals."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,6 +16,8 @@ from decode_worker.daemon.shared.procs import (
     http_json,
     wait_router_workers,
 )
+from decode_worker.daemon.shared.router import SMG, router_argv
+from decode_worker.daemon.shared.router import has_router as router_installed
 from decode_worker.io.metrics import Metrics
 
 PAGE_SIZE = 16
@@ -92,14 +93,9 @@ class Cluster:
         assert self.router_port is not None
         log = open(Path(self.decode.log.name).with_suffix(".router.log"), "wb")  # noqa: SIM115
         self.logs.append(log.name)
-        self.router = subprocess.Popen([
-            sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-            "--prefill", self.prefill_url, str(self.boot_port), "--decode", self.decode_url,
-            "--host", "127.0.0.1", "--port", str(self.router_port), "--prometheus-host",
-            "127.0.0.1", "--prometheus-port", str(free_port()),
-            "--worker-startup-check-interval", "1", "--health-check-interval-secs", "2",
-            "--request-timeout-secs", "30", "--policy", "round_robin",
-            "--disable-circuit-breaker"], stdout=log, stderr=subprocess.STDOUT)
+        self.router = subprocess.Popen(router_argv(
+            SMG, [(self.prefill_url, self.boot_port)], [self.decode_url], self.router_port,
+            health_interval_s=2, request_timeout_s=30), stdout=log, stderr=subprocess.STDOUT)
         if wait_router_workers(self.router_url, 2, 60):
             return
         self.router.kill()
@@ -139,7 +135,7 @@ class Cluster:
 
 
 def has_router() -> bool:
-    return importlib.util.find_spec("sglang_router") is not None
+    return router_installed(SMG)
 
 
 def http_json_text(url: str, timeout_s: float = 10.0) -> str:

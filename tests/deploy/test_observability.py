@@ -74,6 +74,17 @@ def test_unknown_label_and_missing_panel_fail(tmp_path: Path) -> None:
     assert any("no panel for TTFT" in p for p in problems), problems
 
 
+def test_dashboard_without_a_per_worker_hit_rate_fails(tmp_path: Path) -> None:
+    dash = json.loads(obs.DASHBOARD.read_text())
+    for panel in dash["panels"]:  # the same queries summed over every worker
+        for target in panel.get("targets", []):
+            target["expr"] = target["expr"].replace("sum by (instance)", "sum")
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(dash))
+    assert any("no panel for prefix hit rate per worker" in p
+               for p in obs.dashboard_problems(path))
+
+
 def _rules_with(tmp_path: Path, **change: str) -> Path:
     doc = yaml.safe_load(obs.RULES.read_text())
     doc["groups"][0]["rules"][2].update(change)

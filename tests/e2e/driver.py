@@ -1,7 +1,7 @@
-"""End-to-end driver: prefill peer + decode worker (+ the SGLang router), a multi-turn chat.
+"""End-to-end driver: prefill peer + decode worker(s) (+ a router in PD mode), a multi-turn chat.
 
-Run as a script (the router test runs it inside a loopback-only network namespace):
-    python -m tests.e2e.driver --model DIR --out result.json [--router]
+Run as a script (the router tests run it inside a loopback-only network namespace):
+    python -m tests.e2e.driver --model DIR --out result.json [--router [--router-kind K]]
 It writes, per turn, the prompt ids sent, the output ids and meta_info received, the decode
 worker's transfer bytes after the turn, and a final /metrics scrape; with the router, also its
 answer to a /flush_cache after the last turn.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -24,8 +23,8 @@ from decode_worker.daemon.shared.procs import (
     free_port,
     http_json,
     scrape_metric,
-    wait_router_workers,
 )
+from decode_worker.daemon.shared.router import SGLANG_ROUTER, SMG, Router, router_argv
 
 PAGE_SIZE = 16
 TOP_LOGPROBS = 5  # alternatives asked per token: the first token's come through the aux row
@@ -41,36 +40,49 @@ def conversation(turns: int, seed: int = 0) -> list[list[int]]:
 
 
 class Workers:
-    """Prefill peer and decode worker as child processes (and the router if asked)."""
+    """Prefill peer and decode worker(s) as child processes (and the router if asked).
+
+    `num_decode` decode workers (`decodes`; `decode` is the first) behind `router_kind` (smg,
+    the router of record, or sglang-router for the compatibility test) with `policy` for both
+    sides and `decode_policy` for the decode side if given. `decode_extra` adds arguments to the
+    decode workers only."""
 
     def __init__(self, model: Path, router: bool, extra: list[str],
-                 protocol: str = "native") -> None:
+                 protocol: str = "native", *, num_decode: int = 1, router_kind: str = SMG,
+                 policy: str = "round_robin", decode_policy: str | None = None,
+                 decode_extra: list[str] | None = None) -> None:
         self.prefill_port, self.boot_port = free_port(), free_port()
-        self.decode_port = free_port()
         common = ["--model", str(model), "--set", f"cache.page_size={PAGE_SIZE}", *extra]
         self.prefill = ServerProcess("prefill", [
             "prefill", "--port", str(self.prefill_port), "--bootstrap-port", str(self.boot_port),
             "--protocol", protocol, *common], self.prefill_port)
-        self.decode = ServerProcess("decode", ["serve", "--port", str(self.decode_port),
-                                               *common], self.decode_port)
-        self.router: ServerProcess | None = None
+        self.decodes = []
+        for i in range(num_decode):
+            port = free_port()
+            self.decodes.append(ServerProcess(f"decode{i}" if i else "decode", [
+                "serve", "--port", str(port), *common, *(decode_extra or [])], port))
+        self.decode = self.decodes[0]
+        self.decode_port = self.decode.port
+        self.router: Router | None = None
         if router:
             self.router_port = free_port()
-            self.router = RouterProcess(self.prefill.url, self.boot_port, self.decode.url,
-                                        self.router_port)
+            self.router = Router(router_argv(
+                router_kind, [(self.prefill.url, self.boot_port)],
+                [d.url for d in self.decodes], self.router_port, policy=policy,
+                decode_policy=decode_policy), self.router_port)
 
     def __enter__(self) -> Workers:
-        self.prefill.__enter__()
-        self.decode.__enter__()
-        self.prefill.wait_ready(120)
-        self.decode.wait_ready(120)
+        for proc in (self.prefill, *self.decodes):
+            proc.__enter__()
+        for proc in (self.prefill, *self.decodes):
+            proc.wait_ready(120)
         if self.router is not None:
             self.router.__enter__()
-            self.router.wait_workers(60)
+            self.router.wait_workers(1 + len(self.decodes), 60)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for proc in (self.router, self.decode, self.prefill):
+        for proc in (self.router, *self.decodes, self.prefill):
             if proc is not None:
                 proc.stop()
 
@@ -89,30 +101,17 @@ class Workers:
         return dict(out)
 
 
-class RouterProcess(ServerProcess):
-    """`python -m sglang_router.launch_router --pd-disaggregation ...` on loopback."""
+class RouterProcess(Router):
+    """One prefill peer and one decode worker behind a router in PD mode on loopback
+    (`router_kind`: smg by default, or sglang-router), round robin."""
 
-    def __init__(self, prefill_url: str, boot_port: int, decode_url: str, port: int) -> None:
-        super().__init__("router", [], port)
-        self.cmd = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-                    "--prefill", prefill_url, str(boot_port), "--decode", decode_url,
-                    "--host", "127.0.0.1", "--port", str(port), "--prometheus-host",
-                    "127.0.0.1", "--prometheus-port", str(free_port()),
-                    "--worker-startup-check-interval", "1", "--health-check-interval-secs", "3",
-                    "--request-timeout-secs", "60", "--policy", "round_robin",
-                    "--disable-circuit-breaker"]
+    def __init__(self, prefill_url: str, boot_port: int, decode_url: str, port: int,
+                 router_kind: str = SMG) -> None:
+        super().__init__(router_argv(router_kind, [(prefill_url, boot_port)], [decode_url],
+                                     port), port)
 
-    def __enter__(self) -> RouterProcess:
-        import subprocess
-
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=self.env)
-        return self
-
-    def wait_workers(self, timeout_s: float) -> None:
-        if wait_router_workers(self.url, 2, timeout_s):
-            return
-        raise RuntimeError(f"router has no workers after {timeout_s}s:\n{self.output()[-3000:]}")
+    def wait_workers(self, timeout_s: float, count: int = 2) -> None:  # type: ignore[override]
+        super().wait_workers(count, timeout_s)
 
 
 def play(workers: Workers, turns: int, max_new: int) -> list[dict[str, Any]]:
@@ -134,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--router", action="store_true")
+    ap.add_argument("--router-kind", default=SMG, choices=[SMG, SGLANG_ROUTER])
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-new", type=int, default=8)
     ap.add_argument("--set", action="append", default=[])
@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the protocol the prefill peer serves (the decode worker finds out)")
     args = ap.parse_args(argv)
     extra = [x for s in args.set for x in ("--set", s)]
-    with Workers(args.model, args.router, extra, args.protocol) as w:
+    with Workers(args.model, args.router, extra, args.protocol,
+                 router_kind=args.router_kind) as w:
         results = play(w, args.turns, args.max_new)
         out: dict[str, Any] = {"turns": results}
         if w.router is not None:  # the router sends its /flush_cache on to every worker

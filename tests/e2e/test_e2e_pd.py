@@ -1,12 +1,12 @@
 """Prefill peer -> NIXL -> decode worker, as real processes, against the reference tokens.
 
 The direct test plays the router itself (same body to both servers, same bootstrap room); the
-router test puts the SGLang router in front, inside a loopback-only network namespace.
+router tests put a router in front (smg, the SGLang Model Gateway; and sglang-router 0.3.2 for
+compatibility), inside a loopback-only network namespace.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from decode_worker.daemon.shared.router import SGLANG_ROUTER, SMG, has_router
 from tests.e2e import driver
 from tests.e2e.conftest import assert_top_logprobs_match
 
@@ -72,9 +73,9 @@ def test_multi_turn_direct_matches_reference(
     assert f'decode_worker_transfer_peers{{protocol="{protocol}"}} 1.0' in metrics.splitlines()
 
 
-def _router_skip_reason() -> str | None:
-    if importlib.util.find_spec("sglang_router") is None:
-        return "sglang-router is not installed (pip install -e '.[router]')"
+def _router_skip_reason(kind: str = SMG) -> str | None:
+    if not has_router(kind):
+        return f"{kind} is not installed (pip install -e '.[test]')"
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         return "unshare/ip not available for a loopback-only network namespace"
     probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=10)
@@ -84,15 +85,20 @@ def _router_skip_reason() -> str | None:
 
 
 @pytest.mark.router
-@pytest.mark.parametrize("protocol", ["native", "sglang"])
-def test_multi_turn_through_sglang_router(
-        e2e_model_dir: Path, reference_run: Any, tmp_path: Path, protocol: str) -> None:
-    reason = _router_skip_reason()
+@pytest.mark.parametrize(("kind", "protocol"), [
+    (SMG, "native"), (SMG, "sglang"),
+    (SGLANG_ROUTER, "native"),  # compatibility: the older router still drives the worker
+])
+def test_multi_turn_through_router(
+        e2e_model_dir: Path, reference_run: Any, tmp_path: Path, kind: str,
+        protocol: str) -> None:
+    reason = _router_skip_reason(kind)
     if reason:
         pytest.skip(reason)
     out = tmp_path / "result.json"
     script = (f"ip link set lo up && exec {sys.executable} -m tests.e2e.driver --router "
-              f"--model {e2e_model_dir} --out {out} --turns 3 --protocol {protocol}")
+              f"--router-kind {kind} --model {e2e_model_dir} --out {out} --turns 3 "
+              f"--protocol {protocol}")
     proc = subprocess.run(["unshare", "-n", "bash", "-c", script], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

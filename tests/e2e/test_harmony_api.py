@@ -1,7 +1,7 @@
 """gpt-oss's harmony output through the real HTTP server, as the OpenAI Python SDK reads it:
 reasoning_content, content, tool_calls (plain and streamed, with the SDK's stream helper), the
-tool result of the next turn rendered by the chat template, tool_choice, and the SGLang router
-(PD mode) in front of a prefill and a decode server.
+tool result of the next turn rendered by the chat template, tool_choice, and the SGLang Model
+Gateway (smg, PD mode) in front of a prefill and a decode server.
 
 The backend is a `FakeHarmonyBackend` (tests/fakes/fake_harmony.py): the model output is a
 given harmony token sequence, because a random-weight model cannot be made to emit harmony.
@@ -10,7 +10,6 @@ Everything else is real: the tiny model's tokenizer and chat template, the API s
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,13 +17,14 @@ from typing import Any
 
 import pytest
 
+from decode_worker.daemon.shared.router import has_router
 from decode_worker.device.default_model import write_model
 from decode_worker.io.api import ApiApp, ApiConfig
 from tests.fakes.fake_backend import ServerThread
 from tests.fakes.fake_harmony import SCRIPTS, FakeHarmonyBackend
 
 openai = pytest.importorskip("openai")
-HAS_ROUTER = importlib.util.find_spec("sglang_router") is not None
+HAS_ROUTER = has_router()  # smg, the router of record (tests/e2e/driver.RouterProcess)
 TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city now",
     "parameters": {"type": "object", "required": ["city"], "properties": {
@@ -210,7 +210,7 @@ def test_parsers_off_give_raw_text_and_refuse_tools(model_dir: Path) -> None:
 
 @pytest.mark.router
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_ROUTER, reason="sglang-router is not installed")
+@pytest.mark.skipif(not HAS_ROUTER, reason="smg is not installed")
 def test_through_the_router_plain_and_streamed(model_dir: Path) -> None:
     from decode_worker.daemon.shared.procs import free_port
     from tests.e2e.driver import RouterProcess

@@ -1,15 +1,15 @@
 """The OpenAI Python SDK as a client (issue 16): against the live decode worker (alone, and with
-the reference prefill peer as P/D) and through the SGLang router in PD mode in front of both.
+the reference prefill peer as P/D) and through the SGLang Model Gateway in PD mode in front of
+both.
 
 `api` is parametrized: "decode" is the decode worker on its own (it prefills itself), "router"
-is `sglang_router.launch_router --pd-disaggregation` in front of the prefill peer and the decode
+is `smg.launch_router --pd-disaggregation` (smg 1.13) in front of the prefill peer and the decode
 worker. The router loads the tokenizer from the model directory the workers report (local), so
 nothing leaves the machine. Every client has `max_retries=0`: an error is seen, never retried.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from collections.abc import Iterator
@@ -18,14 +18,15 @@ from typing import Any
 
 import pytest
 
+from decode_worker.daemon.shared.router import has_router
 from tests.e2e.driver import Workers
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 pytestmark = pytest.mark.slow
-HAS_ROUTER = importlib.util.find_spec("sglang_router") is not None
+HAS_ROUTER = has_router()
 APIS = ["decode", pytest.param("router", marks=[pytest.mark.router, pytest.mark.skipif(
-    not HAS_ROUTER, reason="sglang-router is not installed (pip install -e '.[router]')")])]
+    not HAS_ROUTER, reason="smg is not installed (pip install -e '.[router]')")])]
 GREEDY: dict[str, Any] = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 MESSAGES = [{"role": "system", "content": "You are terse."},
             {"role": "user", "content": "Name three colours."}]
@@ -40,7 +41,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
-    """Prefill peer + decode worker (+ the router when sglang-router is installed)."""
+    """Prefill peer + decode worker (+ the router when smg is installed)."""
     from decode_worker.device.default_model import write_model
 
     model = write_model(tmp_path_factory.mktemp("sdk") / "tiny-gpt-oss", seed=0)
@@ -82,7 +83,7 @@ def _text_of(chunks: list[Any]) -> dict[int, str]:
 
 
 @pytest.mark.router
-@pytest.mark.skipif(not HAS_ROUTER, reason="sglang-router is not installed")
+@pytest.mark.skipif(not HAS_ROUTER, reason="smg is not installed")
 def test_models_through_router_lists_exactly_one_model(stack: Workers, model: str) -> None:
     assert stack.router is not None
     listed = _client(stack.router.url).models.list().data

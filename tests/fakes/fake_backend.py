@@ -58,6 +58,7 @@ class FakeBackend:
     flush_results: list[FlushResult] = field(default_factory=list)
     flushes: int = 0
     model_path: str = "/nonexistent"
+    server_extra: dict[str, Any] = field(default_factory=dict)  # more /server_info fields
     tokenizer: ByteTokenizer = field(default_factory=ByteTokenizer)
     inputs: list[GenerateInput] = field(default_factory=list)
     aborts: list[tuple[str, str]] = field(default_factory=list)
@@ -119,7 +120,7 @@ class FakeBackend:
 
     def server_info(self) -> dict[str, Any]:
         return {"model_path": self.model_path, "tp_size": 1, "dp_size": 1,
-                "disaggregation_mode": "decode", "context_length": 4096}
+                "disaggregation_mode": "decode", "context_length": 4096, **self.server_extra}
 
     def model_info(self) -> dict[str, Any]:
         return {"model_path": self.model_path, "tokenizer_path": self.model_path,

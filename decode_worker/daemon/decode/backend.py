@@ -189,7 +189,7 @@ class DecodeBackend:
         i = self.info
         return {
             "model_path": i.model_path, "tokenizer_path": i.model_path,
-            "disaggregation_mode": "decode",
+            "disaggregation_mode": "decode", "disaggregation_transfer_backend": "nixl",
             "tp_size": 1, "dp_size": 1, "page_size": i.page_size, "sliding_window": i.window,
             "max_total_num_tokens": i.max_total_tokens,
             "max_running_requests": i.max_running_requests, "status": self.health().status,

@@ -56,14 +56,7 @@ class Books:
         is seconds apart; a decode step may be a millisecond)."""
         stats = {"full": self._pool_stats("full"), "swa": self._pool_stats("swa")}
         q = self.queue_sizes()
-        # tokens in use: pages held by requests or locked for them, not the evictable cache (as
-        # SGLang: the larger of the two pools), plus the prompts still queued for pages
-        in_use = max((st.total - st.available - st.evictable for st in stats.values()
-                      if st is not None), default=0) * self.kv_ctx.page_size
-        queued = (sum(lv.req.fill_len for lv in self.table.lives.values()
-                      if lv.req.state is RequestState.QUEUED) if q.prealloc else 0)
-        self.load = Load(num_running_reqs=q.running, num_waiting_reqs=q.prealloc + q.transfer,
-                         num_tokens=in_use + queued, measured_at=time.perf_counter())
+        self.load = self._load(stats, q)
         if decoding and now < self._next_publish:
             return
         self._next_publish = now + PUBLISH_EVERY_S
@@ -74,6 +67,22 @@ class Books:
                                          evictable=st.evictable, protected=st.protected,
                                          total=st.total)
         self.metrics.update_queues(prealloc=q.prealloc, transfer=q.transfer, running=q.running)
+
+    def _load(self, stats: dict[str, PoolStats | None], q: QueueSizes) -> Load:
+        # tokens in use: pages held by requests or locked for them, not the evictable cache (as
+        # SGLang: the larger of the two pools), plus the prompts still queued for pages
+        in_use = max((st.total - st.available - st.evictable for st in stats.values()
+                      if st is not None), default=0) * self.kv_ctx.page_size
+        queued = (sum(lv.req.fill_len for lv in self.table.lives.values()
+                      if lv.req.state is RequestState.QUEUED) if q.prealloc else 0)
+        kst = self.kv_ctx.stats
+        hit_rate = (kst.prefix_hit_tokens_total / kst.prefix_query_tokens_total
+                    if kst.prefix_query_tokens_total else 0.0)
+        return Load(num_running_reqs=q.running, num_waiting_reqs=q.prealloc + q.transfer,
+                    num_tokens=in_use + queued, measured_at=time.perf_counter(),
+                    num_used_tokens=in_use, num_queued_tokens=queued,
+                    num_prealloc_reqs=q.prealloc, num_transfer_reqs=q.transfer,
+                    cache_hit_rate=hit_rate)
 
     def queue_sizes(self) -> QueueSizes:
         # requests still learning their peer's protocol wait before the prealloc queue: count

@@ -90,14 +90,15 @@ def http_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 1
 
 
 def wait_router_workers(router_url: str, count: int, timeout_s: float) -> bool:
-    """Poll a router's GET /workers until it lists at least `count` workers (True), or
-    `timeout_s` passes (False)."""
+    """Poll a router's GET /workers until it lists at least `count` healthy workers (True), or
+    `timeout_s` passes (False). A worker without `is_healthy` (older routers) counts."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             listed = http_json(f"{router_url}/workers", timeout_s=2)
             workers = listed.get("workers", listed) if isinstance(listed, dict) else listed
-            if isinstance(workers, list) and len(workers) >= count:
+            healthy = [w for w in workers if not isinstance(w, dict) or w.get("is_healthy", True)]
+            if isinstance(workers, list) and len(healthy) >= count:
                 return True
         except Exception:  # not up yet, or answering oddly while it starts
             pass

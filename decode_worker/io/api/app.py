@@ -5,6 +5,7 @@
   GET  /health, /health_generate                            (200, or 503 + Retry-After)
   GET  /server_info, /get_server_info, /model_info, /get_model_info, /v1/models, /metrics
   GET  /get_load; GET or POST /flush_cache (auth)            (router and operators: `admin.py`)
+  GET  /v1/loads                                            (SGLang's load report: `loads.py`)
 Every error is `{"error": {"message", "type", "code", "reason"}}` with a matching status.
 `/health_generate` reports backend health without generating (a decode worker cannot
 generate without a prefill peer).
@@ -28,6 +29,7 @@ from decode_worker.io.api.common import ApiConfig, error_obj, new_rid, now_s
 from decode_worker.io.api.generate import handle_generate
 from decode_worker.io.api.harmony.chat import check_parsers
 from decode_worker.io.api.limits import check_model, resolve_max_new_tokens
+from decode_worker.io.api.loads import handle_v1_loads
 from decode_worker.io.api.message import Request, Response, StreamResponse
 from decode_worker.io.api.openai import handle_completions
 from decode_worker.io.api.run import GenerationRun, RejectedAtStart
@@ -71,6 +73,7 @@ class ApiApp:
             "/v1/models": (("GET",), "models", ApiApp._models),
             "/metrics": (("GET",), "metrics", ApiApp._metrics),
             "/get_load": (("GET",), "get_load", handle_get_load),
+            "/v1/loads": (("GET",), "loads", handle_v1_loads),
             "/flush_cache": (("GET", "POST"), "flush_cache", handle_flush_cache),
         }
 

@@ -109,14 +109,22 @@ def status_for_reason(reason: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """A worker's load for GET /get_load (one data-parallel rank): requests decoding, requests
-    waiting (queued for pages or waiting for their KV), and tokens in use or asked for.
+    """A worker's load for GET /get_load and GET /v1/loads (one data-parallel rank): requests
+    decoding, requests waiting (queued for pages or waiting for their KV), and tokens in use or
+    asked for (`num_tokens` = `num_used_tokens` + `num_queued_tokens`). `num_prealloc_reqs` +
+    `num_transfer_reqs` break `num_waiting_reqs` down (decode worker; 0 elsewhere);
+    `cache_hit_rate` is prefix-cache hit tokens / looked-up tokens since start (0..1).
     `measured_at` is the `time.perf_counter()` of the measurement (reported as `ts_tic`)."""
 
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
     num_tokens: int = 0
     measured_at: float = 0.0
+    num_used_tokens: int = 0
+    num_queued_tokens: int = 0
+    num_prealloc_reqs: int = 0
+    num_transfer_reqs: int = 0
+    cache_hit_rate: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +190,8 @@ class GenerateBackend(Protocol):
     def health(self) -> Health: ...
 
     def load(self) -> Load:
-        """For GET /get_load: the latest figures, at once (never waits on the compute side)."""
+        """For GET /get_load and /v1/loads: the latest figures, at once (never waits on the
+        compute side)."""
         ...
 
     async def flush_cache(self) -> FlushResult:

@@ -57,11 +57,16 @@ class SamplingIn(msgspec.Struct):
 
 class Bootstrap(msgspec.Struct):
     """The router's P/D fields, shared by every generation body: scalars for one sample, arrays
-    with one entry per sample for `n > 1` or an array prompt (see `targets.py`)."""
+    with one entry per sample for `n > 1` or an array prompt (see `targets.py`). Also SGLang's
+    extra outputs, which the gateway (smg) sends as `false` on every `/generate`: this server
+    does not produce them, so `true` is a 400 (`refuse_extra_outputs`), never a silent ignore."""
 
     bootstrap_host: str | list[str] | None = None
     bootstrap_port: int | list[int] | None = None
     bootstrap_room: int | list[int] | None = None
+    return_hidden_states: bool = False
+    return_entropy: bool = False
+    return_bytes: bool = False
 
 
 class GenerateReq(Bootstrap):
@@ -145,11 +150,22 @@ def decode_body(body: bytes, kind: type[T]) -> T:
     if not body.strip():
         raise ClientError("request body is empty; expected a JSON object")
     try:
-        return msgspec.json.decode(body, type=kind)
+        req = msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
         raise ClientError(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise ClientError(f"malformed JSON: {exc}") from None
+    if isinstance(req, Bootstrap):
+        refuse_extra_outputs(req)
+    return req
+
+
+def refuse_extra_outputs(req: Bootstrap) -> None:
+    """Raises ClientError (400) when a body asks for an output this server does not produce."""
+    for name in ("return_hidden_states", "return_entropy", "return_bytes"):
+        if getattr(req, name):
+            raise ClientError(f"{name}=true is not supported by this server (it would be "
+                              f"ignored); leave it out or send false")
 
 
 def _stop_tuple(stop: str | list[str] | None) -> tuple[str, ...]:

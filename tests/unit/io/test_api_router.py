@@ -1,13 +1,16 @@
-"""The real sglang-router (PD mode) in front of two API servers with FakeBackends.
+"""The real router (PD mode: smg 1.13, and sglang-router 0.3.2) in front of two API servers with
+FakeBackends.
 
 Checks the seams the router depends on: registration (incl. its HTTP/2 gRPC probe), the same
 body with bootstrap fields to both workers, the decode answer relayed for all three endpoints,
 SSE relayed, a 400 passed through with our message, a client leaving mid-stream aborts the
-decode request, the router's /flush_cache fans out to both workers, and its /get_loads reads
-our /get_load. Runs in a loopback-only user+network
-namespace (`unshare -rn`), so the router can reach nothing else.
+decode request, the router's /flush_cache fans out to both workers, its /get_loads reads our
+/get_load (sglang-router) or /v1/loads (smg), and an extra output we do not produce is a 400.
+Runs in a loopback-only user+network namespace (`unshare -rn`), so the router can reach
+nothing else.
 
-Run by hand: `unshare -rn python -m tests.unit.io.test_api_router` prints the results.
+Run by hand: `unshare -rn python -m tests.unit.io.test_api_router [smg|sglang-router]` prints
+the results.
 """
 
 from __future__ import annotations
@@ -26,13 +29,15 @@ from typing import Any
 
 import pytest
 
+from decode_worker.daemon.shared.router import MODULES, PACKAGES, SGLANG_ROUTER, SMG
+
 ROOT = Path(__file__).resolve().parents[3]
 PREFILL, DECODE, ROUTER, PROM = 41101, 41102, 41100, 41109
 
 
-def _can_run() -> str | None:
-    if importlib.util.find_spec("sglang_router") is None:
-        return "sglang-router is not installed (pip install -e '.[router]')"
+def _can_run(kind: str) -> str | None:
+    if importlib.util.find_spec(PACKAGES[kind]) is None:
+        return f"{kind} is not installed (pip install -e '.[test]')"
     if shutil.which("unshare") is None:
         return "no unshare(1)"
     probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True, check=False)
@@ -43,12 +48,13 @@ def _can_run() -> str | None:
 
 @pytest.mark.router
 @pytest.mark.slow
-def test_router_pd_mode_drives_our_api_unchanged() -> None:
-    reason = _can_run()
+@pytest.mark.parametrize("kind", [SMG, SGLANG_ROUTER])
+def test_router_pd_mode_drives_our_api_unchanged(kind: str) -> None:
+    reason = _can_run(kind)
     if reason:
         pytest.skip(reason)
     out = subprocess.run(
-        ["unshare", "-rn", sys.executable, "-m", "tests.unit.io.test_api_router"],
+        ["unshare", "-rn", sys.executable, "-m", "tests.unit.io.test_api_router", kind],
         cwd=ROOT, capture_output=True, timeout=120, check=False, text=True,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -71,9 +77,19 @@ def test_router_pd_mode_drives_our_api_unchanged() -> None:
     status, text = res["flush"]  # the router's /flush_cache reached both workers, both said 200
     assert status == 200 and json.loads(text)["workers_flushed"] == 2, text
     assert res["flushes"] == {"prefill": 1, "decode": 1}
-    status, text = res["loads"]  # the router parsed our /get_load: the sum of num_tokens
-    loads = {w["worker"].rsplit(":", 1)[1]: w["load"] for w in json.loads(text)["workers"]}
-    assert status == 200 and loads == {str(PREFILL): 11, str(DECODE): 7}, text
+    status, text = res["hidden"]  # smg sends return_hidden_states=false; true is refused
+    assert status == 400 and "return_hidden_states" in text, text
+    status, text = res["loads"]
+    assert status == 200, text
+    if kind == SGLANG_ROUTER:  # the router parsed our /get_load: the sum of num_tokens
+        loads = {w["worker"].rsplit(":", 1)[1]: w["load"] for w in json.loads(text)["workers"]}
+        assert loads == {str(PREFILL): 11, str(DECODE): 7}, text
+    else:  # smg polled our /v1/loads: the tokens in use and the decode queue per worker
+        rows = {w["worker"].rsplit(":", 1)[1]: w for w in json.loads(text)["loads"]}
+        assert {k: w["num_used_tokens"] for k, w in rows.items()} == {
+            str(PREFILL): 11, str(DECODE): 7}, text
+        assert rows[str(DECODE)]["token_usage"] == pytest.approx(0.007), text
+        assert rows[str(DECODE)]["disagg_mode"] == "decode", text
 
 
 # -- driver (runs inside the namespace) ------------------------------------------------------
@@ -117,7 +133,9 @@ def _stub(port: int, role: str, model_dir: str, log_path: str) -> None:
             be = Logged(chunk_tokens=1 << 20, cached_tokens=2, model_path=model_dir)
         else:
             be = Logged(delay_s=0.01, cached_tokens=2, model_path=model_dir)
-        be.load_state = Load(num_running_reqs=1, num_tokens=11 if role == "prefill" else 7)
+        used = 11 if role == "prefill" else 7
+        be.load_state = Load(num_running_reqs=1, num_tokens=used, num_used_tokens=used)
+        be.server_extra = {"max_total_num_tokens": 1000}
         server = HttpServer(ApiApp(be, ApiConfig()), ServerConfig(port=port))
         await server.start()
         await asyncio.Event().wait()
@@ -125,7 +143,7 @@ def _stub(port: int, role: str, model_dir: str, log_path: str) -> None:
     run(main())
 
 
-def _driver() -> dict[str, Any]:
+def _driver(kind: str) -> dict[str, Any]:
     import httpx
 
     from decode_worker.device.default_model import byte_tokenizer
@@ -139,12 +157,13 @@ def _driver() -> dict[str, Any]:
                               cwd=ROOT)
              for port, role in ((PREFILL, "prefill"), (DECODE, "decode"))]
     procs.append(subprocess.Popen([
-        sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+        sys.executable, "-m", MODULES[kind], "--pd-disaggregation",
         "--prefill", f"http://127.0.0.1:{PREFILL}", "8998", "--decode", f"http://127.0.0.1:{DECODE}",
         "--host", "127.0.0.1", "--port", str(ROUTER), "--prometheus-host", "127.0.0.1",
         "--prometheus-port", str(PROM), "--worker-startup-check-interval", "1",
         "--health-check-interval-secs", "3", "--request-timeout-secs", "20",
         "--policy", "round_robin", "--disable-circuit-breaker",
+        *(["--load-monitor-interval", "1"] if kind == SMG else []),
     ], stdout=subprocess.DEVNULL, stderr=open(tmp / "router.err", "w")))  # noqa: SIM115
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{ROUTER}", timeout=15) as c:
@@ -179,6 +198,8 @@ def _exercise(c: Any, tmp: Path) -> dict[str, Any]:
         "model": model, "prompt": "hi", "max_tokens": 3}).json()
     bad = c.post("/generate", json={"text": "hi", "sampling_params": {"top_p": 0}})
     res["bad"] = [bad.status_code, bad.text]
+    hidden = c.post("/generate", json={"text": "hi", "return_hidden_states": True})
+    res["hidden"] = [hidden.status_code, hidden.text]
     boom = c.post("/generate", json={"text": "hi", "stream": True, "rid": "boom",
                                      "sampling_params": {"max_new_tokens": 3}})
     res["boom"] = [boom.status_code, boom.text]
@@ -204,4 +225,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--stub"]:
         _stub(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])
     else:
-        print(json.dumps(_driver()))
+        print(json.dumps(_driver(sys.argv[1] if len(sys.argv) > 1 else SMG)))

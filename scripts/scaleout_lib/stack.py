@@ -1,0 +1,88 @@
+"""The scale-out stack on loopback: one prefill peer, N decode workers, and a router per run.
+
+`Stack(model, num_decode, pool_pages)` starts the servers (`with`); `stack.routed(policy, n)`
+starts a router (smg by default) in PD mode in front of the prefill peer and the first `n`
+decode workers with that decode policy, waits until it lists them, and stops it on exit.
+`flush()` empties every decode worker's prefix cache (between runs, so each policy starts
+cold); `served()` reads how many requests each decode worker has ended (its
+`decode_worker_requests_total`), so a run's share per worker is a difference of two reads.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from decode_worker.daemon.shared.procs import ServerProcess, free_port, http_json, scrape_metric
+from decode_worker.daemon.shared.router import SMG, Router, router_argv
+
+PAGE_SIZE = 16
+
+
+class Stack:
+    """Prefill peer + `num_decode` decode workers; `pool_pages` (if set) sizes both KV pools
+    of each decode worker, to force eviction."""
+
+    def __init__(self, model: Path, num_decode: int, pool_pages: int | None = None,
+                 router_kind: str = SMG) -> None:
+        self.router_kind = router_kind
+        self.prefill_port, self.boot_port = free_port(), free_port()
+        common = ["--model", str(model), "--set", f"cache.page_size={PAGE_SIZE}"]
+        pools = [] if pool_pages is None else [
+            "--set", f"cache.num_full_pages={pool_pages}",
+            "--set", f"cache.num_swa_pages={pool_pages}"]
+        self.prefill = ServerProcess("prefill", [
+            "prefill", "--port", str(self.prefill_port), "--bootstrap-port",
+            str(self.boot_port), *common], self.prefill_port)
+        self.decodes = []
+        for i in range(num_decode):
+            port = free_port()
+            self.decodes.append(ServerProcess(f"decode{i}", [
+                "serve", "--port", str(port), *common, *pools], port))
+
+    def __enter__(self) -> Stack:
+        for proc in (self.prefill, *self.decodes):
+            proc.__enter__()
+        for proc in (self.prefill, *self.decodes):
+            proc.wait_ready(180)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in (*self.decodes, self.prefill):
+            proc.stop()
+
+    def model_name(self) -> str:
+        return str(http_json(f"{self.decodes[0].url}/v1/models")["data"][0]["id"])
+
+    @contextmanager
+    def routed(self, policy: str, num_decode: int | None = None,
+               extra: Sequence[str] = ()) -> Iterator[Router]:
+        """A router in front of the prefill peer and the first `num_decode` decode workers
+        (all by default), `policy` on the decode side (round robin on the one prefill);
+        `extra`: more router flags."""
+        decodes = self.decodes[: num_decode or len(self.decodes)]
+        port = free_port()
+        argv = router_argv(self.router_kind, [(self.prefill.url, self.boot_port)],
+                           [d.url for d in decodes], port, policy="round_robin",
+                           decode_policy=policy, request_timeout_s=300, extra=extra)
+        router = Router(argv, port, name=f"router-{policy}")
+        with router:
+            router.wait_workers(1 + len(decodes), 60)
+            yield router
+
+    def flush(self, timeout_s: float = 60.0) -> None:
+        """Every decode worker's cache emptied (each waits until it is idle)."""
+        for d in self.decodes:
+            req = urllib.request.Request(f"{d.url}/flush_cache?timeout={timeout_s:g}",
+                                         data=b"", method="POST")
+            with urllib.request.urlopen(req, timeout=timeout_s + 10) as resp:
+                resp.read()  # 200 text; a refusal (400) raises HTTPError
+
+    def served(self, status: str = "") -> list[int]:
+        """Requests each decode worker has ended so far (with `status`, e.g. "finished": only
+        those; empty: any status)."""
+        labels = f'status="{status}"' if status else ""
+        return [int(scrape_metric(d.url, "decode_worker_requests_total", labels))
+                for d in self.decodes]

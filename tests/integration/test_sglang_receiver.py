@@ -402,7 +402,8 @@ def _check_native_and_unavailable_peers(router: ProtocolRouter) -> None:
     finally:
         sock.close()
         ctx.term()
-    proto = _until(lambda: router.protocol_of("127.0.0.1", 18394), 5.0)
+    since = time.monotonic()  # a caller waits for the probe that answers after it asked
+    proto = _until(lambda: router.protocol_of("127.0.0.1", 18394, since), 5.0)
     assert proto.kind == "unavailable" and "unreachable" in proto.detail
     tid = router.submit("127.0.0.1", 18394, rid="x", room=1, prompt_len=16, reused_len=0,
                         swa_window_start=0, full_page_ids=[1], swa_page_ids=[1], aux_slot=0)

@@ -24,22 +24,22 @@ window may start inside a page (each key looks up its own page). Pool layout per
 (or a q of another dtype than the pool) runs the dots in IEEE fp32 (no TF32), a bf16/fp16 pool
 with a q of its dtype uses the native dot with P rounded to the pool dtype (as SGLang does).
 
-Import only with triton available; on CPU the kernels run under `TRITON_INTERPRET=1` (tests).
+Import only with triton available; on CPU the kernels run under `TRITONINTERPRETED=1` (tests).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton  # type: ignore[import-untyped]
 import triton.language as tl  # type: ignore[import-untyped]
 
+from decode_worker.device.kernels import INTERPRETED
+
 BLOCK_N = 64  # keys per block: one [64, hd] K tile
-# Triton's interpreter (3.9) multiplies bf16 tiles as their raw uint16 bits: under it every dot
-# runs on float32 copies of the same (already rounded) operands, what the GPU's native dot does;
-# it also rounds f32 -> bf16 toward zero (the GPU: to nearest even), so `write_kv` casts first
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# INTERPRETED: Triton's interpreter (3.9) multiplies bf16 tiles as their raw uint16 bits, so under
+# it every dot runs on float32 copies of the same (already rounded) operands, what the GPU's
+# native dot does; it also rounds f32 -> bf16 toward zero (the GPU: to nearest even), so
+# `write_kv` casts first
 NO_WINDOW = 1 << 30  # `window` of a full-attention layer: every earlier key
 
 
@@ -153,7 +153,7 @@ def write_kv(kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Te
     into its slot of `kv` (one layer's pages [N + 1, 2, ps, kvh, hd], contiguous), page
     `table[i, (pos // ps) % table.shape[1]]` (a full table or an SWA ring)."""
     bs, kvh, hd = k.shape
-    if _INTERPRET and k.dtype != kv.dtype:  # the interpreter truncates f32 -> bf16; torch and
+    if INTERPRETED and k.dtype != kv.dtype:  # the interpreter truncates f32 -> bf16; torch and
         k, v = k.to(kv.dtype), v.to(kv.dtype)  # the GPU round to nearest even
     _write_kv_kernel[(bs,)](
         k, v, kv, table, positions, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -208,7 +208,7 @@ def stage1_meta(group: int, head_dim: int, page_size: int, f32: bool) -> dict[st
     return {"GROUP": group, "HEAD_DIM": head_dim, "PAGE": page_size,
             "BLOCK_H": max(16, triton.next_power_of_2(group)), "BLOCK_N": BLOCK_N,
             "BLOCK_D": max(16, triton.next_power_of_2(head_dim)),
-            "FP32_DOT": f32 or _INTERPRET, "ROUND_P": not f32}
+            "FP32_DOT": f32 or INTERPRETED, "ROUND_P": not f32}
 
 
 def stage2_meta(group: int, head_dim: int) -> dict[str, int]:

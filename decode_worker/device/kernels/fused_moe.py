@@ -21,19 +21,16 @@ the whole MoE; no host sync.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import triton
 
+from decode_worker.device.kernels import INTERPRETED
 from decode_worker.device.kernels.moe_align import Routing, route_and_align
 from decode_worker.device.kernels.moe_gemm import down_kernel, gate_up_kernel, sum_kernel
 from decode_worker.errors import ConfigError
-
-# Triton's interpreter (CPU tests) has no 16-bit float dot: the kernels upcast tiles there
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 class ExpertTensors(Protocol):
@@ -140,7 +137,7 @@ def _gate_up(x: torch.Tensor, routing: Routing, w: ExpertTensors, blocks: MoeBlo
         num_pairs, x.shape[1], inter, x.stride(0), *strides, w.gate_up_b.stride(0),
         act.stride(0), gate_step, up_shift, alpha, limit,
         TOP_K=routing.topk_ids.shape[1], W_MX=mxfp4, IEEE=x.dtype == torch.float32,
-        UPCAST=_INTERPRETED,
+        UPCAST=INTERPRETED,
         BM=blocks.block_m, BN=blocks.block_n, BK=blocks.block_k,
         num_warps=blocks.num_warps, num_stages=blocks.num_stages)
     return act
@@ -157,7 +154,7 @@ def _down(act: torch.Tensor, routing: Routing, w: ExpertTensors, blocks: MoeBloc
         routing.expert_ids, num_pairs, inter, hidden, act.stride(0), *strides,
         w.down_b.stride(0), out.stride(0),
         W_MX=w.down_scales is not None, IEEE=act.dtype == torch.float32,
-        UPCAST=_INTERPRETED,
+        UPCAST=INTERPRETED,
         BM=blocks.block_m, BN=blocks.block_n, BK=blocks.block_k,
         num_warps=blocks.num_warps, num_stages=blocks.num_stages)
     return out

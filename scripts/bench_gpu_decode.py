@@ -43,7 +43,6 @@ from scripts.gpu_floor import (
     floor_ms,
     shape_config,
     step_bytes,
-    weights_bytes,
 )
 
 
@@ -152,7 +151,7 @@ def load(args: argparse.Namespace, device: torch.device) -> GptOssModel:
     torch.cuda.empty_cache()
     print(f"shape {args.shape}: built the MXFP4 checkpoint in {built - t0:.1f} s, loaded in "
           f"{time.perf_counter() - built:.1f} s (MoE {backend}), weights "
-          f"{weights_bytes(model) / GIB:.2f} GiB, allocated "
+          f"{model.weights_bytes() / GIB:.2f} GiB, allocated "
           f"{torch.cuda.memory_allocated(device) / GIB:.2f} GiB")
     return model
 
@@ -213,7 +212,7 @@ def main() -> int:
     with torch.inference_mode():
         model = load(args, device)
         results = run(args, model, bandwidth, device)
-    print(summary(results, model.cfg, bandwidth, weights_bytes(model) / GIB))
+    print(summary(results, model.cfg, bandwidth, model.weights_bytes() / GIB))
     return 0
 
 

@@ -7,13 +7,10 @@ uses read once, every KV byte it attends to read once, at the measured copy band
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from decode_worker.device.default_model import tiny_config
 from decode_worker.device.model.config import GptOssConfig
-from decode_worker.device.model.gpt_oss import GptOssModel
 from decode_worker.device.model.synthetic import tensor_shapes
 from decode_worker.device.model.weights import from_state_dict
 
@@ -60,17 +57,6 @@ def floor_ms(num_bytes: float, bandwidth_gbps: float) -> float:
     return num_bytes / (bandwidth_gbps * 1e9) * 1e3
 
 
-def weights_bytes(model: GptOssModel) -> int:
-    """Bytes of every distinct tensor the model holds (a tied lm_head counts once)."""
-    tensors = {id(t): t for t in (model.embed, model.norm, model.lm_head)}
-    for lw in model.layers:
-        for f in dataclasses.fields(lw):
-            t = getattr(lw, f.name)
-            if isinstance(t, torch.Tensor):
-                tensors[id(t)] = t
-    return sum(t.numel() * t.element_size() for t in tensors.values())
-
-
 def shape_weights_gib(shape: str, moe_backend: str = "triton") -> float:
     """GiB of weights the loader keeps for `shape` in bf16 (meta tensors: nothing allocated)."""
     cfg = shape_config(shape)
@@ -78,4 +64,4 @@ def shape_weights_gib(shape: str, moe_backend: str = "triton") -> float:
              for name, (size, dtype) in tensor_shapes(cfg).items()}
     model = from_state_dict(cfg, state, torch.device("meta"), torch.bfloat16,
                             moe_backend=moe_backend)
-    return weights_bytes(model) / GIB
+    return model.weights_bytes() / GIB

@@ -10,13 +10,11 @@ Every probe reads and writes page 0 (the dummy page) only.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import torch
 
 from decode_worker.device.kv_pool import KVPools, KVSpec
-from decode_worker.device.model.gpt_oss import GptOssModel
 from decode_worker.device.runner import ModelRunner
 from decode_worker.utils.mathx import cdiv
 
@@ -66,14 +64,3 @@ def eager_probe(runner: ModelRunner, num_rows: int, prefill_tokens: int) -> None
     pages = [0] * cdiv(n, ps)
     runner.prefill([0] * n, pages, pages)
 
-
-def model_bytes(model: GptOssModel) -> int:
-    """Bytes of the model's tensors (each storage once: tied embeddings count once)."""
-    seen: dict[int, int] = {}
-    tensors = [model.embed, model.norm, model.lm_head]
-    for lw in model.layers:
-        tensors += [getattr(lw, f.name) for f in dataclasses.fields(lw)]
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return sum(seen.values())

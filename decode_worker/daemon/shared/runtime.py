@@ -31,7 +31,6 @@ from decode_worker.device.memory_probe import (
     PROBE_PREFILL_TOKENS,
     capture_probe,
     eager_probe,
-    model_bytes,
     probe_pools,
 )
 from decode_worker.device.model.gpt_oss import GptOssModel
@@ -205,5 +204,5 @@ def describe_budget(share: ShareTracker | None, model: GptOssModel, layout: Cach
         return MemoryBudget(b.fraction, b.total_bytes, b.weights_bytes, graph_bytes,
                             b.headroom_bytes, pools).describe()
     where = "cache.cpu_pool_bytes" if model.device.type == "cpu" else "cache.num_*_pages"
-    return (f"memory budget ({model.device.type}): weights {gib(model_bytes(model))}, pools "
+    return (f"memory budget ({model.device.type}): weights {gib(model.weights_bytes())}, pools "
             f"{gib(pools)} ({where}), graphs {gib(graph_bytes)}, headroom not reserved")

@@ -22,7 +22,7 @@ from decode_worker.core.validation import (
     model_facts_from_hf_config,
     validate_startup,
 )
-from decode_worker.device.attention_backend import resolve_attention_backend
+from decode_worker.device.attention_backend import AttentionBackend, resolve_attention_backend
 from decode_worker.device.default_model import ensure_default_model
 from decode_worker.device.gpu_memory import CudaMemory, DeviceMemory, ShareTracker
 from decode_worker.device.kv_pool import KVPools, KVSpec
@@ -110,11 +110,12 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool) -> Runtime:
     graphs = use_cuda_graph and settings.scheduler.cuda_graph and device.type == "cuda"
     pool_budget = None
     if share is not None:
-        pool_budget = _measure_share(share, settings, model, spec, kv_dtype, graphs).pool_bytes
+        pool_budget = _measure_share(share, settings, model, spec, kv_dtype, graphs,
+                                     attention).pool_bytes
         share.mem.release_cached()  # the probe pools and runners are gone
     layout = plan_cache_layout(c, spec, device, kv_dtype, budget_bytes=pool_budget)
     pools = _allocate_pools(layout, spec, device, kv_dtype, memory)
-    runner = _make_runner(settings, model, use_cuda_graph)(pools)
+    runner = _make_runner(settings, model, use_cuda_graph, attention)(pools)
     graph_bytes = _capture(runner, settings, memory)
     if share is not None:
         share.check_graphs(graph_bytes)
@@ -136,29 +137,30 @@ def _device_and_dtypes(settings: Settings) -> tuple[torch.device, torch.dtype, t
         settings.cache.kv_dtype, dtype)
 
 
-def _make_runner(settings: Settings, model: GptOssModel, use_cuda_graph: bool
-                 ) -> Callable[[KVPools], ModelRunner]:
+def _make_runner(settings: Settings, model: GptOssModel, use_cuda_graph: bool,
+                 attention: AttentionBackend) -> Callable[[KVPools], ModelRunner]:
+    """Runners over given pools (the real ones, the probes'), all with the resolved backend."""
     sched = settings.scheduler
 
     def make(pools: KVPools) -> ModelRunner:
         return ModelRunner(model, pools, use_cuda_graph=use_cuda_graph and sched.cuda_graph,
                            graph_batch_sizes=sched.cuda_graph_batch_sizes,
-                           attention_backend=settings.model.attention_backend)
+                           attention_backend=attention)
 
     return make
 
 
 def _measure_share(share: ShareTracker, settings: Settings, model: GptOssModel, spec: KVSpec,
-                   kv_dtype: torch.dtype, graphs: bool) -> MemoryBudget:
+                   kv_dtype: torch.dtype, graphs: bool,
+                   attention: AttentionBackend) -> MemoryBudget:
     """Weights, then the graphs and the headroom measured over probe pools (freed after)."""
     share.weights_loaded()
     sched, ps = settings.scheduler, settings.cache.page_size
     pools = probe_pools(spec, ps, model.cfg.max_position_embeddings, model.device, kv_dtype)
     if graphs and sched.cuda_graph_capture_tokens:
-        share.measure_graphs(capture_probe(_make_runner(settings, model, True), pools,
-                                           sched.cuda_graph_capture_tokens))
-    eager = ModelRunner(model, pools, use_cuda_graph=False, graph_batch_sizes=[1],
-                        attention_backend=settings.model.attention_backend)
+        share.measure_graphs(capture_probe(_make_runner(settings, model, True, attention),
+                                           pools, sched.cuda_graph_capture_tokens))
+    eager = _make_runner(settings, model, False, attention)(pools)
     rows = sched.max_running_requests if graphs else 1  # a prefill peer decodes nothing
     share.measure_headroom(lambda: eager_probe(eager, rows, PROBE_PREFILL_TOKENS))
     return share.budget()

@@ -30,7 +30,9 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], *,
+                            tools: list[dict[str, Any]] | None = None) -> str:
+        """A template that renders no tools (as the built-in fallback template)."""
         turns = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return turns + "<assistant>"
 

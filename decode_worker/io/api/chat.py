@@ -34,11 +34,8 @@ async def handle_chat(app: ApiContext, req: Request) -> Response | StreamRespons
     tools: ToolPlan | None = None  # None: tools are not parsed (a 400 if the request has some)
     if tokens is not None and parser_on(app.config.tool_call_parser, tokens):
         tools = plan_tools(body.tools, body.tool_choice, tokens)
-    messages = chat_messages(body.messages)
-    if tools is not None and tools.tools:
-        prompt = tok.apply_chat_template(messages, tools=tools.tools)
-    else:
-        prompt = tok.apply_chat_template(messages)
+    prompt = tok.apply_chat_template(chat_messages(body.messages),
+                                     tools=tools.tools if tools is not None else None)
     top = check_top_logprobs(body.top_logprobs, "top_logprobs")
     if top and not body.logprobs:
         raise ClientError("top_logprobs needs logprobs=true")

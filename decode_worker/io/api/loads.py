@@ -35,8 +35,8 @@ SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all
 async def handle_v1_loads(app: ApiContext, req: Request) -> Response:
     include = parse_include(req.query)
     info, load = app.backend.server_info(), app.backend.load()
-    row = load_row(load, info)
     mode = str(info.get("disaggregation_mode") or "null")
+    row = load_row(load, info, mode)
 
     def wants(section: str) -> bool:
         return include is None or "all" in include or section in include
@@ -74,11 +74,10 @@ def parse_include(query: str) -> set[str] | None:
     return asked
 
 
-def load_row(load: Load, info: dict[str, Any]) -> dict[str, Any]:
-    """The `core` fields of one rank. `token_usage` is tokens held by requests over the KV
-    capacity (`max_total_num_tokens` from /server_info; 0 when unknown), as SGLang counts it:
-    the evictable prefix cache is free room, not usage."""
-    mode = str(info.get("disaggregation_mode") or "null")
+def load_row(load: Load, info: dict[str, Any], mode: str) -> dict[str, Any]:
+    """The `core` fields of one rank (`mode`: /server_info's disaggregation_mode). `token_usage`
+    is tokens held by requests over the KV capacity (`max_total_num_tokens` from /server_info;
+    0 when unknown), as SGLang counts it: the evictable prefix cache is free room, not usage."""
     decode = mode == "decode"
     capacity = _int(info.get("max_total_num_tokens"))
     usage = min(1.0, load.num_used_tokens / capacity) if capacity > 0 else 0.0

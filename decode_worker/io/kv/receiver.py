@@ -143,6 +143,7 @@ class KVReceiver:
     @property
     def num_in_flight(self) -> int:
         return len(self._book)
+
     def close(self) -> None:
         for peer in self._peers.values():
             peer.client.close()

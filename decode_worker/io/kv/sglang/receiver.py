@@ -157,6 +157,7 @@ class SglangReceiver:
     @property
     def num_in_flight(self) -> int:
         return len(self._book)
+
     def close(self) -> None:
         self._peers.close()
         self._inbox.close()

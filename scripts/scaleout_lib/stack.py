@@ -15,43 +15,24 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from decode_worker.daemon.shared.procs import ServerProcess, free_port, http_json, scrape_metric
+from decode_worker.daemon.shared.procs import PdServers, free_port, http_json, scrape_metric
 from decode_worker.daemon.shared.router import SMG, Router, router_argv
 
 PAGE_SIZE = 16
 
 
-class Stack:
+class Stack(PdServers):
     """Prefill peer + `num_decode` decode workers; `pool_pages` (if set) sizes both KV pools
     of each decode worker, to force eviction."""
 
     def __init__(self, model: Path, num_decode: int, pool_pages: int | None = None,
                  router_kind: str = SMG) -> None:
-        self.router_kind = router_kind
-        self.prefill_port, self.boot_port = free_port(), free_port()
-        common = ["--model", str(model), "--set", f"cache.page_size={PAGE_SIZE}"]
         pools = [] if pool_pages is None else [
             "--set", f"cache.num_full_pages={pool_pages}",
             "--set", f"cache.num_swa_pages={pool_pages}"]
-        self.prefill = ServerProcess("prefill", [
-            "prefill", "--port", str(self.prefill_port), "--bootstrap-port",
-            str(self.boot_port), *common], self.prefill_port)
-        self.decodes = []
-        for i in range(num_decode):
-            port = free_port()
-            self.decodes.append(ServerProcess(f"decode{i}", [
-                "serve", "--port", str(port), *common, *pools], port))
-
-    def __enter__(self) -> Stack:
-        for proc in (self.prefill, *self.decodes):
-            proc.__enter__()
-        for proc in (self.prefill, *self.decodes):
-            proc.wait_ready(180)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for proc in (*self.decodes, self.prefill):
-            proc.stop()
+        super().__init__(["--model", str(model), "--set", f"cache.page_size={PAGE_SIZE}"],
+                         num_decode, decode_args=pools, ready_timeout_s=180)
+        self.router_kind = router_kind
 
     def model_name(self) -> str:
         return str(http_json(f"{self.decodes[0].url}/v1/models")["data"][0]["id"])

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from decode_worker.daemon.shared.procs import (
-    ServerProcess,
+    PdServers,
     free_port,
     http_json,
     scrape_metric,
@@ -39,7 +39,7 @@ def conversation(turns: int, seed: int = 0) -> list[list[int]]:
                        for _ in range(turns - 1)]
 
 
-class Workers:
+class Workers(PdServers):
     """Prefill peer and decode worker(s) as child processes (and the router if asked).
 
     `num_decode` decode workers (`decodes`; `decode` is the first) behind `router_kind` (smg,
@@ -51,16 +51,9 @@ class Workers:
                  protocol: str = "native", *, num_decode: int = 1, router_kind: str = SMG,
                  policy: str = "round_robin", decode_policy: str | None = None,
                  decode_extra: list[str] | None = None) -> None:
-        self.prefill_port, self.boot_port = free_port(), free_port()
-        common = ["--model", str(model), "--set", f"cache.page_size={PAGE_SIZE}", *extra]
-        self.prefill = ServerProcess("prefill", [
-            "prefill", "--port", str(self.prefill_port), "--bootstrap-port", str(self.boot_port),
-            "--protocol", protocol, *common], self.prefill_port)
-        self.decodes = []
-        for i in range(num_decode):
-            port = free_port()
-            self.decodes.append(ServerProcess(f"decode{i}" if i else "decode", [
-                "serve", "--port", str(port), *common, *(decode_extra or [])], port))
+        super().__init__(["--model", str(model), "--set", f"cache.page_size={PAGE_SIZE}",
+                          *extra], num_decode, prefill_args=["--protocol", protocol],
+                         decode_args=decode_extra or [])
         self.decode = self.decodes[0]
         self.decode_port = self.decode.port
         self.router: Router | None = None
@@ -72,19 +65,16 @@ class Workers:
                 decode_policy=decode_policy), self.router_port)
 
     def __enter__(self) -> Workers:
-        for proc in (self.prefill, *self.decodes):
-            proc.__enter__()
-        for proc in (self.prefill, *self.decodes):
-            proc.wait_ready(120)
+        super().__enter__()
         if self.router is not None:
             self.router.__enter__()
             self.router.wait_workers(1 + len(self.decodes), 60)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for proc in (self.router, *self.decodes, self.prefill):
-            if proc is not None:
-                proc.stop()
+        if self.router is not None:
+            self.router.stop()
+        super().__exit__(*exc)
 
     def generate(self, pool: ThreadPoolExecutor, input_ids: list[int],
                  max_new: int) -> dict[str, Any]:

@@ -12,8 +12,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from decode_worker.errors import DecodeWorkerError
 
@@ -73,6 +74,39 @@ class ServerProcess:
             self.log.flush()
         with open(self.log.name, encoding="utf-8", errors="replace") as f:
             return f.read()
+
+
+class PdServers:
+    """One prefill peer (`prefill`, bootstrap on `boot_port`) and `num_decode` decode workers
+    (`decodes`: "decode", "decode1", ...) as child processes on loopback; a context manager that
+    starts them all, waits until each answers /health, and stops them (decode workers first).
+    `common`: arguments of every server; `prefill_args` (before `common`) and `decode_args`
+    (after it): one side's."""
+
+    def __init__(self, common: Sequence[str], num_decode: int = 1, *,
+                 prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (),
+                 ready_timeout_s: float = 120.0) -> None:
+        self.prefill_port, self.boot_port = free_port(), free_port()
+        self.prefill = ServerProcess("prefill", [
+            "prefill", "--port", str(self.prefill_port), "--bootstrap-port", str(self.boot_port),
+            *prefill_args, *common], self.prefill_port)
+        self.decodes: list[ServerProcess] = []
+        for i in range(num_decode):
+            port = free_port()
+            self.decodes.append(ServerProcess(f"decode{i}" if i else "decode", [
+                "serve", "--port", str(port), *common, *decode_args], port))
+        self.ready_timeout_s = ready_timeout_s
+
+    def __enter__(self) -> Self:
+        for proc in (self.prefill, *self.decodes):
+            proc.__enter__()
+        for proc in (self.prefill, *self.decodes):
+            proc.wait_ready(self.ready_timeout_s)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in (*self.decodes, self.prefill):
+            proc.stop()
 
 
 def http_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 120.0) -> Any:

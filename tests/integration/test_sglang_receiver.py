@@ -411,3 +411,24 @@ def _check_native_and_unavailable_peers(router: ProtocolRouter) -> None:
     assert (failed.kind, failed.reason, released.kind) == ("failed", "peer_dead", "released")
     assert failed.transfer_id == released.transfer_id == tid
     assert router.peers_by_protocol() == {"native": 1, "sglang": 1}
+
+
+def test_only_the_ranks_that_have_not_reported_get_an_abort(
+    harnesses: dict[str, SglangPrefill], decode16: Decode
+) -> None:
+    """Prefill TP 2: rank 0 fails the room itself while rank 1 still "computes" (3 s). The
+    failure answers at once; our ABORT goes to rank 1 alone, which acks it, and the pages come
+    back before the quiesce bound. Rank 0 keeps its own cause. Ending the room's request
+    afterwards (`cancel_room`, as the request table does) sends no rank anything more."""
+    reason = "synthetic NIXL error on rank 0"
+    r = submit(decode16, harnesses["B"], B.bootstrap, 3501, 200, fail="status", fail_ranks=[0],
+               fail_reason=reason, delay_s=3.0)
+    failed, released = decode16.wait(r.tid, "released", timeout_s=SETTINGS.abort_quiesce_s)
+    assert failed.kind == "failed" and reason in failed.detail and released.kind == "released"
+    assert decode16.rx.stats.quiesce_expired == 0
+    decode16.rx.cancel_room("127.0.0.1", B.bootstrap, r.room, "abort", "the client left")
+    # the same PUSH links, in order: an ABORT for 3501 would reach each rank before this room
+    check_room(decode16, submit(decode16, harnesses["B"], B.bootstrap, 3502, 64))
+    ranks = harnesses["B"].room(r.room)["ranks"]  # type: ignore[index]
+    assert ranks[0].get("decode_aborts", 0) == 0 and reason in ranks[0]["reason"], ranks
+    assert ranks[1].get("decode_aborts", 0) == 1, ranks

@@ -332,3 +332,41 @@ def test_a_request_failed_while_its_peer_was_down_is_cancelled_at_the_restarted_
             stop(launch.proc)
     assert resp.status_code >= 500 and "peer_dead" in resp.text, resp.text
     assert at - t0 < 5.0
+
+
+def test_a_transfer_the_peer_failed_is_not_cancelled_again(
+    peer: tuple[int, int], runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The native peer fails a transfer itself (page ids it refuses; the decode-side check is
+    skipped here to provoke it): ending the room's request afterwards (`cancel_room`, as the
+    request table does on a failure, a client disconnect or a drain) tells the peer nothing,
+    so it keeps its own cause. A transfer over the same connection afterwards orders the
+    check: a cancel sent before it would have been counted by then."""
+    import decode_worker.io.kv.receiver as kv_receiver
+
+    bport, hport = peer
+    aux = AuxBuffer(4)  # registered with NIXL: lives as long as the receiver
+    rx = receiver(runner, aux)
+    outcomes = ("answered", "early", "late")
+
+    def cancels() -> float:
+        return sum(metric(hport, f'decode_worker_transfer_decode_aborts_total{{outcome="{o}"}}')
+                   for o in outcomes)
+
+    try:
+        before = cancels()
+        with monkeypatch.context() as patch:
+            patch.setattr(kv_receiver, "validate_request", lambda *args: None)
+            top = runner.pools.num_pages["full"]
+            tid = rx.submit("127.0.0.1", bport, rid="r9101", room=9101, prompt_len=40,
+                            reused_len=0, swa_window_start=0, full_page_ids=[1, 2, top + 1],
+                            swa_page_ids=[1, 2, 3], aux_slot=1, prompt_ids=[7] * 40)
+            events = wait_for(rx, tid, "released", 10.0)
+        assert [e.kind for e in events] == ["failed", "released"]
+        rx.cancel_room("127.0.0.1", bport, 9101, "transfer_failed", events[0].detail)
+        prompt = [(5 * i) % 256 for i in range(64)]
+        tid, _, _ = submit(rx, bport, 9102, len(prompt), prompt=prompt)
+        assert [e.kind for e in wait_for(rx, tid, "done", 20.0)] == ["done"]
+        assert cancels() == before
+    finally:
+        rx.close()

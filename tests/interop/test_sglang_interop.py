@@ -20,7 +20,9 @@ Ports: 18500-18599 only (both harnesses' HTTP, ZMQ and UCX ranges, and the worke
 
 from __future__ import annotations
 
+import json
 import random
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +44,7 @@ from tests.interop.pd import (
     check_against_reference,
     conversation,
     needs_sglang_venv,
+    pd_body,
     pd_request,
     worker_args,
 )
@@ -166,4 +169,50 @@ def test_killed_prefill_fails_its_request_and_pages_come_back(rig: Rig) -> None:
     assert "peer_dead" in resp.text, resp.text[:2000]
     assert took < PEER_DEAD_AFTER_S + 4, f"answered {took:.1f}s after the kill"
     assert rig.worker.get("/health").status_code == 200
+    assert_idle_and_whole(rig.worker)
+
+
+def _post_then_leave(worker: Live, body: dict[str, Any], leave: Any) -> None:
+    """POST /generate on a raw connection, call `leave()` (it returns once it is time to go),
+    then close the connection without reading: a client that disconnects."""
+    payload = json.dumps(body).encode()
+    port = int(worker.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
+        leave()
+
+
+@pytest.mark.parametrize("disconnect", [False, True], ids=["answered", "client-left"])
+def test_a_room_the_prefill_failed_keeps_the_prefills_cause(rig: Rig, disconnect: bool) -> None:
+    """SGLang's transfer worker fails the room itself (a status failure with its reason, or
+    its own "State index length mismatch"), eight times in a row: the worker answers 502 with
+    that reason (or the client leaves once the prefill has failed the room), and sends SGLang
+    no ABORT for it (SGLang's manager counts none), so SGLang's recorded cause stays the
+    prefill's own every time. A
+    successful request over the same links afterwards orders the check: an ABORT sent for an
+    earlier room would have arrived before its TransferInfo."""
+    harness, prompt = rig.tp1, conversation(seed=13, turns=1)[0]
+    rooms: dict[int, str] = {}
+    for i in range(8):
+        room = random.getrandbits(63)
+        tag = f"interop: NIXL write failed, room tag {room & 0xFFFFFFFF:08x}"
+        fail = {"fail": "status", "fail_reason": tag} if i % 2 else {"fail": "state_mismatch"}
+        rooms[room] = tag if i % 2 else "State index length mismatch"
+        harness.prefill({"room": room, "input_ids": prompt, "kv": "model", "timeout_s": 30,
+                         **fail})
+        body = pd_body(harness, prompt, room)
+        if disconnect:
+            _post_then_leave(rig.worker, body,
+                             lambda r=room: harness.wait_room(r, ("failed",), 15))
+        else:
+            resp = rig.worker.post("/generate", body, timeout_s=40)
+            assert resp.status_code == 502 and rooms[room] in resp.text, resp.text[:2000]
+    resp, _ = pd_request(harness, rig.worker, prompt)
+    assert resp.status_code == 200, resp.text[:2000]
+    for room, cause in rooms.items():
+        state = harness.wait_room(room, ("failed",), 15)
+        (rank,) = state["ranks"]
+        assert rank.get("decode_aborts", 0) == 0, (room, rank)
+        assert cause in (rank["reason"] or ""), (room, rank)
     assert_idle_and_whole(rig.worker)

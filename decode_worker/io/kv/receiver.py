@@ -121,10 +121,17 @@ class KVReceiver:
     def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None:
         """Tell the peer at host:port that this side ended `room`'s request (`reason`: its abort
         label) before its KV arrived: `Abort(0, room, reason)`, which needs no transfer and no
-        handshake (a peer not connected yet is). Best effort: never raises."""
+        handshake (a peer not connected yet is). Not sent for a room the peer failed (or
+        stopped) itself: what it already received is read first, and it keeps its own cause.
+        Best effort: never raises."""
         try:
             key, now = f"{host}:{port}", time.monotonic()
-            peer = self._peers.get(key) or self._connect(host, port, now)
+            if (known := self._peers.get(key)) is not None:
+                self._read_peer(known, now)
+            if self._book.is_peer_settled(room):
+                log.debug("room %d: the peer ended it itself; no cancel (%s)", room, reason)
+                return
+            peer = self._peers.get(key) or self._connect(host, port, now)  # read may drop it
             peer.client.send(p.Abort(0, room, reason, detail[:512]))
         except TransferError as exc:
             log.info("room %d: cannot tell prefill peer %s:%s about %s: %s", room, host, port,

@@ -50,6 +50,9 @@ class TransferBook:
         self._transfers: dict[int, Transfer] = {}
         self._finished: OrderedDict[int, None] = OrderedDict()  # recent ids, for late notifs
         self._events: list[TransferEvent] = []
+        # rooms whose peer stopped on its own word lately (failed, or acked an abort): told
+        # nothing more (a peer keeps the cause it found itself)
+        self._peer_settled: OrderedDict[int, None] = OrderedDict()
         self.stats = ReceiverStats()
 
     def add(self, req: TransferRequest, peer_key: str, now: float) -> Transfer:
@@ -117,6 +120,8 @@ class TransferBook:
     def on_peer_failed(self, tid: int, reason: str, now: float) -> None:
         """The peer reported `TransferFailed`: it stopped, so the pages are quiet either way."""
         xfer = self._transfers.get(tid)
+        if xfer is not None:
+            self._note_peer_settled(xfer.req.room)
         if xfer is not None and xfer.phase == "aborting":
             self.release(xfer, now)  # it stopped: the pages are quiet
         elif xfer is not None:
@@ -126,7 +131,18 @@ class TransferBook:
         """The peer acked an abort or finished: an aborting transfer's pages are quiet."""
         xfer = self._transfers.get(tid)
         if xfer is not None and xfer.phase == "aborting":
+            self._note_peer_settled(xfer.req.room)
             self.release(xfer, now)
+
+    def is_peer_settled(self, room: int) -> bool:
+        """True if `room`'s peer reported failing it, or acked its abort, lately: a later
+        cancel of the room would only overwrite the cause the peer recorded."""
+        return room in self._peer_settled
+
+    def _note_peer_settled(self, room: int) -> None:
+        self._peer_settled[room] = None
+        while len(self._peer_settled) > MAX_FINISHED:
+            self._peer_settled.popitem(last=False)
 
     def check_deadlines(self, now: float) -> None:
         """Release the aborting transfers past their quiesce; fail the others past deadline."""

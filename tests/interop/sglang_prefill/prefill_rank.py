@@ -63,6 +63,27 @@ class PrefillRank:
         first_head = tp_rank * layout.heads_per_rank
         self.heads = np.arange(first_head, first_head + layout.heads_per_rank)
         self.model = ModelForward(model_dir, layout) if model_dir else None
+        self._count_decode_aborts()
+
+    def _count_decode_aborts(self) -> None:
+        """Count the decode side's ABORTs per room (`decode_aborts` in the room's state): SGLang
+        handles each on its bootstrap thread through this method of the manager's, marking an
+        unfinished room Failed with "Aborted by decode-side abort notification." as its cause."""
+        from sglang.srt.disaggregation.common.conn import ABORT_TAG, AbortNotification
+
+        handle = self.manager._handle_abort_notification  # sees every message: ABORTs only
+
+        def counted(msg: list[bytes]) -> bool:
+            is_abort = bool(msg) and msg[0] == ABORT_TAG
+            notification = AbortNotification.from_zmq(msg) if is_abort else None
+            if notification is not None:
+                with self.lock:
+                    state = self.rooms.get(notification.room)
+                    if state is not None:
+                        state["decode_aborts"] = state.get("decode_aborts", 0) + 1
+            return bool(handle(msg))
+
+        self.manager._handle_abort_notification = counted
 
     # ---- control --------------------------------------------------------------------------
     def start_room(self, spec: dict[str, Any]) -> None:
@@ -118,6 +139,8 @@ class PrefillRank:
         from sglang.srt.disaggregation.nixl.conn import NixlKVSender
 
         timeout_s, fail = float(spec.get("timeout_s", 60.0)), spec.get("fail")
+        if self.tp_rank not in spec.get("fail_ranks", [self.tp_rank]):
+            fail = None  # only the ranks named fail; the others serve (after `delay_s`)
         sender = NixlKVSender(mgr=self.manager,
                               bootstrap_addr=f"{self.host}:{self.bootstrap_port}",
                               bootstrap_room=room)

@@ -154,6 +154,9 @@ def _validate(spec: dict[str, Any], has_model: bool) -> str | None:
         return "kv 'model' needs the server started with --model DIR"
     if spec.get("fail") not in (None, *FAIL_MODES):
         return f"fail: one of {FAIL_MODES} or null"
+    ranks = spec.get("fail_ranks", [])
+    if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks):
+        return "fail_ranks: a list of tp ranks (default: every rank fails)"
     return None
 
 

@@ -143,14 +143,20 @@ class SglangTransfer:
     def all_succeeded(self) -> bool:
         return len(self.succeeded) >= len(self.ranks)
 
+    def unsettled(self) -> list[Rank]:
+        """The ranks that have not reported yet: the only ones an ABORT may still go to (a
+        rank that reported, Failed above all, keeps its own cause on the prefill side)."""
+        return [rank for rank in self.ranks if rank[1] not in self.settled]
+
 
 class RoomIndex:
     """Room -> transfer id while the transfer is in the book (a room is one request's key on
-    SGLang's wire), and the rooms finished lately, to tell a late status from an unknown one."""
+    SGLang's wire), and the rooms finished lately with the prefill ranks (tp ranks) that had
+    settled them: to tell a late status from an unknown one, and to ABORT none of those."""
 
     def __init__(self, max_finished: int = 4096) -> None:
         self._live: dict[int, int] = {}
-        self._finished: OrderedDict[int, None] = OrderedDict()
+        self._finished: OrderedDict[int, frozenset[int]] = OrderedDict()
         self._max_finished = max_finished
 
     def add(self, room: int, tid: int) -> bool:
@@ -160,12 +166,17 @@ class RoomIndex:
     def get(self, room: int) -> int:
         return self._live.get(room, 0)
 
-    def remove(self, room: int, tid: int) -> None:
+    def remove(self, room: int, tid: int, settled: frozenset[int] = frozenset()) -> None:
+        """The transfer left the book; `settled`: its ranks that had reported (or acked)."""
         if self._live.get(room) == tid:
             del self._live[room]
-            self._finished[room] = None
+            self._finished[room] = settled
             if len(self._finished) > self._max_finished:
                 self._finished.popitem(last=False)
 
     def was_finished(self, room: int) -> bool:
         return room in self._finished
+
+    def settled_after(self, room: int) -> frozenset[int]:
+        """The ranks that had settled `room` when its transfer left the book (none if unknown)."""
+        return self._finished.get(room, frozenset())

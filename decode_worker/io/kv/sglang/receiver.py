@@ -7,7 +7,8 @@ never blocks (HTTP runs in a small thread pool, polled through futures). Per tra
            │                           then checks the aux row's bootstrap_room itself
            └─► "failed" ... "released" released once every rank settled (KV_STATUS or
                                        ABORT_ACK) or after `abort_quiesce_s` (counted)
-    abort  ──► "released"              ABORT(room, ip, port, generation) to each rank
+    abort  ──► "released"              ABORT(room, ip, port, generation) to each rank that
+                                       has not reported yet (one that did keeps its cause)
 
 Failure reasons: transfer_failed (KV_STATUS Failed, detail = the prefill's reason; a prefill
 this worker refuses: page size, KV dtype, layout, parallelism; not an SGLang bootstrap server;
@@ -125,15 +126,35 @@ class SglangReceiver:
         self._book.abort(transfer_id, time.monotonic())
 
     def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None:
-        """`ABORT room` (no ip/port: no ack) to the ranks holding `room`, once the peer is ready.
-        SGLang's ABORT has no reason field: the prefill answers its client without `reason`."""
-        peer = self._peers.get_or_add(f"{host}:{port}", host, port, time.monotonic())
+        """`ABORT room` (no ip/port: no ack) to the ranks holding `room` that have not reported
+        on it, once the peer is ready. SGLang's ABORT has no reason field: the prefill answers
+        its client without `reason`.
+
+        A rank that reported (a final KV_STATUS or an ABORT_ACK) gets no ABORT: SGLang records
+        an ABORT's "decode-side abort" as the room's cause over its own (a failure it found
+        itself). The status messages already received are read first, so one that came before
+        the request ended counts. A room whose TransferInfo went out is left to the transfer's
+        own abort (`abort`), which ABORTs exactly its unsettled ranks."""
+        now = time.monotonic()
+        self._read_inbox(now)
+        xfer = self._book.get(self._rooms.get(room))
+        if xfer is not None and xfer.phase != "queued":
+            return
+        peer = self._peers.get_or_add(f"{host}:{port}", host, port, now)
         if peer.ready and peer.links is not None:
+            settled = self._settled_ranks(room)
             for rank in peer.ranks_of(room):
-                with contextlib.suppress(TransferError):
-                    peer.links.send(rank, m.encode_abort(f.Abort(room)))
+                if rank[1] not in settled:
+                    with contextlib.suppress(TransferError):
+                        peer.links.send(rank, m.encode_abort(f.Abort(room)))
         else:
             peer.cancels.append((room, reason, detail))
+
+    def _settled_ranks(self, room: int) -> frozenset[int]:
+        """The tp ranks that reported on `room`'s latest transfer (in the book, or lately
+        finished); none for a room this receiver never asked for."""
+        sg = self._xfers.get(self._rooms.get(room))
+        return frozenset(sg.settled) if sg is not None else self._rooms.settled_after(room)
 
     def poll(self) -> list[TransferEvent]:
         """Do all pending work without blocking; returns the events since the last call."""
@@ -143,16 +164,21 @@ class SglangReceiver:
                 self._on_lost(change, now)
             else:
                 self._on_ready(change, now)
-        for msg in self._inbox.recv_all():
-            self._on_message(msg, now)
-        self.stats.bad_frames += self._inbox.take_bad_frames()
+        self._read_inbox(now)
         self._book.check_deadlines(now)
         events = self._book.take_events()
         for ev in events:
             if ev.kind != "failed":
-                self._xfers.pop(ev.transfer_id, None)
-                self._rooms.remove(ev.room, ev.transfer_id)
+                sg = self._xfers.pop(ev.transfer_id, None)
+                settled = frozenset(sg.settled) if sg is not None else frozenset()
+                self._rooms.remove(ev.room, ev.transfer_id, settled)
         return events
+
+    def _read_inbox(self, now: float) -> None:
+        """Account every KV_STATUS / ABORT_ACK received so far (events wait for `poll`)."""
+        for msg in self._inbox.recv_all():
+            self._on_message(msg, now)
+        self.stats.bad_frames += self._inbox.take_bad_frames()
 
     @property
     def num_in_flight(self) -> int:
@@ -237,8 +263,9 @@ class SglangReceiver:
             self._book.complete(xfer, now)
 
     def _send_abort(self, xfer: Transfer) -> None:
-        """ABORT to every rank of the transfer (`TransferBook.start_abort` calls this); best
-        effort: the quiesce deadline still protects the pages."""
+        """ABORT to every rank of the transfer that has not reported yet (`TransferBook.
+        start_abort` calls this; a rank that reported keeps its own cause); best effort: the
+        quiesce deadline still protects the pages."""
         sg, peer = self._xfers.get(xfer.req.transfer_id), self._peers.peers.get(xfer.peer_key)
         if sg is None or peer is None or peer.links is None:
             return
@@ -246,6 +273,6 @@ class SglangReceiver:
         sg.generation = self._generation
         frames = m.encode_abort(f.Abort(xfer.req.room, peer.our_ip, peer.our_port,
                                         sg.generation))  # fmt: skip
-        for rank in sg.ranks:
+        for rank in sg.unsettled():
             with contextlib.suppress(TransferError):
                 peer.links.send(rank, frames)

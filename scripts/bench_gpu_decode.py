@@ -6,7 +6,7 @@ in device memory, loads it through the product's loader (`weights.from_state_dic
 per `--moe-backend`), fills the KV pools with random values and times one decode step (the
 `decode_slots` path with CUDA graphs: model + argmax + token write-back; median of `--steps`
 after warm-up) at every batch x context cell whose pools fit. The floor of a cell is the bytes
-the step must read (../shared/design/gpu.md, section 2: attention and lm_head weights, the
+the step must read (docs/GPU.md, "Floor": attention and lm_head weights, the
 experts a batch hits, the KV it attends to) over the device-to-device copy bandwidth measured
 first. CUDA only: without a device it says so and exits 0.
 

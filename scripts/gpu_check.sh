@@ -2,7 +2,7 @@
 # The GPU checks in one prepared run, for a lent GPU machine (one `device` call) or any CUDA box.
 #
 # Prepare here first: `bash scripts/gpu_wheels.sh` puts the wheels the device image lacks in
-# .whl/ (shared/design/gpu.md section 5); carry `.whl` with the call. This script unpacks them
+# .whl/ (docs/GPU.md, "Target device image"); carry `.whl` with the call. This script unpacks them
 # into a scratch folder put first on PYTHONPATH (the checkout after it), then runs, each part
 # with its own timeout (the whole under 8 minutes):
 #   imports   every module the daemon and the tests need, and the versions

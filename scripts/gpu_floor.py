@@ -1,7 +1,7 @@
 """The memory-bandwidth floor of a decode step and the weights' size, for gpt-oss's shapes.
 
 Pure helpers of scripts/bench_gpu_decode.py (tests/unit/test_gpu_floor.py runs them on CPU). The
-floor (../shared/design/gpu.md, section 2) is what no implementation beats: every weight a step
+floor (docs/GPU.md, "Floor") is what no implementation beats: every weight a step
 uses read once, every KV byte it attends to read once, at the measured copy bandwidth.
 """
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Wheels the GPU device image lacks, downloaded here for it (`bash scripts/gpu_wheels.sh`).
 
-The device image (shared/design/gpu.md section 5: Python 3.12, torch 2.11 + CUDA 13, triton 3.6)
-has none of our pure-Python dependencies. This downloads them as cp312 manylinux wheels into
-`.whl/` (ignored by git; carried to the device machine with the working tree, whose whole
-load must stay under 64 MiB) and trims nixl's CUDA 13 wheel to what its UCX backend needs:
+The device image (docs/GPU.md, "Target device image": Python 3.12, torch 2.11 + CUDA 13,
+triton 3.6) has none of our pure-Python dependencies. This downloads them as cp312 manylinux
+wheels into `.whl/` (ignored by git; carried to the device machine with the working tree, whose
+whole load must stay under 64 MiB) and trims nixl's CUDA 13 wheel to what its UCX backend needs:
 the bindings, `libplugin_UCX.so`, UCX with its CUDA and shared-memory transports, and the shared
 libraries those load (found from their ELF `NEEDED` entries with `readelf`). Left out: the
 expert-parallel module `nixl_ep_cu13/`, every other plugin (object stores, GDS, libfabric,
@@ -27,7 +27,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# what the device image lacks (gpu.md section 5), at the versions this machine runs
+# what the device image lacks (docs/GPU.md, "Target device image"), at the versions we run
 WHEELS = ["pydantic==2.13.4", "pydantic-core==2.46.4", "pydantic-settings==2.14.1",
           "python-dotenv==1.2.2", "typing-inspection==0.4.2", "annotated-types==0.7.0",
           "typing-extensions==4.16.0", "msgspec==0.23.0", "pyzmq==27.3.0", "uvicorn==0.55.0",

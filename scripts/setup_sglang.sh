@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Separate virtual environment with SGLang 0.5.23's own PD transfer code on CPU, for the interop
-# tests in tests/interop/sglang_prefill/ (see its README and shared/design/sglang-nixl-protocol.md
-# section 5). The main environment never imports it. Re-running it is harmless and fast.
+# tests in tests/interop/sglang_prefill/ (see its README and docs/PROTOCOLS.md, "Running SGLang's
+# own code on a CPU"). The main environment never imports it. Re-running it is harmless and fast.
 #
 # sglang's declared dependencies want a CUDA torch and GPU kernels, so sglang and triton go in
 # with --no-deps on top of the CPU torch and the few packages the disaggregation code imports.

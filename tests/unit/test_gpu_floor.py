@@ -13,13 +13,13 @@ import torch
 from scripts.gpu_floor import experts_hit, floor_ms, shape_config, shape_weights_gib, step_bytes
 
 REPO = Path(__file__).resolve().parents[2]
-BANDWIDTH = 4257.0  # GB/s, measured on the H200 of ../shared/design/gpu.md
+BANDWIDTH = 4257.0  # GB/s, measured on an H200 (docs/GPU.md, "Bandwidth")
 
 
 @pytest.mark.parametrize(("bs", "ctx", "bf16_ms", "mxfp4_ms"), [
     (1, 1024, 1.70, 0.88), (8, 1024, 6.52, 2.19), (64, 1024, 9.97, 3.38),
     (1, 8192, 1.74, 0.92), (64, 8192, 12.62, 6.03)])
-def test_floor_reproduces_the_design_notes_table(bs: int, ctx: int, bf16_ms: float,
+def test_floor_reproduces_the_gpu_doc_table(bs: int, ctx: int, bf16_ms: float,
                                                  mxfp4_ms: float) -> None:
     cfg = shape_config("20b")
     assert floor_ms(step_bytes(cfg, bs, ctx, mxfp4=False), BANDWIDTH) == pytest.approx(

@@ -1,5 +1,5 @@
 """The reference prefill peer speaking SGLang 0.5.23's protocol (`prefill --protocol sglang`), as
-a stock SGLang prefill server with attention TP 1 does (shared/design/sglang-nixl-protocol.md):
+a stock SGLang prefill server with attention TP 1 does (docs/PROTOCOLS.md):
 
 - the bootstrap HTTP server on `transfer.bootstrap_host:bootstrap_port` (`/route`, `/health`),
   with this peer's one rank registered (page size = our pools', kv_cache_dtype "auto");

@@ -2,7 +2,7 @@
 
 A room starts once it holds its prompt (our HTTP /generate) and `required_dst_info_num`
 TransferInfos (from distinct decode agents), in either order, as SGLang's prefill marks a room
-WaitingForInput. An ABORT (shared/design/sglang-nixl-protocol.md 2.4) of a room that has not
+WaitingForInput. An ABORT (docs/PROTOCOLS.md, "Abort") of a room that has not
 started removes it and is acked at once; of a started room it marks it, and the ack waits until
 nothing of the room is in flight. A prompt whose room was aborted before the prompt came fails
 at once (a tombstone, kept `timeout_s`). Plain records; the caller (`SglangPrefillPeer`) holds

@@ -3,7 +3,7 @@
 Imported by prefill_server.py, selfcheck.py and capture_frames.py, which run under the
 interpreter of scripts/setup_sglang.sh's venv. Never imported by the main environment.
 
-What it sets up is shared/design/sglang-nixl-protocol.md section 5. The three work-arounds,
+What it sets up is docs/PROTOCOLS.md, "Running SGLang's own code on a CPU". The work-arounds,
 each installed by `install_workarounds`:
   1. pp_group: `NixlKVManager.__init__` (PREFILL) reads `get_parallel().pp_group`, which only
      exists once torch process groups are built by a scheduler. A one-rank stand-in is stated

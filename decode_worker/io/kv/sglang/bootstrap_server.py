@@ -1,6 +1,6 @@
 """SGLang 0.5.23's bootstrap HTTP server (prefill side), answering as `CommonKVBootstrapServer`.
 
-A decode side reads it (shared/design/sglang-nixl-protocol.md section 1); each prefill rank
+A decode side reads it (docs/PROTOCOLS.md, "Bootstrap server"); each prefill rank
 registers its ZMQ PULL address with `PUT /route` (ours in-process: `BootstrapTable.put_route`):
 
     PUT  /route                  rank registration (JSON)           200 "OK"

@@ -16,19 +16,37 @@ class ConfigError(DecodeWorkerError):
 
 
 class ClientError(DecodeWorkerError):
-    """A bad request from a client: answered with a 4xx and a message, nothing else changes."""
+    """A bad request from a client: answered with a 4xx and a message, nothing else changes.
+    `reason` is the error body's `reason` (an abort label of docs/CONTRACTS.md, or a more
+    specific word such as `model_not_found`)."""
 
     status = 400
+    reason = "bad_request"
 
 
 class RequestTooLarge(ClientError):
     """The prompt or the requested output can never fit this worker."""
 
     status = 413
+    reason = "too_large"
 
 
 class ServiceUnavailable(DecodeWorkerError):
-    """The worker is draining or its queue is full: retry later (503 with Retry-After)."""
+    """The worker cannot take the request now: retry later (503 with Retry-After)."""
+
+    reason = "unavailable"
+
+
+class QueueFull(ServiceUnavailable):
+    """`scheduler.max_queued_requests` requests already wait (not yet running)."""
+
+    reason = "queue_full"
+
+
+class Draining(ServiceUnavailable):
+    """The worker is draining (SIGTERM): it finishes what it has and takes nothing new."""
+
+    reason = "drain"
 
 
 class OutOfPages(DecodeWorkerError):

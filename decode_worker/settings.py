@@ -98,7 +98,9 @@ class SchedulerSettings(_Section):
     """Prealloc queue, admission and the decode batch."""
 
     max_running_requests: int = Field(64, gt=0, description="Largest decode batch")
-    max_queued_requests: int = Field(1024, gt=0, description="Prealloc queue bound (then 503)")
+    max_queued_requests: int = Field(1024, gt=0, description=(
+        "Requests waiting to start (peer lookup, prealloc queue, KV transfer; running ones "
+        "not counted); past it 503 queue_full"))
     max_prompt_tokens: int | None = Field(None, gt=0, description="Longer prompts get 413")
     default_max_new_tokens: int = Field(
         128, gt=0, description="When a request gives none and the model reports no context length"

@@ -21,7 +21,7 @@ from decode_worker.daemon.shared.router import has_router
 from decode_worker.device.default_model import write_model
 from decode_worker.io.api import ApiApp, ApiConfig
 from tests.fakes.fake_backend import ServerThread
-from tests.fakes.fake_harmony import SCRIPTS, FakeHarmonyBackend
+from tests.fakes.fake_harmony import ANALYSIS, CALL, SCRIPTS, FakeHarmonyBackend
 
 openai = pytest.importorskip("openai")
 HAS_ROUTER = has_router()  # smg, the router of record (tests/e2e/driver.RouterProcess)
@@ -128,6 +128,48 @@ def test_stream_deltas_equal_the_plain_answer(served: tuple[Any, FakeHarmonyBack
     first_content = next(i for i, d in enumerate(deltas) if d.content)
     assert all(not (d.model_extra or {}).get("reasoning_content")
                for d in deltas[first_content:])  # reasoning first, then the answer
+
+
+def _streamed_message(chunks: list[Any]) -> tuple[str, dict[int, dict[str, str]], str]:
+    """A stream's content, its tool calls by index (id, name, arguments) and finish reason."""
+    content, calls, finish = "", {}, ""
+    for c in chunks:
+        if not c.choices:
+            continue
+        delta = c.choices[0].delta
+        content += delta.content or ""
+        for piece in delta.tool_calls or []:
+            call = calls.setdefault(piece.index, {"id": "", "name": "", "arguments": ""})
+            call["id"] += piece.id or ""
+            call["name"] += (piece.function and piece.function.name) or ""
+            call["arguments"] += (piece.function and piece.function.arguments) or ""
+        finish = c.choices[0].finish_reason or finish
+    return content, calls, finish
+
+
+@pytest.mark.parametrize("cut_after", ['{"city": "Pa', "commentary to=functions.get_w"])
+def test_a_call_cut_by_max_tokens_is_the_same_plain_and_streamed(
+        served: tuple[Any, FakeHarmonyBackend], cut_after: str) -> None:
+    """OpenAI's form for a call cut by max_tokens: `tool_calls` with the arguments so far and
+    finish_reason "length", plain and streamed alike. Cut inside its header, it is no call."""
+    client, backend = served
+    script = ANALYSIS + CALL
+    max_tokens = len(backend.tokenizer.encode(script[:script.index(cut_after) + len(cut_after)]))
+    plain = _create(client, "call", tools=[TOOL], max_tokens=max_tokens).choices[0]
+    content, calls, finish = _streamed_message(list(_create(
+        client, "call", tools=[TOOL], max_tokens=max_tokens, stream=True)))
+    assert plain.finish_reason == finish == "length"
+    assert (plain.message.content or "") == content
+    if cut_after.startswith("{"):  # cut inside the arguments
+        [call] = plain.message.tool_calls
+        assert call.id.startswith("call_") and calls[0]["id"].startswith("call_")
+        assert (call.function.name, call.function.arguments) == ("get_weather", cut_after)
+        assert [(c["name"], c["arguments"]) for c in calls.values()] == [
+            ("get_weather", cut_after)]
+        assert not content
+    else:  # cut inside the header: its text is content, no call either way
+        assert plain.message.tool_calls is None and calls == {}
+        assert "get_w" in content
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -15,6 +15,7 @@ from typing import Any
 from decode_worker.daemon.shared.http_server import HttpServer, ServerConfig
 from decode_worker.io.api.backend import FlushResult, GenerateInput, Health, Load, OutputChunk
 from decode_worker.io.api.message import Handler
+from decode_worker.io.api.targets import Target
 
 EOS = 256
 
@@ -65,6 +66,7 @@ class FakeBackend:
     inputs: list[GenerateInput] = field(default_factory=list)
     aborts: list[tuple[str, str]] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
+    refused: list[tuple[list[Target], str, str]] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
 
     def generate(self, inp: GenerateInput) -> AsyncIterator[OutputChunk]:
@@ -107,6 +109,9 @@ class FakeBackend:
 
     def finish(self, rid: str) -> None:
         self.finished.append(rid)
+
+    def refuse(self, targets: Sequence[Target], reason: str, message: str) -> None:
+        self.refused.append((list(targets), reason, message))
 
     def health(self) -> Health:
         return self.health_state

@@ -148,6 +148,31 @@ def test_failed_room_answers_502_with_the_peer_reason(rig: Rig) -> None:
     check_against_reference(rig.reference, prompt, resp.json())
 
 
+def test_a_door_refusal_fails_the_room_at_sglangs_prefill_at_once(rig: Rig) -> None:
+    """The worker refuses the request at its door (a 400: a bad sampling value; the prefill
+    does not see the worker's body): SGLang's prefill ranks get `ABORT room` and mark the room
+    failed now, not at their timeout (30 s here); the worker counts the refusal."""
+    harness, prompt = rig.tp1, conversation(seed=13, turns=1)[0]
+    room = random.getrandbits(63)
+    harness.prefill({"room": room, "input_ids": prompt, "kv": "model", "timeout_s": 30})
+    state = harness.wait_room(room, ("bootstrapping", "waiting_for_input", *TERMINAL), 20)
+    assert state["status"] in ("bootstrapping", "waiting_for_input"), state
+    before = rig.worker.metrics().value("decode_worker_aborts_total", reason="bad_request")
+    body = gen_body(prompt, MAX_NEW, bootstrap_host="127.0.0.1",
+                    bootstrap_port=harness.ports.bootstrap, bootstrap_room=room)
+    body["sampling_params"]["temperature"] = -1.0
+    refused_at = time.monotonic()
+    resp = rig.worker.post("/generate", body, timeout_s=30)
+    assert resp.status_code == 400, resp.text[:2000]
+    state = harness.wait_room(room, TERMINAL, 10)
+    took = time.monotonic() - refused_at
+    assert state["status"] == "failed" and "abort" in str(state["reason"]).lower(), state
+    assert took < 5.0, f"the room failed {took:.1f}s after the refusal"
+    after = rig.worker.metrics().value("decode_worker_aborts_total", reason="bad_request")
+    assert after == before + 1
+    assert_idle_and_whole(rig.worker)
+
+
 def test_killed_prefill_fails_its_request_and_pages_come_back(rig: Rig) -> None:
     """Last (it kills the TP 2 harness): the room is mid-transfer (the decode's TransferInfo
     reached both ranks, the forward "runs" for a minute) when every prefill process dies."""

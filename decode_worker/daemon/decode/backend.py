@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,11 +25,12 @@ from decode_worker.daemon.decode.bridge import (
     FinishRequest,
     FlushCache,
     Inbox,
+    RefuseRequest,
     StepTokens,
     Tokens,
 )
 from decode_worker.device.grammar import prepare_sampling
-from decode_worker.errors import ClientError, ServiceUnavailable
+from decode_worker.errors import ClientError, Draining, QueueFull, ServiceUnavailable
 from decode_worker.io.api.backend import (
     FlushResult,
     GenerateInput,
@@ -38,6 +39,7 @@ from decode_worker.io.api.backend import (
     OutputChunk,
     Tokenizer,
 )
+from decode_worker.io.api.targets import Target
 
 log = logging.getLogger(__name__)
 FLUSH_WAIT_S = 10.0  # an engine that does not answer a flush within this is stuck: 503
@@ -71,6 +73,7 @@ class DecodeBackend:
         self.max_queued = max_queued
         self._load = load
         self._queues: dict[str, asyncio.Queue[OutputChunk]] = {}
+        self._waiting: set[str] = set()  # rids in `_queues` not yet given a token (queued)
         self._totals: dict[str, tuple[int, int]] = {}  # rid -> (prompt, cached) tokens, last sent
         self._flushes: dict[int, asyncio.Future[FlushResult]] = {}
         self._flush_tokens = itertools.count(1)
@@ -85,12 +88,19 @@ class DecodeBackend:
     def num_active(self) -> int:
         return len(self._queues)
 
+    @property
+    def num_queued(self) -> int:
+        """Requests accepted and not yet decoding (no token yet): waiting for their peer's
+        protocol, for pages in the prealloc queue, or for their KV. `max_queued` bounds it."""
+        return len(self._waiting)
+
     async def generate(self, inp: GenerateInput) -> AsyncIterator[OutputChunk]:
         self._check_can_accept(inp)
         if inp.sampling.grammar is not None:  # compiled off the loop, cached; bad: 400
             inp.sampling = await asyncio.to_thread(prepare_sampling, self._tokenizer, inp.sampling)
         queue: asyncio.Queue[OutputChunk] = asyncio.Queue()
         self._queues[inp.rid] = queue
+        self._waiting.add(inp.rid)
         self._inbox.put(AddRequest(
             rid=inp.rid, input_ids=list(inp.input_ids), sampling=inp.sampling,
             return_logprob=inp.return_logprob, bootstrap_host=inp.bootstrap_host,
@@ -107,6 +117,7 @@ class DecodeBackend:
                 yield chunk
         finally:
             self._queues.pop(inp.rid, None)
+            self._waiting.discard(inp.rid)
             self._totals.pop(inp.rid, None)
             if not ended:  # the consumer went away first
                 self._inbox.put(AbortRequest(inp.rid, "client_abort"))
@@ -118,6 +129,23 @@ class DecodeBackend:
     def finish(self, rid: str) -> None:
         if rid in self._queues:
             self._inbox.put(FinishRequest(rid))
+
+    def refuse(self, targets: Sequence[Target], reason: str, message: str) -> None:
+        """The one function every refusal of a generation request before it reached the engine
+        goes through (`GenerateBackend.refuse`: the front-end calls it once per refused
+        request, whatever refused it: the API's own checks, or `generate` raising for a full
+        queue, a drain, a grammar that does not compile).
+
+        Posts one `RefuseRequest` to the engine, which counts the request once per target
+        (`decode_worker_requests_total{status="aborted"}`, `decode_worker_aborts_total{reason}`)
+        and ends each target's room at its prefill peer at once, through the path the
+        engine's own refusals take (`RequestTable.end` -> the receiver's `cancel_room`: a native
+        `Abort` carrying `reason`, or SGLang's `ABORT room` to the ranks holding the room), so
+        the peer answers its copy of the request now rather than at its `kv_timeout_s`. A target
+        without a port gets `transfer.bootstrap_port`. Never raises, never blocks."""
+        rooms = tuple((t.host, t.port or self.default_bootstrap_port, t.room) for t in targets
+                      if t.host and t.room is not None)
+        self._inbox.put(RefuseRequest(rooms, reason, message, max(1, len(targets))))
 
     def load(self) -> Load:
         return self._load()
@@ -158,8 +186,9 @@ class DecodeBackend:
                                              cached_tokens=cached)
                     last[rid] = step_chunk
                     self._put(rid, step_chunk)
-            elif isinstance(event, Tokens):
+            elif isinstance(event, Tokens):  # a request's first token always comes so
                 last[event.rid] = event.chunk
+                self._waiting.discard(event.rid)
                 if event.rid in self._queues:
                     self._totals[event.rid] = (event.chunk.prompt_tokens,
                                                event.chunk.cached_tokens)
@@ -203,6 +232,8 @@ class DecodeBackend:
 
     def _check_can_accept(self, inp: GenerateInput) -> None:
         health = self.health()
+        if health.status == "draining":
+            raise Draining(health.message)
         if not health.is_ok:
             raise ServiceUnavailable(health.message)
         if (inp.bootstrap_host is None) != (inp.bootstrap_room is None):
@@ -210,8 +241,9 @@ class DecodeBackend:
                               "prefill peer's address and the transfer room) or neither")
         if inp.rid in self._queues:
             raise ClientError(f"rid {inp.rid!r} is already running")
-        if len(self._queues) >= self.max_queued:
-            raise ServiceUnavailable(f"queue full ({self.max_queued} requests): retry later")
+        if len(self._waiting) >= self.max_queued:
+            raise QueueFull(f"queue full ({self.max_queued} requests waiting to start): "
+                            "retry later")
 
     def _on_engine_dead(self, reason: str) -> None:
         self.dead_reason = reason

@@ -46,6 +46,18 @@ class FinishRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class RefuseRequest:
+    """Requests refused before they reached the engine (`DecodeBackend.refuse`): count
+    `num_requests` aborts for `reason`, and end each room of `rooms` (prefill peer host,
+    bootstrap port, room) at its peer with `reason` and `message`."""
+
+    rooms: tuple[tuple[str, int, int], ...]
+    reason: str
+    message: str
+    num_requests: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Drain:
     """Stop admitting; abort what is still queued or transferring after `grace_s`."""
 
@@ -65,7 +77,8 @@ class FlushCache:
     token: int
 
 
-Command = AddRequest | AbortRequest | FinishRequest | Drain | Shutdown | FlushCache
+Command = (AddRequest | AbortRequest | FinishRequest | RefuseRequest | Drain | Shutdown
+           | FlushCache)
 
 
 @dataclass(slots=True)

@@ -36,6 +36,7 @@ from decode_worker.daemon.decode.bridge import (
     FlushCache,
     Inbox,
     Outbox,
+    RefuseRequest,
     Shutdown,
 )
 from decode_worker.daemon.decode.fetcher import AuxRows, KVFetcher
@@ -191,6 +192,8 @@ class DecodeEngine:
             live = self.table.lives.get(cmd.rid)
             if live is not None:
                 self._cancel(live, cmd.reason if isinstance(cmd, AbortRequest) else "stop", now)
+        elif isinstance(cmd, RefuseRequest):
+            self.table.refuse(cmd)
         elif isinstance(cmd, Drain):
             self._drain_deadline = now + cmd.grace_s
         elif isinstance(cmd, FlushCache):

@@ -27,7 +27,7 @@ from decode_worker.core.decode_alloc import DecodeAllocator
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.request import TERMINAL, DecodeRequest, RequestState
 from decode_worker.daemon.decode.batch import RunningBatch
-from decode_worker.daemon.decode.bridge import AddRequest, Outbox
+from decode_worker.daemon.decode.bridge import AddRequest, Outbox, RefuseRequest
 from decode_worker.daemon.decode.live import LiveRequest
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,16 @@ class RequestTable:
         while self.settling:
             self.step_done(now)
 
+    def refuse(self, cmd: RefuseRequest) -> None:
+        """Requests the worker refused before they reached the engine (at the HTTP door: queue
+        full, too long, draining, a bad request, ...): counted as aborted for `cmd.reason`, and
+        each room is ended at its prefill peer as `end` ends a request's (`_tell_peer`)."""
+        self.requests_total["aborted"] += cmd.num_requests
+        self.aborts_total[cmd.reason] += cmd.num_requests
+        log.info("refused %d request(s) (%s): %s", cmd.num_requests, cmd.reason, cmd.message)
+        for host, port, room in cmd.rooms:
+            self._cancel_room(host, port, room, cmd.reason, cmd.message)
+
     def end_decided(self, ab: Abort, now: float) -> None:
         """Admission aborted `ab.req` (already ABORTED, its pages returned and counted)."""
         live = self.lives.get(ab.req.rid)
@@ -159,11 +169,17 @@ class RequestTable:
         still get the router's copy of the request, and must not hold it to its timeout. Not
         sent once the first token came (the peer answered already)."""
         cmd = live.cmd
-        host, port, room = cmd.bootstrap_host, cmd.bootstrap_port or 0, cmd.bootstrap_room
-        if (not host or room is None or not 0 < port < 65536 or live.req.output_ids
-                or reason in FINISHED):
+        if live.req.output_ids or reason in FINISHED:
             return
-        self.transfers.cancel_room(host, port, room, reason, message)
+        self._cancel_room(cmd.bootstrap_host, cmd.bootstrap_port or 0, cmd.bootstrap_room,
+                          reason, message)
+
+    def _cancel_room(self, host: str | None, port: int, room: int | None, reason: str,
+                     message: str) -> None:
+        """End `room` at the prefill peer host:port (in its protocol: the receiver's
+        `cancel_room`), if the address and room are whole."""
+        if host and room is not None and 0 < port < 65536:
+            self.transfers.cancel_room(host, port, room, reason, message)
 
     def _count(self, req: DecodeRequest, status: str, reason: str) -> None:
         self.requests_total[status] += 1

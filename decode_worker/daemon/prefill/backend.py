@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,6 +23,7 @@ from decode_worker.device.grammar import prepare_sampling
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import ClientError
 from decode_worker.io.api.backend import FlushResult, GenerateInput, Health, Load, OutputChunk
+from decode_worker.io.api.targets import Target
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import TransferSettings
 
@@ -121,6 +122,13 @@ class PrefillBackend:
 
     def finish(self, rid: str) -> None:
         return None
+
+    def refuse(self, targets: Sequence[Target], reason: str, message: str) -> None:
+        """Counted (`decode_worker_aborts_total{reason}`); nobody to tell: the decode side
+        learns of it from its own copy of the request or its transfer."""
+        if self.metrics is not None:
+            for _ in range(max(1, len(targets))):
+                self.metrics.inc_abort(reason)
 
     def health(self) -> Health:
         return Health()

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.errors import AdmissionRejected, ClientError, ServiceUnavailable
+from decode_worker.errors import AdmissionRejected, ClientError, Draining, ServiceUnavailable
 from decode_worker.io.api.admin import handle_flush_cache, handle_get_load
-from decode_worker.io.api.backend import GenerateBackend, GenerateInput
+from decode_worker.io.api.backend import GenerateBackend, GenerateInput, abort_label
 from decode_worker.io.api.chat import handle_chat
 from decode_worker.io.api.common import ApiConfig, error_obj, new_rid, now_s
 from decode_worker.io.api.generate import handle_generate
@@ -33,7 +33,7 @@ from decode_worker.io.api.loads import handle_v1_loads
 from decode_worker.io.api.message import Request, Response, StreamResponse
 from decode_worker.io.api.openai import handle_completions
 from decode_worker.io.api.run import GenerationRun, RejectedAtStart
-from decode_worker.io.api.targets import Target
+from decode_worker.io.api.targets import Target, body_targets
 from decode_worker.io.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,8 @@ class ApiApp:
             reply = await self._route(req, route)
         except Exception as exc:
             reply = _error_reply(exc, req)
+            if endpoint in GENERATION:
+                self._refuse(req, exc, reply.status)
         if self.metrics is not None:
             self.metrics.inc_http(endpoint, reply.status)
         return reply
@@ -115,9 +117,20 @@ class ApiApp:
     def _check_serving(self) -> None:
         health = self.backend.health()
         if not health.is_ok:
-            exc = ServiceUnavailable(health.message or f"worker is {health.status}")
+            kind = Draining if health.status == "draining" else ServiceUnavailable
+            exc = kind(health.message or f"worker is {health.status}")
             exc.retry_after_s = health.retry_after_s  # type: ignore[attr-defined]
             raise exc
+
+    def _refuse(self, req: Request, exc: Exception, status: int) -> None:
+        """A generation request answered `status` for `exc` before the backend started it:
+        `backend.refuse` counts it and ends its rooms at their prefill peers (the rooms the body
+        names: `body_targets`). Not for a 401 (an unauthenticated body ends nothing) nor for a
+        request the backend ended itself (`RejectedAtStart`: its first chunk was the error)."""
+        if isinstance(exc, _AuthError | RejectedAtStart):
+            return
+        label = abort_label(_reason_of(exc), status)
+        self.backend.refuse(body_targets(req.body) or [Target()], label, str(exc)[:512])
 
     # -- used by the endpoint modules ------------------------------------------------------
 
@@ -227,12 +240,21 @@ def _json_error(status: int, message: str, code: str,
     return Response.json(error_obj(message, status, code), status, headers or [])
 
 
+def _reason_of(exc: Exception) -> str:
+    """The error body's `reason` for `exc`."""
+    if isinstance(exc, ClientError | ServiceUnavailable):
+        return exc.reason
+    if isinstance(exc, AdmissionRejected):
+        return "too_large"
+    return exc.code if isinstance(exc, RejectedAtStart) else "internal"
+
+
 def _error_reply(exc: Exception, req: Request) -> Response:
     if isinstance(exc, ClientError):
-        return _json_error(exc.status, str(exc), getattr(exc, "reason", "bad_request"))
+        return _json_error(exc.status, str(exc), exc.reason)
     if isinstance(exc, ServiceUnavailable):
         retry = str(getattr(exc, "retry_after_s", 5))
-        return _json_error(503, str(exc) or "unavailable", "unavailable", [("retry-after", retry)])
+        return _json_error(503, str(exc) or "unavailable", exc.reason, [("retry-after", retry)])
     if isinstance(exc, AdmissionRejected):
         return _json_error(413, str(exc), "too_large")
     if isinstance(exc, RejectedAtStart):

@@ -32,9 +32,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from decode_worker.core.sampling import SamplingParams, TopLogprobs
+
+if TYPE_CHECKING:
+    from decode_worker.io.api.targets import Target
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -105,6 +108,18 @@ _STATUS_BY_REASON = {
 def status_for_reason(reason: str) -> int:
     """The HTTP status for a request that ended early with `reason`."""
     return _STATUS_BY_REASON.get(reason, 500)
+
+
+def abort_label(reason: str, status: int) -> str:
+    """The abort label (docs/CONTRACTS.md) of a refusal answered `status` with error body
+    `reason`: `reason` itself when it is one of the labels with a status, else `too_large` for a
+    413, `bad_request` for another 4xx, `internal` otherwise (e.g. a 404 `model_not_found`
+    counts as `bad_request`)."""
+    if reason in _STATUS_BY_REASON:
+        return reason
+    if status == 413:
+        return "too_large"
+    return "bad_request" if 400 <= status < 500 else "internal"
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +200,16 @@ class GenerateBackend(Protocol):
 
     def finish(self, rid: str) -> None:
         """Stop `rid` as finished normally (the API layer matched a stop string)."""
+        ...
+
+    def refuse(self, targets: Sequence[Target], reason: str, message: str) -> None:
+        """A generation request was refused before the backend started it: count it once per
+        sample (`targets`, at least one), and end each target's room at its prefill peer at
+        once with `reason` (an abort label: `abort_label`). A front-end calls it exactly once
+        for every generation request it answers with an error before its first chunk, the
+        errors `generate` raises included (`generate` never refuses by itself), and never for
+        a request whose first chunk was the error (the backend ended that one already).
+        Must not block; never raises."""
         ...
 
     def health(self) -> Health: ...

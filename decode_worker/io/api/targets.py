@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from decode_worker.errors import ClientError
 from decode_worker.io.api.schemas import Bootstrap
 
@@ -70,3 +72,57 @@ def _check_target(t: Target) -> None:
         raise ClientError(f"bootstrap_room={t.room}: must be in [0, 2**64)")
     if t.port is not None and not 0 < t.port < 65536:
         raise ClientError(f"bootstrap_port={t.port}: must be in (0, 65536)")
+
+
+class _Sent(msgspec.Struct):
+    """What a refused body may say about its samples, any type accepted (`body_targets`)."""
+
+    bootstrap_host: Any = None
+    bootstrap_port: Any = None
+    bootstrap_room: Any = None
+    n: Any = None
+    sampling_params: Any = None  # /generate: `n` is in here
+    text: Any = None  # /generate
+    input_ids: Any = None  # /generate
+    prompt: Any = None  # /v1/completions
+
+
+def body_targets(raw: bytes) -> list[Target]:
+    """The samples' targets of a generation body that is being refused, for `refuse` (best
+    effort, never raises): one per sample by `sample_targets`' rules when the body still says
+    how many prompts and samples it has, else one per room it names; [] when it names no
+    prefill peer and room, or is not a JSON object."""
+    try:
+        sent = msgspec.json.decode(raw, type=_Sent)
+    except msgspec.MsgspecError:
+        return []
+    if sent.bootstrap_host is None or sent.bootstrap_room is None:
+        return []
+    sp = sent.sampling_params if isinstance(sent.sampling_params, dict) else {}
+    n = sent.n if sent.n is not None else sp.get("n", 1)
+    batch = next((v for v in (sent.text, sent.input_ids, sent.prompt) if v is not None), None)
+    num_prompts = len(batch) if isinstance(batch, list) and batch and (
+        not isinstance(batch[0], int)) else 1
+    boot = Bootstrap(sent.bootstrap_host, sent.bootstrap_port, sent.bootstrap_room)
+    try:
+        if not isinstance(n, int) or not 0 < n * num_prompts <= 1024:
+            raise ClientError("no sample count")
+        targets = sample_targets(boot, num_prompts, n)
+    except (ClientError, TypeError, ValueError):
+        targets = [Target(*row) for row in zip(*(
+            v if isinstance(v, list) else [v] * _longest(boot)
+            for v in (boot.bootstrap_host, boot.bootstrap_port, boot.bootstrap_room)),
+            strict=False)]
+    return [t for t in targets if _is_target(t)]
+
+
+def _longest(boot: Bootstrap) -> int:
+    cols = (boot.bootstrap_host, boot.bootstrap_port, boot.bootstrap_room)
+    return max((len(v) for v in cols if isinstance(v, list)), default=1)
+
+
+def _is_target(t: Target) -> bool:
+    """A usable peer address and room (a port of None: the worker's default)."""
+    return (isinstance(t.host, str) and bool(t.host) and type(t.room) is int
+            and 0 <= t.room < 2**64 and (t.port is None or (
+                type(t.port) is int and 0 < t.port < 65536)))

@@ -86,7 +86,13 @@ def test_a_cut_turn_keeps_what_it_had(cut: int) -> None:
     else:  # cut inside the header: the header text is content
         assert got.content and "<|" not in got.content
     msg, made_calls = message_of(got, ChatParsing(T, True, True))
-    assert not made_calls and "tool_calls" not in msg  # a cut call is plain content
+    assert not made_calls  # the finish reason stays "length"
+    if got.calls:  # a cut call stays a call with what it had (as the stream sent it)
+        [call] = msg["tool_calls"]
+        assert call["function"] == {"name": "get_weather", "arguments": got.calls[0].arguments}
+        assert msg["content"] is None
+    else:
+        assert "tool_calls" not in msg and msg["content"] == got.content
 
 
 def test_cut_inside_a_character_never_splits_it() -> None:

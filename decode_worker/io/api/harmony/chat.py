@@ -10,11 +10,13 @@ always, the app refuses to start without them; `none`: never). Per request:
   server returns); with tools the analysis text stays in `content`, ahead of the answer.
 - tool calls are parsed when the request has tools and `tool_choice` is not "none":
   `message.tool_calls` (id, name, arguments as JSON text) and `finish_reason: "tool_calls"`.
-A call cut by `max_tokens` is left as content text in a plain answer (its arguments are not
-whole JSON); in a stream its pieces were already sent as tool_calls deltas, and the finish
-reason says "length". Stop strings end generation as everywhere (matched on the raw text) and
-are applied to `reasoning_content` and `content` each (`StopFilter`: trimmed unless
-`no_stop_trim`), not to tool-call arguments. `/generate` and `/v1/completions` are never parsed.
+A call cut by `max_tokens` (OpenAI's behaviour) is still a tool call, plain and streamed
+alike: `tool_calls` with the arguments generated so far (not whole JSON), and the finish reason
+"length" says it was cut (only a turn that ended on its own with whole calls says
+"tool_calls"). A call cut inside its header (no name yet) is not a call: its text is content.
+Stop strings end generation as everywhere (matched on the raw text) and are applied to
+`reasoning_content` and `content` each (`StopFilter`: trimmed unless `no_stop_trim`), not to
+tool-call arguments. `/generate` and `/v1/completions` are never parsed.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def chat_parsing(tokens: HarmonyTokens | None, reasoning_parser: str, separate_r
 def chat_message(output_ids: list[int], parsing: ChatParsing, tokenizer: Tokenizer,
                  stop: Sequence[str] = (), no_stop_trim: bool = False,
                  ) -> tuple[dict[str, Any], bool]:
-    """A whole output's `message` and whether it holds tool calls (whole ones)."""
+    """A whole output's `message` and whether it holds a whole tool call (`finish_reason`)."""
     parsed = parse(output_ids, parsing.tokens, tokenizer, parse_calls=parsing.calls)
     return message_of(parsed, parsing, stop, no_stop_trim)
 
@@ -86,8 +88,7 @@ def message_of(parsed: Parsed, parsing: ChatParsing, stop: Sequence[str] = (),
         reasoning, content = "", reasoning + content
     reasoning = StopFilter(stop, no_stop_trim).push(reasoning, final=True)
     content = StopFilter(stop, no_stop_trim).push(content, final=True)
-    calls = [c for c in parsed.calls if c.complete]
-    content += "".join(c.arguments for c in parsed.calls if not c.complete)
+    calls = parsed.calls  # a cut one too: the stream sent its pieces (module docstring)
     msg: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
     if reasoning:
         msg["reasoning_content"] = reasoning
@@ -95,7 +96,7 @@ def message_of(parsed: Parsed, parsing: ChatParsing, stop: Sequence[str] = (),
         msg["tool_calls"] = [{"id": c.id, "type": "function",
                               "function": {"name": c.name, "arguments": c.arguments}}
                              for c in calls]
-    return msg, bool(calls)
+    return msg, any(c.complete for c in calls)
 
 
 class ChatStream:

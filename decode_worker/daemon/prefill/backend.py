@@ -140,7 +140,7 @@ class PrefillBackend:
         return {"model_path": str(self.model_dir), "tokenizer_path": str(self.model_dir),
                 "tp_size": 1, "dp_size": 1, "disaggregation_mode": "prefill",
                 "disaggregation_transfer_backend": "nixl",
-                "disaggregation_bootstrap_port": self.peer.settings.bootstrap_port,
+                "disaggregation_bootstrap_port": self.peer.server.port,
                 "context_length": self.context_length, "disable_radix_cache": True,
                 "disaggregation_decode_enable_radix_cache": False,
                 "enable_unified_radix_tree": False}  # fmt: skip

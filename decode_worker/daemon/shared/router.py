@@ -11,13 +11,17 @@ a `smg` script, so with both packages installed `smg` on PATH is whichever was i
 from __future__ import annotations
 
 import importlib.util
+import logging
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 
 from decode_worker.daemon.shared.procs import ServerProcess, free_port, wait_router_workers
 from decode_worker.errors import DecodeWorkerError
+
+log = logging.getLogger(__name__)
 
 SMG = "smg"
 SGLANG_ROUTER = "sglang-router"
@@ -64,7 +68,13 @@ def router_argv(kind: str, prefills: Sequence[tuple[str, int | None]], decodes: 
 
 class Router(ServerProcess):
     """A router child process (see `router_argv`); `wait_workers` blocks until it lists them.
-    Stopped like any ServerProcess (SIGTERM, then SIGKILL)."""
+    Stopped like any ServerProcess (SIGTERM, then SIGKILL).
+
+    A router cannot bind port 0 and report it, so its ports (`--port`, `--prometheus-port`)
+    come from `free_port`, which another process may take first: when the router exits because
+    a port was taken, `wait_workers` starts it again on fresh ports (`port` and `url` follow)."""
+
+    BIND_TRIES = 3
 
     def __init__(self, argv: list[str], port: int, name: str = "router") -> None:
         super().__init__(name, [], port)
@@ -82,9 +92,29 @@ class Router(ServerProcess):
 
     def wait_workers(self, count: int, timeout_s: float) -> None:
         """Until GET /workers lists `count` workers; raises DecodeWorkerError with the
-        router's log when it exits or `timeout_s` passes."""
-        if wait_router_workers(self.url, count, timeout_s):
-            return
+        router's log when it exits (but for a taken port, see the class) or `timeout_s`
+        passes."""
+        deadline = time.monotonic() + timeout_s
+        for _ in range(self.BIND_TRIES):
+            if wait_router_workers(self.url, count, deadline - time.monotonic(), self._alive):
+                return
+            if self._alive() or "Address already in use" not in self.output():
+                break
+            log.warning("%s: a port was taken; starting it again on fresh ports", self.name)
+            self._restart_on_fresh_ports()
         code = None if self.proc is None else self.proc.poll()
         raise DecodeWorkerError(f"router has not listed {count} workers after {timeout_s}s "
                                 f"(exit code {code}):\n{self.output()[-3000:]}")
+
+    def _alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _restart_on_fresh_ports(self) -> None:
+        cmd = list(self.cmd)
+        for i, arg in enumerate(cmd[:-1]):
+            if arg in ("--port", "--prometheus-port"):
+                cmd[i + 1] = str(free_port())
+                if arg == "--port":
+                    self.port = int(cmd[i + 1])
+        self.cmd = cmd
+        self.__enter__()

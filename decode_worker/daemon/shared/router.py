@@ -29,6 +29,18 @@ MODULES = {SMG: "smg.launch_router", SGLANG_ROUTER: "sglang_router.launch_router
 PACKAGES = {SMG: "smg", SGLANG_ROUTER: "sglang_router"}
 POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual",
             "consistent_hashing", "prefix_hash")
+# smg flags for rolling restarts of decode workers (docs/DEPLOY.md, "Rolling restarts"): a
+# worker that drains answers /health 503 for `server.drain_announce_s` (5 s by default) while it
+# still serves; smg probes every 2 s and takes a worker out after 2 failed probes, so within
+# 4 s, before the worker refuses anything. The circuit breaker stays on for workers that fail
+# requests while their /health says 200, with a short open time (10 s) so one bad burst does
+# not shut a healthy worker out for smg's default 60 s.
+ROLLING_RESTART_FLAGS = (
+    "--health-check-interval-secs", "2", "--health-failure-threshold", "2",
+    "--health-success-threshold", "1", "--health-check-timeout-secs", "2",
+    "--cb-failure-threshold", "10", "--cb-window-duration-secs", "30",
+    "--cb-timeout-duration-secs", "10",
+)
 
 
 def has_router(kind: str = SMG) -> bool:
@@ -39,11 +51,12 @@ def has_router(kind: str = SMG) -> bool:
 def router_argv(kind: str, prefills: Sequence[tuple[str, int | None]], decodes: Sequence[str],
                 port: int, *, policy: str = "round_robin", decode_policy: str | None = None,
                 health_interval_s: int = 3, request_timeout_s: int = 60,
-                extra: Sequence[str] = ()) -> list[str]:
+                circuit_breaker: bool = False, extra: Sequence[str] = ()) -> list[str]:
     """The command line of router `kind` in PD mode on 127.0.0.1:`port`: `prefills` as (URL,
     bootstrap port), `decodes` as URLs; Prometheus on a free loopback port; the circuit
-    breaker off (one failing test must not open it for the next). Raises DecodeWorkerError for
-    an unknown router or policy."""
+    breaker off unless `circuit_breaker` (one failing test must not open it for the next);
+    `extra` last (a flag given again there wins). Raises DecodeWorkerError for an unknown
+    router or policy."""
     if kind not in MODULES:
         raise DecodeWorkerError(f"unknown router {kind!r}; known: {sorted(MODULES)}")
     for name in (policy, decode_policy):
@@ -57,8 +70,9 @@ def router_argv(kind: str, prefills: Sequence[tuple[str, int | None]], decodes: 
     argv += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
              "--prometheus-port", str(free_port()), "--worker-startup-check-interval", "1",
              "--health-check-interval-secs", str(health_interval_s),
-             "--request-timeout-secs", str(request_timeout_s), "--policy", policy,
-             "--disable-circuit-breaker"]
+             "--request-timeout-secs", str(request_timeout_s), "--policy", policy]
+    if not circuit_breaker:
+        argv.append("--disable-circuit-breaker")
     if decode_policy is not None:
         argv += ["--decode-policy", decode_policy]
     if kind == SMG:  # load reports (GET /v1/loads) every second rather than every 10

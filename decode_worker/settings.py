@@ -183,9 +183,10 @@ class ServerSettings(_Section):
     port: int = Field(30000, ge=0, lt=65536,
                       description="HTTP port (0 = any free port, see --ports-file)")
     drain_announce_s: float = Field(
-        5.0, ge=0, description="SIGTERM: first this long /health answers 503 while the worker "
-        "still serves, so routers' health checks (interval x failure threshold) take it out of "
-        "rotation before it refuses work; then the drain grace"
+        6.0, ge=0, description="SIGTERM: first this long /health answers 503 while the worker "
+        "still serves, so routers' health checks take it out of rotation before it refuses "
+        "work (more than the router's health-check interval x failure threshold); then the "
+        "drain grace"
     )
     drain_grace_s: float = Field(30.0, ge=0, description="SIGTERM: time for running requests")
     max_body_bytes: int = Field(8 * 2**20, gt=0, description="Larger request bodies get 413")

@@ -30,11 +30,11 @@ PACKAGES = {SMG: "smg", SGLANG_ROUTER: "sglang_router"}
 POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual",
             "consistent_hashing", "prefix_hash")
 # smg flags for rolling restarts of decode workers (docs/DEPLOY.md, "Rolling restarts"): a
-# worker that drains answers /health 503 for `server.drain_announce_s` (5 s by default) while it
+# worker that drains answers /health 503 for `server.drain_announce_s` (6 s by default) while it
 # still serves; smg probes every 2 s and takes a worker out after 2 failed probes, so within
-# 4 s, before the worker refuses anything. The circuit breaker stays on for workers that fail
-# requests while their /health says 200, with a short open time (10 s) so one bad burst does
-# not shut a healthy worker out for smg's default 60 s.
+# 4 s, before the worker refuses anything (and back after 1 good probe). The circuit breaker
+# stays on for workers that fail requests while their /health says 200, with a short open time
+# (10 s) so one bad burst does not shut a worker out for smg's default 60 s.
 ROLLING_RESTART_FLAGS = (
     "--health-check-interval-secs", "2", "--health-failure-threshold", "2",
     "--health-success-threshold", "1", "--health-check-timeout-secs", "2",

@@ -112,7 +112,9 @@ class ServerProcess:
         for i, arg in enumerate(args[:-1]):
             if arg in names and args[i + 1] == "0" and names[arg] in self.ports:
                 args[i + 1] = str(self.ports[names[arg]])
-        return ServerProcess(self.name, args, self.port, self.host, self.env)
+        again = ServerProcess(self.name, args, self.port, self.host, self.env)
+        again.ports = dict(self.ports)  # the same ports, known before it reports them
+        return again
 
     def output(self) -> str:
         if not self.log.closed:

@@ -63,7 +63,8 @@ ENV PATH=/opt/decode-worker/bin:${PATH} \
 USER 10001:10001
 WORKDIR /home/decode
 EXPOSE 30000/tcp 8998/tcp
-# SIGTERM drains: /health turns 503, running requests get server.drain_grace_s, exit 0.
+# SIGTERM drains: /health turns 503 (still serving for server.drain_announce_s), then running
+# requests get server.drain_grace_s, exit 0: `docker stop -t 60` covers the defaults.
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=10s --timeout=5s --start-period=600s --retries=3 \
     CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('DECODE_WORKER_SERVER__PORT', '30000') + '/health', timeout=4)"]

@@ -41,7 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(p)
         if name in ("serve", "prefill", "demo"):
             p.add_argument("--host", help="bind address (server.host)")
-            p.add_argument("--port", type=int, help="HTTP port (server.port)")
+            p.add_argument("--port", type=int, help="HTTP port (server.port; 0 = any free port)")
+            p.add_argument("--print-config", action="store_true",
+                           help="print the settings these arguments resolve to (as `decode-worker "
+                           "config` does) and exit")
+        if name in ("serve", "prefill"):
+            p.add_argument("--ports-file", type=Path, metavar="PATH",
+                           help="once serving, write the bound ports to PATH as JSON (http; "
+                           "prefill: bootstrap, and rank with --protocol sglang): for "
+                           "supervisors and tests that start it with port 0")
         if name in ("prefill", "demo"):
             p.add_argument("--bootstrap-port", type=int,
                            help="bootstrap port: ZMQ (native) or SGLang's HTTP bootstrap "
@@ -101,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     module_name, _ = _SUBCOMMANDS[args.command]
-    if args.command == "config":
+    if args.command == "config" or getattr(args, "print_config", False):
         return run_config(args, loaded)
     try:
         module = importlib.import_module(module_name)
@@ -129,7 +137,7 @@ def run_config(args: argparse.Namespace, loaded: LoadedSettings) -> int:
             dotted = f"{section}.{key}"
             shown = "**********" if key in _SECRET_KEYS and value is not None else value
             rows.append((dotted, shown, loaded.sources.get(dotted, "default")))
-    if args.json:
+    if getattr(args, "json", False):
         print(json.dumps({k: {"value": v, "source": s} for k, v, s in rows}, indent=2))
         return 0
     width = max(len(k) for k, _, _ in rows)

@@ -142,7 +142,9 @@ class TransferSettings(_Section):
 
     backend: str = Field("UCX", description="NIXL backend plugin")
     bootstrap_host: str = Field("127.0.0.1", description="Prefill peer: ZMQ bind address")
-    bootstrap_port: int = Field(8998, gt=0, lt=65536, description="Prefill peer: ZMQ port")
+    bootstrap_port: int = Field(
+        8998, ge=0, lt=65536,
+        description="Prefill peer: ZMQ port (0 = any free port, see --ports-file)")
     heartbeat_interval_s: float = Field(0.5, gt=0, description="Peer liveness ping period")
     peer_dead_after_s: float = Field(
         2.0, gt=0, description="A ping unanswered this long = peer gone (a dead peer is found "
@@ -180,7 +182,14 @@ class ServerSettings(_Section):
     """HTTP front end and lifecycle."""
 
     host: str = Field("127.0.0.1", description="Bind address (loopback by default)")
-    port: int = Field(30000, gt=0, lt=65536, description="HTTP port")
+    port: int = Field(30000, ge=0, lt=65536,
+                      description="HTTP port (0 = any free port, see --ports-file)")
+    drain_announce_s: float = Field(
+        6.0, ge=0, description="SIGTERM: first this long /health answers 503 while the worker "
+        "still serves, so routers' health checks take it out of rotation before it refuses "
+        "work (more than the router's health-check interval x failure threshold); then the "
+        "drain grace"
+    )
     drain_grace_s: float = Field(30.0, ge=0, description="SIGTERM: time for running requests")
     max_body_bytes: int = Field(8 * 2**20, gt=0, description="Larger request bodies get 413")
     api_key: SecretStr | None = Field(None, description="Bearer token required if set")

@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from decode_worker.daemon.shared.procs import ServerProcess, free_port
+from decode_worker.daemon.shared.procs import ServerProcess
 from decode_worker.device.default_model import write_model
 
 
@@ -65,15 +65,15 @@ def main() -> int:
     ap.add_argument("--max-new", type=int, default=64)
     args = ap.parse_args()
     model = write_model(Path(tempfile.mkdtemp()) / "tiny", seed=0)
-    port = free_port()
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 250) for _ in range(args.prompt_len)]
                for _ in range(args.requests)]
-    with ServerProcess("decode", ["serve", "--model", str(model), "--port", str(port),
+    with ServerProcess("decode", ["serve", "--model", str(model), "--port", "0",
                                   "--set", "cache.num_full_pages=4096",
                                   "--set", "cache.num_swa_pages=1024",
-                                  "--set", "scheduler.max_running_requests=64"], port) as srv:
+                                  "--set", "scheduler.max_running_requests=64"]) as srv:
         srv.wait_ready(120)
+        port = srv.port
         idle: list[float] = []
         stop = threading.Event()
         t = threading.Thread(target=health_probe, args=(port, stop, idle))

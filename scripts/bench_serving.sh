@@ -22,6 +22,22 @@
 # (scripts/setup_sglang.sh, linked in by a .pth file) plus the `datasets` package that
 # sglang.bench_serving imports. Servers run from this checkout's python ($PYTHON).
 set -euo pipefail
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+  cat <<'USAGE'
+usage: bash scripts/bench_serving.sh            (settings are environment variables)
+
+SGLang's bench_serving through smg (PD mode) in front of the reference prefill peer and a decode
+worker, the decode radix cache on, then off; prints bench_serving's tables and the KV bytes the
+decode worker received. The first run builds .venv-sglang (scripts/setup_sglang.sh, about 3 GB)
+and .venv-bench; nothing is installed or started for --help.
+
+  MODEL=DIR            model directory (default: the built-in tiny gpt-oss)
+  NUM_PROMPTS=N        prompts per run (16)
+  CONCURRENCY=N        concurrent requests (4) (see the script header for the rest:
+                       BACKENDS, ROUTER_MODULE, ROUTER_POLICY, BENCH_VENV, BENCH_OUT, PYTHON)
+USAGE
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 SGLANG_VENV=${SGLANG_VENV:-.venv-sglang}
@@ -70,6 +86,18 @@ stop_all() {
 }
 trap stop_all EXIT
 port() { "$PY" -c 'from decode_worker.daemon.shared.procs import free_port; print(free_port())'; }
+ported() {  # ported FILE NAME SECONDS: the port NAME from a server's --ports-file, once written
+  local deadline=$((SECONDS + $3))
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    if [ -s "$1" ]; then
+      "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
+      return 0
+    fi
+    sleep 0.5
+  done
+  echo "bench_serving: no ports in $1 after $3 s (logs in $OUT)" >&2
+  return 1
+}
 wait_url() {  # wait_url URL SECONDS [PYTHON-CHECK-ON-BODY]
   local deadline=$((SECONDS + $2)) body
   while [ "$SECONDS" -lt "$deadline" ]; do
@@ -90,12 +118,17 @@ metric() {  # metric URL NAME: the sum of NAME's samples on URL/metrics
 start_stack() {  # start_stack on|off: prefill peer, decode worker, router; sets the URLs
   local cache=$1 pp bp dp rp radix=true
   [ "$cache" = off ] && radix=false
-  pp=$(port); bp=$(port); dp=$(port); rp=$(port)
-  PREFILL="http://127.0.0.1:$pp" DECODE="http://127.0.0.1:$dp" ROUTER="http://127.0.0.1:$rp"
-  timeout "$SERVER_TIMEOUT_S" "$PY" -m decode_worker prefill --model "$MODEL" --port "$pp" \
-    --bootstrap-port "$bp" > "$OUT/prefill-$cache.log" 2>&1 & PIDS+=($!)
-  timeout "$SERVER_TIMEOUT_S" "$PY" -m decode_worker serve --model "$MODEL" --port "$dp" \
+  # the servers bind free ports themselves and report them (--ports-file): no race
+  rm -f "$OUT/prefill-$cache.ports" "$OUT/decode-$cache.ports"
+  timeout "$SERVER_TIMEOUT_S" "$PY" -m decode_worker prefill --model "$MODEL" --port 0 \
+    --bootstrap-port 0 --ports-file "$OUT/prefill-$cache.ports" \
+    > "$OUT/prefill-$cache.log" 2>&1 & PIDS+=($!)
+  timeout "$SERVER_TIMEOUT_S" "$PY" -m decode_worker serve --model "$MODEL" --port 0 \
+    --ports-file "$OUT/decode-$cache.ports" \
     --set "cache.decode_radix_cache=$radix" > "$OUT/decode-$cache.log" 2>&1 & PIDS+=($!)
+  pp=$(ported "$OUT/prefill-$cache.ports" http 300); bp=$(ported "$OUT/prefill-$cache.ports" bootstrap 5)
+  dp=$(ported "$OUT/decode-$cache.ports" http 300); rp=$(port)
+  PREFILL="http://127.0.0.1:$pp" DECODE="http://127.0.0.1:$dp" ROUTER="http://127.0.0.1:$rp"
   wait_url "$PREFILL/health" 300
   wait_url "$DECODE/health" 300
   timeout "$SERVER_TIMEOUT_S" "$PY" -m "$ROUTER_MODULE" --pd-disaggregation \

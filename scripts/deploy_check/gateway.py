@@ -6,7 +6,8 @@ StatefulSet's replicas without adding URLs leaves the new pods idle, and lowerin
 URLs that never answer. Each URL must name `http://<statefulset>-<i>.<serviceName>:<port>` for
 every `i` below the replicas, once. When smg is installed, the container's arguments also go
 through smg's own parser (`smg.launch_router.parse_router_args`): an unknown flag or a bad
-value is a problem here, not a crash loop in the cluster.
+value is a problem here, not a crash loop in the cluster. Its health checks (interval x failure
+threshold) must fit in the decode workers' drain announce window (`drain.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import io
 import re
 from typing import Any
 
+from scripts.deploy_check import drain
+
 Obj = dict[str, Any]
+SMG_INTERVAL_S, SMG_FAILURES = 60, 3  # smg 1.13's defaults (python -m smg.launch_router --help)
 _URL = re.compile(r"^http://(?P<pod>[a-z0-9-]+)-(?P<i>\d+)\.(?P<svc>[a-z0-9-]+):\d+$")
 
 
@@ -34,7 +38,26 @@ def gateway_problems(objs: list[Obj]) -> list[str]:
                 out += _url_problems(where, "--prefill", _urls(args, "--prefill"), sets)
                 out += _url_problems(where, "--decode", _urls(args, "--decode"), sets)
                 out += [f"{where}: {p}" for p in smg_parse_problems(args)]
+                out += drain.router_problems(
+                    where, float(_flag(args, "--health-check-interval-secs", SMG_INTERVAL_S)),
+                    int(_flag(args, "--health-failure-threshold", SMG_FAILURES)),
+                    _announce_s(objs))
     return out
+
+
+def _flag(args: list[str], flag: str, default: float) -> str:
+    """The value of the last `flag` in `args` (as smg's parser takes it), else `default`."""
+    values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+    return values[-1] if values else str(default)
+
+
+def _announce_s(objs: list[Obj]) -> float:
+    """The decode workers' announce window: from a ConfigMap that sets it, else the default."""
+    env: dict[str, str] = {}
+    for obj in objs:
+        if obj.get("kind") == "ConfigMap" and drain.ANNOUNCE_KEY in obj.get("data", {}):
+            env[drain.ANNOUNCE_KEY] = obj["data"][drain.ANNOUNCE_KEY]
+    return drain.drain_s(env)[0]
 
 
 def _urls(args: list[str], flag: str) -> list[str]:

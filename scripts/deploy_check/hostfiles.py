@@ -14,7 +14,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from scripts.deploy_check import DEPLOY, REPO
+from scripts.deploy_check import DEPLOY, REPO, drain
 
 DOCKERFILE = REPO / "Dockerfile"
 UNIT = DEPLOY / "systemd" / "decode-worker@.service"
@@ -22,7 +22,6 @@ ENV_FILE = DEPLOY / "systemd" / "decode-worker.env"
 LOCK = DEPLOY / "requirements.lock"
 HTTP_PORT = 30000
 BOOTSTRAP_PORT = 8998
-DRAIN_KEY = "DECODE_WORKER_SERVER__DRAIN_GRACE_S"
 
 
 def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
@@ -152,13 +151,21 @@ def unit_problems(path: Path = UNIT, env_path: Path = ENV_FILE) -> list[str]:
         out.append(f"{path.name}: ExecStart must run `decode-worker serve`")
     if service.get("User") in (None, "root"):
         out.append(f"{path.name}: run as a dedicated User=, not root")
-    drain = float(env_file(env_path).get(DRAIN_KEY, 30))
-    stop = _seconds(service.get("TimeoutStopSec", "90"))
-    if stop is None or stop <= drain:
-        out.append(f"{path.name}: TimeoutStopSec {service.get('TimeoutStopSec')} must exceed "
-                   f"the drain grace {drain:g} s")
+    announce, grace = drain.drain_s(env_file(env_path))
+    stop = unit_stop_s(path)
+    if stop is None:
+        out.append(f"{path.name}: TimeoutStopSec {service.get('TimeoutStopSec')} is not a time")
+    else:
+        out += drain.stop_problem(path.name, stop, announce, grace, "TimeoutStopSec")
     out += _device_sandbox_problems(path.name, service)
     return out
+
+
+def unit_stop_s(path: Path = UNIT) -> float | None:
+    """The unit's TimeoutStopSec in seconds (systemd's default 90 s when unset); None when it
+    does not parse."""
+    service = dict(parse_unit(path.read_text()).get("Service", []))
+    return _seconds(service.get("TimeoutStopSec", "90"))
 
 
 def _device_sandbox_problems(name: str, service: dict[str, str]) -> list[str]:

@@ -3,8 +3,9 @@
 For every workload that runs decode-worker (`serve` or `prefill`):
 - its ConfigMaps hold only real settings, and they validate (through `load_settings`);
 - readiness, liveness and startup probes GET /health on a port the container declares;
-- a preStop hook, and terminationGracePeriodSeconds >= preStop sleep + drain grace + margin;
-- liveness gives up only after longer than the drain grace (a draining pod answers 503);
+- a preStop hook, and terminationGracePeriodSeconds >= preStop sleep + drain announce (decode
+  workers) + drain grace + margin (`drain.py`);
+- liveness gives up only after longer than the drain (a draining pod answers 503);
 - a GPU limit, an RDMA device request where RDMA is required, non-root, no privilege escalation;
 - the container port equals DECODE_WORKER_SERVER__PORT; a PodDisruptionBudget covers it.
 For every Service, PodDisruptionBudget and PodMonitor: the selector matches some pod, and the
@@ -23,12 +24,11 @@ from decode_worker.settings import (
     env_var_name,
     load_settings,
 )
+from scripts.deploy_check import drain
 
 Obj = dict[str, Any]
 WORKLOADS = ("Deployment", "StatefulSet")
-DRAIN_KEY = "DECODE_WORKER_SERVER__DRAIN_GRACE_S"
 PORT_KEY = "DECODE_WORKER_SERVER__PORT"
-MARGIN_S = 10
 GPU = "nvidia.com/gpu"
 RDMA_PREFIX = "rdma/"
 
@@ -87,24 +87,43 @@ def _env_of(container: Obj, configmaps: dict[str, Any], problems: list[str], who
 def _container_problems(workload: Obj, c: Obj, env: dict, require_rdma: bool) -> list[str]:
     who = f"{_name(workload)}/{c['name']}"
     out = _probe_problems(who, c)
-    drain = float(env.get(DRAIN_KEY, 30))
-    pre_stop = _pre_stop_s(c)
-    if pre_stop is None:
+    announce, grace = drain.drain_s(env, _serves(c))
+    budget = stop_budget_s(workload, c)
+    if _pre_stop_s(c) is None:
         out.append(f"{who}: no preStop hook (sleep N) before the SIGTERM drain")
-        pre_stop = 0
-    grace = _pod(workload).get("terminationGracePeriodSeconds", 30)
-    if grace < pre_stop + drain + MARGIN_S:
-        out.append(f"{who}: terminationGracePeriodSeconds {grace} < preStop {pre_stop} + drain "
-                   f"{drain:g} + margin {MARGIN_S}")
+    out += drain.stop_problem(who, budget, announce, grace,
+                              "terminationGracePeriodSeconds less preStop")
     live = c.get("livenessProbe", {})
-    if live.get("periodSeconds", 10) * live.get("failureThreshold", 3) <= drain:
-        out.append(f"{who}: liveness gives up within the drain grace ({drain:g} s)")
+    if live.get("periodSeconds", 10) * live.get("failureThreshold", 3) <= announce + grace:
+        out.append(f"{who}: liveness gives up within the drain ({announce + grace:g} s)")
     out += _resource_problems(who, c, require_rdma)
     out += _security_problems(who, workload, c)
     declared = {p.get("containerPort") for p in c.get("ports", [])}
     if int(env.get(PORT_KEY, 30000)) not in declared:
         out.append(f"{who}: server port {env.get(PORT_KEY, 30000)} is not a containerPort")
     return out
+
+
+def stop_budget_s(workload: Obj, c: Obj) -> float:
+    """Seconds the container gets after SIGTERM: terminationGracePeriodSeconds (30 by
+    default) less its preStop sleep."""
+    period = float(_pod(workload).get("terminationGracePeriodSeconds", 30))
+    return period - (_pre_stop_s(c) or 0.0)
+
+
+def decode_stop_budgets(objs: list[Obj], where: str) -> dict[str, float]:
+    """For every decode worker (`serve`) container of one rendered kustomization: a name ->
+    the seconds it gets after SIGTERM (for `drain.config_problems`)."""
+    return {f"{where}: {_name(w)} terminationGracePeriodSeconds less preStop":
+            stop_budget_s(w, c)
+            for w in objs if w["kind"] in WORKLOADS
+            for c in _pod(w).get("containers", []) if _runs_decode_worker(c) and _serves(c)}
+
+
+def _serves(c: Obj) -> bool:
+    """Whether the container runs the decode worker (`serve`, the image's default command)."""
+    args = [str(a) for a in c.get("command", []) + c.get("args", [])]
+    return "prefill" not in args
 
 
 def _probe_problems(who: str, c: Obj) -> list[str]:

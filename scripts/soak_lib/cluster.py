@@ -5,19 +5,14 @@ literals."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from decode_worker.daemon.shared.procs import (
-    ServerProcess,
-    free_port,
-    http_json,
-    wait_router_workers,
-)
-from decode_worker.daemon.shared.router import SMG, router_argv
+from decode_worker.daemon.shared.procs import ServerProcess, free_port, http_json
+from decode_worker.daemon.shared.router import SMG, Router, router_argv
 from decode_worker.daemon.shared.router import has_router as router_installed
+from decode_worker.errors import DecodeWorkerError
 from decode_worker.io.metrics import Metrics
 
 PAGE_SIZE = 16
@@ -49,78 +44,77 @@ class Cluster:
 
     def __init__(self, model: Path, with_router: bool = True) -> None:
         self.model = model
-        self.prefill_port, self.boot_port = free_port(), free_port()
-        self.decode_port = free_port()
-        self.router_port = free_port() if with_router and has_router() else None
-        self.prefill = self._prefill_proc()
-        self.decode = self._decode_proc()
-        self.router: subprocess.Popen[bytes] | None = None
+        self.with_router = with_router and has_router()
+        self.prefill = ServerProcess("soak-prefill", [
+            "prefill", "--port", "0", "--bootstrap-port", "0",
+            "--model", str(self.model), "--set", f"cache.page_size={PAGE_SIZE}"])
+        self.decode = ServerProcess("soak-decode", [
+            "serve", "--port", "0", "--model", str(self.model),
+            "--set", f"cache.page_size={PAGE_SIZE}", *_sets(DECODE_SETTINGS)])
+        self.router: Router | None = None
         self.logs: list[str] = []
 
     @property
+    def decode_port(self) -> int:
+        return self.decode.port
+
+    @property
+    def boot_port(self) -> int:
+        return self.prefill.ports["bootstrap"]
+
+    @property
     def decode_url(self) -> str:
-        return f"http://127.0.0.1:{self.decode_port}"
+        return self.decode.url
 
     @property
     def prefill_url(self) -> str:
-        return f"http://127.0.0.1:{self.prefill_port}"
+        return self.prefill.url
 
     @property
     def router_url(self) -> str | None:
-        return None if self.router_port is None else f"http://127.0.0.1:{self.router_port}"
-
-    def _prefill_proc(self) -> ServerProcess:
-        return ServerProcess("soak-prefill", [
-            "prefill", "--port", str(self.prefill_port), "--bootstrap-port", str(self.boot_port),
-            "--model", str(self.model), "--set", f"cache.page_size={PAGE_SIZE}"],
-            self.prefill_port)
-
-    def _decode_proc(self) -> ServerProcess:
-        return ServerProcess("soak-decode", [
-            "serve", "--port", str(self.decode_port), "--model", str(self.model),
-            "--set", f"cache.page_size={PAGE_SIZE}", *_sets(DECODE_SETTINGS)], self.decode_port)
+        return None if self.router is None else self.router.url
 
     def start(self) -> None:
+        """Both servers on ports they bind (any free ones), then the router in front."""
         self.prefill.__enter__()
         self.decode.__enter__()
         self.prefill.wait_ready(180)
         self.decode.wait_ready(180)
         self.logs += [self.prefill.log.name, self.decode.log.name]
-        if self.router_port is not None:
+        if self.with_router:
             self._start_router()
 
     def _start_router(self) -> None:
-        assert self.router_port is not None
-        log = open(Path(self.decode.log.name).with_suffix(".router.log"), "wb")  # noqa: SIM115
-        self.logs.append(log.name)
-        self.router = subprocess.Popen(router_argv(
-            SMG, [(self.prefill_url, self.boot_port)], [self.decode_url], self.router_port,
-            health_interval_s=2, request_timeout_s=30), stdout=log, stderr=subprocess.STDOUT)
-        if wait_router_workers(self.router_url, 2, 60):
-            return
-        self.router.kill()
-        self.router, self.router_port = None, None  # soak on without it, and say so
+        port = free_port()  # a taken one makes wait_workers retry on another
+        self.router = Router(router_argv(
+            SMG, [(self.prefill_url, self.boot_port)], [self.decode_url], port,
+            health_interval_s=2, request_timeout_s=30), port, name="soak-router")
+        self.router.__enter__()
+        self.logs.append(self.router.log.name)
+        try:
+            self.router.wait_workers(2, 60)
+        except DecodeWorkerError:
+            self.router.stop()
+            self.router = None  # soak on without it, and say so
 
     def restart_prefill(self) -> None:
+        """Stop the prefill peer and start it again on the same ports."""
         self.prefill.stop(timeout_s=10)
-        self.prefill = self._prefill_proc()
+        self.prefill = self.prefill.again()
         self.prefill.__enter__()
         self.prefill.wait_ready(180)
         self.logs.append(self.prefill.log.name)
 
     def restart_decode(self) -> None:
-        self.decode = self._decode_proc()
+        """Start the (stopped) decode worker again on the same port."""
+        self.decode = self.decode.again()
         self.decode.__enter__()
         self.decode.wait_ready(180)
         self.logs.append(self.decode.log.name)
 
     def stop(self) -> None:
         if self.router is not None:
-            self.router.terminate()
-            try:
-                self.router.wait(10)
-            except subprocess.TimeoutExpired:
-                self.router.kill()
+            self.router.stop()
         self.decode.stop(timeout_s=DRAIN_GRACE_S + 10)
         self.prefill.stop(timeout_s=10)
 

@@ -55,20 +55,27 @@ class Workers(PdServers):
                           *extra], num_decode, prefill_args=["--protocol", protocol],
                          decode_args=decode_extra or [])
         self.decode = self.decodes[0]
-        self.decode_port = self.decode.port
         self.router: Router | None = None
-        if router:
-            self.router_port = free_port()
-            self.router = Router(router_argv(
-                router_kind, [(self.prefill.url, self.boot_port)],
-                [d.url for d in self.decodes], self.router_port, policy=policy,
-                decode_policy=decode_policy), self.router_port)
+        self._router_args = (router_kind, policy, decode_policy) if router else None
+
+    @property
+    def decode_port(self) -> int:
+        return self.decode.port
 
     def __enter__(self) -> Workers:
         super().__enter__()
-        if self.router is not None:
-            self.router.__enter__()
-            self.router.wait_workers(1 + len(self.decodes), 60)
+        if self._router_args is not None:  # the workers' ports are known now
+            try:
+                kind, policy, decode_policy = self._router_args
+                port = free_port()  # a taken one makes wait_workers retry on another
+                self.router = Router(router_argv(
+                    kind, [(self.prefill.url, self.boot_port)], [d.url for d in self.decodes],
+                    port, policy=policy, decode_policy=decode_policy), port)
+                self.router.__enter__()
+                self.router.wait_workers(1 + len(self.decodes), 60)
+            except BaseException:
+                self.__exit__()
+                raise
         return self
 
     def __exit__(self, *exc: object) -> None:

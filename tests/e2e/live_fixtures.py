@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from decode_worker.daemon.shared.procs import ServerProcess, free_port
+from decode_worker.daemon.shared.procs import ServerProcess
 
 SMALL_POOLS = ("--set", "cache.num_full_pages=512", "--set", "cache.num_swa_pages=128")
 DONE = "[DONE]"
@@ -120,12 +120,11 @@ def parse_event(payload: str) -> Any:
 
 
 @contextmanager
-def live_server(model_dir: Path, *extra: str, port: int | None = None, name: str = "live",
+def live_server(model_dir: Path, *extra: str, port: int = 0, name: str = "live",
                 api_key: str | None = None) -> Iterator[Live]:
-    """`decode-worker serve --model DIR` with small pools; stopped (SIGTERM) on exit. With
-    `api_key`, the server requires it (env DECODE_WORKER_SERVER__API_KEY) and the handle's
-    client sends it."""
-    port = port or free_port()
+    """`decode-worker serve --model DIR` with small pools on `port` (0: any free port, which
+    the server reports); stopped (SIGTERM) on exit. With `api_key`, the server requires it
+    (env DECODE_WORKER_SERVER__API_KEY) and the handle's client sends it."""
     args = ["serve", "--model", str(model_dir), "--port", str(port), *SMALL_POOLS, *extra]
     env = {"DECODE_WORKER_SERVER__API_KEY": api_key} if api_key else None
     proc = ServerProcess(name, args, port, env=env)

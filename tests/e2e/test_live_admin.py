@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from decode_worker.daemon.shared.procs import ServerProcess, free_port
+from decode_worker.daemon.shared.procs import ServerProcess
 from decode_worker.io.api.admin import FLUSHED_TEXT
 from tests.e2e.live_fixtures import Live, gen_body, live_server, pool_is_whole, raw_stream
 
@@ -146,10 +146,9 @@ def test_flush_with_timeout_waits_for_the_running_request_to_end(admin: Live) ->
 @pytest.fixture(scope="module")
 def prefill(e2e_model_dir: Path) -> Iterator[Live]:
     """The reference prefill peer alone: a room nobody asks for times out after 1 s."""
-    port = free_port()
     proc = ServerProcess("prefill-admin", [
-        "prefill", "--model", str(e2e_model_dir), "--port", str(port), "--bootstrap-port",
-        str(free_port()), "--set", "scheduler.kv_timeout_s=1"], port)
+        "prefill", "--model", str(e2e_model_dir), "--port", "0", "--bootstrap-port", "0",
+        "--set", "scheduler.kv_timeout_s=1"])
     with proc:
         proc.wait_ready(120)
         live = Live(proc)

@@ -316,8 +316,8 @@ def _closing_server_sockets(port: int) -> int:
 
 
 def test_restarted_worker_rebinds_the_same_port_at_once(e2e_model_dir: Path) -> None:
-    port = free_port()
-    with live_server(e2e_model_dir, port=port, name="first") as first:
+    with live_server(e2e_model_dir, name="first") as first:
+        port = first.port
         assert first.post("/generate", gen_body([4, 5], 2)).status_code == 200
         idle = httpx.Client(base_url=first.url)  # a keep-alive connection the server closes
         assert idle.get("/health").status_code == 200

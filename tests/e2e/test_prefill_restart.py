@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from decode_worker.daemon.shared.procs import ServerProcess, free_port
+from decode_worker.daemon.shared.procs import ServerProcess
 from tests.e2e.driver import Workers, wait_idle
 from tests.waiting import timed_unreachable_answer
 
@@ -49,7 +49,7 @@ class Cluster:
         """Start the prefill peer again on its ports; returns when it answered /health."""
         old = self.w.prefill
         old.stop()
-        self.w.prefill = ServerProcess("prefill", old.args, old.port)
+        self.w.prefill = old.again()
         self.w.prefill.__enter__()
         return wait_health(self.http, self.w.prefill, 120.0)
 
@@ -58,10 +58,9 @@ class Cluster:
 def cluster(e2e_model_dir: Path) -> Iterator[Cluster]:
     extra = [x for key, value in SETS.items() for x in ("--set", f"{key}={value}")]
     with Workers(e2e_model_dir, router=False, extra=extra) as w:
-        port = free_port()
         native = ServerProcess("decode-native", [
-            "serve", "--port", str(port), "--model", str(e2e_model_dir), "--set",
-            "cache.page_size=16", *extra, "--set", "transfer.peer_protocol=native"], port)
+            "serve", "--port", "0", "--model", str(e2e_model_dir), "--set",
+            "cache.page_size=16", *extra, "--set", "transfer.peer_protocol=native"])
         with native, httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0)) as http:
             native.wait_ready(120)
             yield Cluster(w, {"auto": w.decode, "native": native}, http)

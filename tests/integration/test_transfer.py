@@ -19,7 +19,6 @@ from decode_worker.core.pages import PageAllocator
 from decode_worker.daemon.decode.books import receiver_totals
 from decode_worker.daemon.prefill.main import build_runner
 from decode_worker.daemon.shared.compat import model_compat, region_layouts
-from decode_worker.daemon.shared.procs import free_port
 from decode_worker.device.aux_buffer import ROW_BYTES, AuxBuffer
 from decode_worker.device.runner import ModelRunner
 from decode_worker.io.kv import receiver as kv_receiver
@@ -114,7 +113,7 @@ def tail(s: int, swa_ids: list[int]) -> list[int]:
 @pytest.fixture(scope="module")
 def peers(model_cache: Path) -> Iterator[tuple[int, PeerLaunch]]:
     """The shared peer's port, and a spare peer (to be killed) started at the same time."""
-    main, spare = PeerLaunch(free_port(), model_cache), PeerLaunch(free_port(), model_cache)
+    main, spare = PeerLaunch(0, model_cache), PeerLaunch(0, model_cache)
     try:
         main.ready()
         spare.ready()

@@ -31,7 +31,7 @@ from decode_worker.io.kv.sglang.receiver import SglangReceiver
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import TransferSettings, load_settings
 from decode_worker.utils.mathx import align_down, cdiv
-from tests.integration.conftest import PeerLaunch, start_prefill_peer, stop
+from tests.integration.conftest import PeerLaunch, launch_prefill_peer, stop
 
 pytestmark = pytest.mark.slow
 PS = 16
@@ -40,11 +40,9 @@ PS = 16
 @pytest.fixture(scope="module")
 def peer(model_cache: Path) -> Iterator[tuple[int, int]]:
     """(bootstrap port, http port) of a prefill peer that waits 30 s for a room's other half."""
-    bport, hport = free_port(), free_port()
-    proc = start_prefill_peer(bport, model_cache, "--set", "scheduler.kv_timeout_s=30",
-                              http_port=hport)  # fmt: skip
-    yield bport, hport
-    stop(proc)
+    launch = launch_prefill_peer(model_cache, "--set", "scheduler.kv_timeout_s=30")
+    yield launch.port, launch.http_port
+    stop(launch.proc)
 
 
 @pytest.fixture(scope="module")
@@ -196,8 +194,8 @@ def wait_for(rx: KVReceiver, tid: int, kind: str, timeout_s: float) -> list[Tran
 def test_a_sigkilled_prefill_peer_is_found_dead_within_3s_by_default(
     runner: ModelRunner, model_cache: Path
 ) -> None:
-    port = free_port()
-    proc = start_prefill_peer(port, model_cache)
+    launch = launch_prefill_peer(model_cache)
+    port, proc = launch.port, launch.proc
     aux = AuxBuffer(4)  # registered with NIXL: lives as long as the receiver
     rx = receiver(runner, aux)  # the default heartbeat settings
     try:
@@ -253,8 +251,8 @@ def test_a_refusal_reaches_a_prefill_peer_of_sglangs_protocol_as_abort(
     runner: ModelRunner, model_cache: Path
 ) -> None:
     """SGLang's ABORT carries no reason: the prefill answers with its own abort text, at once."""
-    bport, hport = free_port(), free_port()
-    proc = start_prefill_peer(bport, model_cache, "--protocol", "sglang", http_port=hport)
+    launch = launch_prefill_peer(model_cache, "--protocol", "sglang")
+    bport, hport, proc = launch.port, launch.http_port, launch.proc
     aux, sg_aux = AuxBuffer(4), SglangAuxBuffers(4)
     name = runner.model_name  # type: ignore[attr-defined]
     rx = SglangReceiver(TransferSettings(), model_compat(runner, name),
@@ -310,6 +308,8 @@ def test_a_request_failed_while_its_peer_was_down_is_cancelled_at_the_restarted_
     import decode_worker.io.kv.router as router_mod
 
     monkeypatch.setattr(router_mod, "_CANCEL_WAIT_S", 120.0)  # however slow the peer's start
+    # the peer must start on a port known before: free_port (racy, but nothing else binds
+    # here in the moment between) is the only way to ask a peer that is not there yet
     bport, hport, room, prompt = free_port(), free_port(), 9101, [3, 1, 4, 1, 5, 9, 2, 6]
     eng = EngineRun(model_cache, num_full_pages=32, num_swa_pages=32)
     launch = None

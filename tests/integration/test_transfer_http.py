@@ -13,12 +13,11 @@ import pytest
 
 from decode_worker.daemon.prefill.main import build_runner
 from decode_worker.daemon.shared.compat import model_compat, region_layouts
-from decode_worker.daemon.shared.procs import free_port
 from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.io.kv.receiver import KVReceiver, TransferEvent
 from decode_worker.settings import TransferSettings, load_settings
 from decode_worker.utils.mathx import align_down, cdiv
-from tests.integration.conftest import start_prefill_peer, stop
+from tests.integration.conftest import launch_prefill_peer, stop
 
 pytestmark = pytest.mark.slow
 PS = 16
@@ -27,11 +26,9 @@ PS = 16
 @pytest.fixture(scope="module")
 def peer(model_cache: Path) -> Iterator[tuple[int, int]]:
     """(bootstrap port, http port) of a prefill peer that gives up on a lone half after 3 s."""
-    bport, hport = free_port(), free_port()
-    proc = start_prefill_peer(bport, model_cache, "--set", "scheduler.kv_timeout_s=3",
-                              http_port=hport)  # fmt: skip
-    yield bport, hport
-    stop(proc)
+    launch = launch_prefill_peer(model_cache, "--set", "scheduler.kv_timeout_s=3")
+    yield launch.port, launch.http_port
+    stop(launch.proc)
 
 
 @pytest.fixture(scope="module")

@@ -77,7 +77,8 @@ class DecodeBackend:
         self._totals: dict[str, tuple[int, int]] = {}  # rid -> (prompt, cached) tokens, last sent
         self._flushes: dict[int, asyncio.Future[FlushResult]] = {}
         self._flush_tokens = itertools.count(1)
-        self.draining = False
+        self.announcing = False  # the drain's announce window: /health 503, work still taken
+        self.draining = False  # new work refused
         self.dead_reason: str | None = None
 
     @property
@@ -211,6 +212,9 @@ class DecodeBackend:
             return Health("unhealthy", f"engine stopped: {self.dead_reason}")
         if self.draining:
             return Health("draining", "draining: not accepting new requests")
+        if self.announcing:
+            return Health("draining", "draining soon: still serving, send new requests "
+                          "elsewhere", still_serving=True)
         return Health("ok")
 
     def server_info(self) -> dict[str, Any]:
@@ -232,9 +236,9 @@ class DecodeBackend:
 
     def _check_can_accept(self, inp: GenerateInput) -> None:
         health = self.health()
-        if health.status == "draining":
-            raise Draining(health.message)
-        if not health.is_ok:
+        if not health.accepts_work:
+            if health.status == "draining":
+                raise Draining(health.message)
             raise ServiceUnavailable(health.message)
         if (inp.bootstrap_host is None) != (inp.bootstrap_room is None):
             raise ClientError("bootstrap_host and bootstrap_room go together: give both (the "

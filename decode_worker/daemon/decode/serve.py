@@ -13,12 +13,20 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import time
+from pathlib import Path
 
 from decode_worker.daemon.decode.backend import DecodeBackend
 from decode_worker.daemon.decode.bridge import Drain, Outbox, Shutdown
 from decode_worker.daemon.decode.engine import DecodeEngine
-from decode_worker.daemon.shared.http_server import HttpServer, ServerConfig
+from decode_worker.daemon.shared.http_server import (
+    HttpServer,
+    ServerConfig,
+    bind_http,
+    write_ports_file,
+)
+from decode_worker.daemon.shared.http_server import run as run_loop
 from decode_worker.io.api.app import ApiApp, check_model_path
 from decode_worker.io.api.common import ApiConfig
 from decode_worker.io.metrics import Metrics
@@ -30,17 +38,18 @@ log = logging.getLogger(__name__)
 def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
     """Build the engine (model, pools, tree), serve until SIGTERM/SIGINT, drain, exit."""
     settings = loaded.settings
-    metrics = Metrics()
-    engine = DecodeEngine.build(settings, metrics)
+    sock = bind_http(settings)  # before the model loads: a taken port is one line at once
     try:
-        import uvloop
+        metrics = Metrics()
+        engine = DecodeEngine.build(settings, metrics)
+        serving = _serve(settings, engine, metrics, sock, getattr(args, "ports_file", None))
+        return int(run_loop(serving))
+    finally:
+        sock.close()
 
-        return int(uvloop.run(_serve(settings, engine, metrics)))
-    except ImportError:  # pragma: no cover - uvloop is a dependency; keep running without it
-        return asyncio.run(_serve(settings, engine, metrics))
 
-
-async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics) -> int:
+async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics,
+                 sock: socket.socket, ports_file: Path | None) -> int:
     loop = asyncio.get_running_loop()
     backend = DecodeBackend(engine.inbox, engine.tokenizer, engine.info,
                             settings.scheduler.max_queued_requests,
@@ -51,8 +60,10 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics) -> 
     warning = check_model_path(backend.server_info())
     if warning:
         log.warning("%s", warning)
-    server = HttpServer(app, ServerConfig.from_settings(settings))
+    server = HttpServer(app, ServerConfig.from_settings(settings), sock)
     await server.start()
+    if ports_file is not None:
+        write_ports_file(ports_file, {"http": server.port})
     stop = _install_signals(loop)
     cache = settings.cache
     log.info("decode worker ready on http://%s:%d (page %d, %d full pages, "
@@ -73,20 +84,36 @@ async def _shutdown(settings: Settings, engine: DecodeEngine, backend: DecodeBac
                     server: HttpServer, metrics: Metrics) -> None:
     """Ordered shutdown; each step bounded so a stuck part cannot hold the process."""
     grace = settings.server.drain_grace_s
-    # 1. stop admission: /health says draining, new requests get 503 + Retry-After.
-    backend.draining = True
     metrics.set_draining(True)
+    # 1. announce: /health says draining while requests are still taken, long enough for the
+    #    routers' health checks to stop sending any (a dead engine has nothing to announce).
+    if backend.dead_reason is None:
+        await _announce(backend, settings.server.drain_announce_s)
+    # 2. stop admission: new requests get 503 + Retry-After.
+    backend.draining = True
     log.info("draining: %d requests in flight, grace %.1fs", backend.num_active, grace)
-    # 2. running requests get the grace period; the engine aborts the rest with reason "drain".
+    # 3. running requests get the grace period; the engine aborts the rest with reason "drain".
     engine.inbox.put(Drain(grace))
     deadline = time.monotonic() + grace + 2.0
     while backend.num_active and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    # 3. stop HTTP (answers are out), then the compute thread: it releases NIXL and the device.
+    # 4. stop HTTP (answers are out), then the compute thread: it releases NIXL and the device.
     await server.close(grace_s=2.0)
     engine.inbox.put(Shutdown())
     await asyncio.get_running_loop().run_in_executor(None, engine.join, 30.0)
     log.info("decode worker stopped")
+
+
+async def _announce(backend: DecodeBackend, announce_s: float) -> None:
+    """`server.drain_announce_s` of /health 503 while new requests are still served (an idle
+    worker waits too: a router learns that it goes only from a health check). Ends early if
+    the engine dies."""
+    backend.announcing = True
+    log.info("draining: /health answers 503 for %.1fs while still serving "
+             "(server.drain_announce_s), %d requests in flight", announce_s, backend.num_active)
+    deadline = time.monotonic() + announce_s
+    while backend.dead_reason is None and time.monotonic() < deadline:
+        await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
 
 async def _wait_dead(backend: DecodeBackend) -> None:

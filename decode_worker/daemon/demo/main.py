@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decode_worker.core.memory_budget import colocated_share
-from decode_worker.daemon.shared.procs import ServerProcess, free_port, http_json, scrape_metric
+from decode_worker.daemon.shared.procs import ServerProcess, http_json, scrape_metric
 from decode_worker.settings import LoadedSettings
 
 SYSTEM = ("You are a helpful assistant for a decode worker demo. Answer briefly and stay on "
@@ -50,31 +50,31 @@ class Conversation:
 def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
     s = loaded.settings
     host = "127.0.0.1"
-    decode_port = s.server.port if getattr(args, "port", None) else free_port()
-    prefill_port, boot_port, plain_port = free_port(), args.bootstrap_port or free_port(), \
-        free_port()
+    # ports: --port / --bootstrap-port if given, else any free ones, which each child binds
+    # and reports (no race with other processes between a pick and a bind)
+    decode_port = s.server.port if getattr(args, "port", None) is not None else 0
+    boot_port = args.bootstrap_port or 0
     # three programs on one device: each its own share of the card (CUDA; ignored on CPU)
     share = colocated_share(3, s.cache.memory_fraction)
     common = ["--set", f"cache.page_size={s.cache.page_size}",
               "--set", f"cache.memory_fraction={share}"]
     if s.model.path is not None:
         common += ["--model", str(s.model.path)]
-    print(f"demo: starting a prefill peer (:{prefill_port}, bootstrap :{boot_port}), a decode "
-          f"worker (:{decode_port}) and, for comparison, one without the decode radix cache "
-          f"(:{plain_port}) on {host}", flush=True)
-    with ServerProcess("prefill", ["prefill", "--port", str(prefill_port), "--bootstrap-port",
-                                   str(boot_port), *common], prefill_port) as pre, \
-         ServerProcess("decode", ["serve", "--port", str(decode_port), *common],
-                       decode_port) as dec, \
-         ServerProcess("decode-nocache", ["serve", "--port", str(plain_port), *common,
-                                          "--set", "cache.decode_radix_cache=false"],
-                       plain_port) as plain:
+    print(f"demo: starting a prefill peer, a decode worker and, for comparison, one without "
+          f"the decode radix cache on {host}", flush=True)
+    with ServerProcess("prefill", ["prefill", "--port", "0", "--bootstrap-port",
+                                   str(boot_port), *common]) as pre, \
+         ServerProcess("decode", ["serve", "--port", str(decode_port), *common]) as dec, \
+         ServerProcess("decode-nocache", ["serve", "--port", "0", *common,
+                                          "--set", "cache.decode_radix_cache=false"]) as plain:
         for server in (pre, dec, plain):
             server.wait_ready(120.0)
-        prefill = f"http://{host}:{prefill_port}"
-        report = _play(args, prefill, dec.url, host, boot_port, "with the cache")
+        boot_port = pre.ports["bootstrap"]
+        print(f"demo: prefill peer :{pre.port} (bootstrap :{boot_port}), decode worker "
+              f":{dec.port}, without the cache :{plain.port}", flush=True)
+        report = _play(args, pre.url, dec.url, host, boot_port, "with the cache")
         # the same conversations again (greedy, so the same prompts) without the cache
-        _play(args, prefill, plain.url, host, boot_port, "without it")
+        _play(args, pre.url, plain.url, host, boot_port, "without it")
         moved = scrape_metric(dec.url, "decode_worker_transfer_bytes_total")
         without = scrape_metric(plain.url, "decode_worker_transfer_bytes_total")
         _print_report(report, moved, without)

@@ -36,6 +36,11 @@ class PromptPeer(Protocol):
     @property
     def settings(self) -> TransferSettings: ...
 
+    @property
+    def bootstrap_port(self) -> int:
+        """The bound bootstrap port (`transfer.bootstrap_port`, or the free one for 0)."""
+        ...
+
     def add_prompt(self, room: int, token_ids: list[int],
                    on_done: Callable[[PrefillResult], None] | None = None,
                    sampling: SamplingParams | None = None) -> None: ...
@@ -148,7 +153,7 @@ class PrefillBackend:
         return {"model_path": str(self.model_dir), "tokenizer_path": str(self.model_dir),
                 "tp_size": 1, "dp_size": 1, "disaggregation_mode": "prefill",
                 "disaggregation_transfer_backend": "nixl",
-                "disaggregation_bootstrap_port": self.peer.settings.bootstrap_port,
+                "disaggregation_bootstrap_port": self.peer.bootstrap_port,
                 "context_length": self.context_length, "disable_radix_cache": True,
                 "disaggregation_decode_enable_radix_cache": False,
                 "enable_unified_radix_tree": False}  # fmt: skip

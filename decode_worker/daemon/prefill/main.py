@@ -15,12 +15,18 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 from pathlib import Path
 
 from decode_worker.daemon.prefill.backend import PrefillBackend
 from decode_worker.daemon.prefill.peer import PrefillPeer
 from decode_worker.daemon.prefill.sglang_peer import SglangPrefillPeer
-from decode_worker.daemon.shared.http_server import HttpServer, ServerConfig
+from decode_worker.daemon.shared.http_server import (
+    HttpServer,
+    ServerConfig,
+    bind_http,
+    write_ports_file,
+)
 from decode_worker.daemon.shared.runtime import build_runtime
 from decode_worker.device.runner import ModelRunner
 from decode_worker.io.api.app import ApiApp
@@ -42,13 +48,21 @@ def build_runner(settings: Settings) -> tuple[ModelRunner, str, Path]:
 
 def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
     settings = loaded.settings
+    sock = bind_http(settings)  # before the model loads: a taken port is one line at once
+    try:
+        return _run(settings, sock, getattr(args, "ports_file", None))
+    finally:
+        sock.close()
+
+
+def _run(settings: Settings, sock: socket.socket, ports_file: Path | None) -> int:
+    http_port = int(sock.getsockname()[1])
     runner, name, model_dir = build_runner(settings)
     wait_s = settings.scheduler.kv_timeout_s
     peer: PrefillPeer | SglangPrefillPeer
     metrics = Metrics()  # HTTP requests, request outcomes, prefill time (TTFT / e2e)
     if settings.transfer.prefill_protocol == "sglang":
-        peer = SglangPrefillPeer(runner, settings.transfer, settings.server.port,
-                                 match_timeout_s=wait_s)
+        peer = SglangPrefillPeer(runner, settings.transfer, http_port, match_timeout_s=wait_s)
     else:
         peer = PrefillPeer(runner, settings.transfer, name, match_timeout_s=wait_s,
                            metrics=metrics)
@@ -56,8 +70,8 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
         backend = PrefillBackend(peer, model_dir, wait_s, metrics=metrics,
                                  context_length=runner.model.cfg.max_position_embeddings)
         app = ApiApp(backend, ApiConfig.from_settings(settings), metrics)
-        server = HttpServer(app, ServerConfig.from_settings(settings))
-        asyncio.run(_serve(server, settings, peer, runner))
+        server = HttpServer(app, ServerConfig.from_settings(settings), sock)
+        asyncio.run(_serve(server, settings, peer, runner, ports_file))
     finally:
         peer.close()
         runner.destroy()
@@ -65,7 +79,7 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
 
 
 async def _serve(server: HttpServer, settings: Settings, peer: PrefillPeer | SglangPrefillPeer,
-                 runner: ModelRunner) -> None:
+                 runner: ModelRunner, ports_file: Path | None) -> None:
     """Serve HTTP until SIGTERM/SIGINT, then stop taking requests (grace `drain_grace_s`)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -73,12 +87,16 @@ async def _serve(server: HttpServer, settings: Settings, peer: PrefillPeer | Sgl
         loop.add_signal_handler(sig, stop.set)
     await server.start()
     t, pools = settings.transfer, runner.pools
+    ports = {"http": server.port, "bootstrap": peer.server.port}
     log.info("prefill peer ready: agent %s, http %s:%d, bootstrap %s:%d, page %d, %d full / %d "
              "swa pages", peer.agent.name, settings.server.host, server.port, t.bootstrap_host,
-             t.bootstrap_port, pools.page_size, pools.num_pages["full"], pools.num_pages["swa"])
+             peer.server.port, pools.page_size, pools.num_pages["full"], pools.num_pages["swa"])
     if isinstance(peer, SglangPrefillPeer):
+        ports["rank"] = peer.channel.port
         log.info("prefill peer speaks sglang: bootstrap HTTP %s:%d, rank ZMQ port %d",
                  t.bootstrap_host, peer.server.port, peer.channel.port)
+    if ports_file is not None:
+        write_ports_file(ports_file, ports)
     await stop.wait()
     log.info("prefill peer: stopping")
     await server.close(grace_s=settings.server.drain_grace_s)

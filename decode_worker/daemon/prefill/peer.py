@@ -68,6 +68,11 @@ class PrefillPeer:
         self._thread = threading.Thread(target=self._compute_loop, name="prefill", daemon=True)
         self._thread.start()
 
+    @property
+    def bootstrap_port(self) -> int:
+        """The bound bootstrap port (`transfer.bootstrap_port`, or the free one for 0)."""
+        return int(self.server.port)
+
     # -- the two halves ----------------------------------------------------------------------
 
     def add_prompt(

@@ -97,6 +97,11 @@ class SglangPrefillPeer:
         self._thread = threading.Thread(target=self._compute_loop, name="prefill", daemon=True)
         self._thread.start()
 
+    @property
+    def bootstrap_port(self) -> int:
+        """The bound bootstrap port (`transfer.bootstrap_port`, or the free one for 0)."""
+        return int(self.server.port)
+
     # -- the two halves ----------------------------------------------------------------------
 
     def add_prompt(

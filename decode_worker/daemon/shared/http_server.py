@@ -4,7 +4,10 @@
 adapter (`io/api/asgi.py`) and the limited httptools protocol (`io/api/http_protocol.py`):
 - `await start()` binds (SO_REUSEADDR, so a restarted server rebinds its port at once; port 0
   picks a free one, see `port`) and serves in a task of the running loop. It raises OSError
-  when the address is taken;
+  when the address is taken. A daemon binds first with `bind_http(settings)`, before it loads
+  the model (a taken port is one line at once), and hands the socket to `HttpServer(sock=)`;
+- `write_ports_file(path, ports)`: the bound ports as JSON (`--ports-file`), for a parent that
+  started the daemon with port 0;
 - uvicorn installs no signal handlers: the daemon owns SIGTERM/SIGINT (drain, then exit);
 - `await close(grace_s)` stops listening, closes idle connections, lets requests in flight
   finish within `grace_s` and then cancels them (streams are closed, runs aborted).
@@ -15,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import logging
+import os
 import socket
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
@@ -23,6 +28,7 @@ from typing import Any, TypeVar
 
 import uvicorn
 
+from decode_worker.errors import ConfigError
 from decode_worker.io.api.asgi import AsgiApp
 from decode_worker.io.api.http_protocol import limited_protocol
 from decode_worker.io.api.message import Handler
@@ -65,10 +71,12 @@ class _Server(uvicorn.Server):
 class HttpServer:
     """Serve `handler` on (host, port). Start with `await start()`; stop with `await close()`."""
 
-    def __init__(self, handler: Handler, config: ServerConfig) -> None:
+    def __init__(self, handler: Handler, config: ServerConfig,
+                 sock: socket.socket | None = None) -> None:
+        """`sock`: bound by `bind_http` (listened on at start); None: bind at start."""
         self.handler = handler
         self.config = config
-        self._sock: socket.socket | None = None
+        self._sock: socket.socket | None = sock
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -81,7 +89,9 @@ class HttpServer:
     async def start(self) -> None:
         """Bind, listen and serve. Raises OSError if the address is taken by a live socket."""
         cfg = self.config
-        self._sock = _bind(cfg.host, cfg.port, cfg.backlog)
+        if self._sock is None:
+            self._sock = _bind(cfg.host, cfg.port)
+        self._sock.listen(cfg.backlog)
         self._server = _Server(self._uvicorn_config())
         self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
         while not self._server.started:  # startup is a few loop turns: no bind, no lifespan
@@ -128,15 +138,37 @@ class HttpServer:
         )
 
 
-def _bind(host: str, port: int, backlog: int) -> socket.socket:
-    """A listening TCP socket with SO_REUSEADDR (IPv4 or IPv6 as `host` resolves)."""
+def bind_http(settings: Any) -> socket.socket:
+    """The HTTP socket of `settings.server` (host, port), bound but not yet listening (a
+    connection before `start()` is refused, not left waiting while the model loads). Raises
+    ConfigError naming `server.port` when the address is taken or cannot be bound."""
+    sc = settings.server
+    try:
+        return _bind(sc.host, sc.port)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise ConfigError(f"server.port = {sc.port}: cannot bind {sc.host}:{sc.port}: {why} "
+                          f"(pick another with --port or DECODE_WORKER_SERVER__PORT)") from None
+
+
+def write_ports_file(path: str | os.PathLike[str], ports: dict[str, int]) -> None:
+    """Write `ports` (name -> bound port) as one JSON object to `path`, atomically (a reader
+    never sees half a file)."""
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(ports, f)
+    os.replace(tmp, path)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A bound, non-blocking TCP socket with SO_REUSEADDR (IPv4 or IPv6 as `host` resolves);
+    `listen()` is the caller's."""
     family, kind, proto, _, addr = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(addr)
-        sock.listen(backlog)
         sock.setblocking(False)
     except OSError:
         sock.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,29 +13,48 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
 from decode_worker.errors import DecodeWorkerError
 
+ANNOUNCE_ENV = "DECODE_WORKER_SERVER__DRAIN_ANNOUNCE_S"
+
 
 class ServerProcess:
     """`decode-worker <args>` as a child process; a context manager that stops it (SIGTERM,
-    then SIGKILL) on exit. Its output goes to a temp file, shown if it fails to start."""
+    then SIGKILL) on exit, also when starting it failed. Its output goes to a temp file, shown
+    if it fails to start.
 
-    def __init__(self, name: str, args: list[str], port: int, host: str = "127.0.0.1",
+    Ports are race-free: the child is given `--ports-file` and writes the ports it bound once
+    it serves; `wait_ready` reads them (`ports`: "http", and a prefill peer's "bootstrap" and
+    "rank") and sets `port` and `url`. So `args` may say `--port 0` (and `--bootstrap-port 0`):
+    the child binds any free port, and no other process can take it between a pick and a bind.
+    The drain's announce window (`server.drain_announce_s`) defaults to 0 here (nothing routes
+    to these children); `env` or `--set` may give one."""
+
+    def __init__(self, name: str, args: list[str], port: int = 0, host: str = "127.0.0.1",
                  env: dict[str, str] | None = None) -> None:
-        self.name, self.args, self.port = name, args, port
-        self.url = f"http://{host}:{port}"
-        self.env = {**os.environ, **(env or {})}
+        self.name, self.args, self.port, self.host = name, args, port, host
+        self.ports: dict[str, int] = {"http": port} if port else {}
+        self.env = {ANNOUNCE_ENV: "0", **os.environ, **(env or {})}
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the process
             prefix=f"dw-{name}-", suffix=".log", delete=False)
+        self.ports_file = f"{self.log.name}.ports.json"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> ServerProcess:
-        self.proc = subprocess.Popen([sys.executable, "-m", "decode_worker", *self.args],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+    @property
+    def url(self) -> str:
+        """http://host:port (the bound port once `wait_ready` returned)."""
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> Self:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.ports_file)  # a restart reports afresh
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "decode_worker", *self.args, "--ports-file", self.ports_file],
+            stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
@@ -42,18 +62,31 @@ class ServerProcess:
         self.stop()
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Poll GET /health until 200; raises with the server's log if it exits or times out."""
+        """Wait for the ports file, then poll GET /health until 200; raises with the server's
+        log if it exits or times out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise DecodeWorkerError(f"{self.name} exited with {self.proc.returncode}:\n"
                                         f"{self.output()[-4000:]}")
-            try:
-                http_json(f"{self.url}/health", timeout_s=2.0)
-                return
-            except (OSError, DecodeWorkerError):
-                time.sleep(0.2)
+            if self._read_ports():
+                try:
+                    http_json(f"{self.url}/health", timeout_s=2.0)
+                    return
+                except (OSError, DecodeWorkerError):
+                    pass
+            time.sleep(0.1)
         raise DecodeWorkerError(f"{self.name} not ready in {timeout_s}s:\n{self.output()[-4000:]}")
+
+    def _read_ports(self) -> bool:
+        """Whether the child reported its ports (then in `ports` and `port`)."""
+        try:
+            with open(self.ports_file, encoding="utf-8") as f:
+                self.ports = {k: int(v) for k, v in json.load(f).items()}
+        except FileNotFoundError:
+            return False
+        self.port = self.ports["http"]
+        return True
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
         """Signal the process and wait for it (SIGKILL after `timeout_s`); its exit code."""
@@ -68,6 +101,20 @@ class ServerProcess:
                 return self.proc.wait(10)
         finally:
             self.log.close()  # output() reads the file by name
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.ports_file)
+
+    def again(self) -> ServerProcess:
+        """A new (not started) ServerProcess with the same arguments, the ports it bound in
+        place of 0 in `--port` / `--bootstrap-port`: a restart behind the same address."""
+        names = {"--port": "http", "--bootstrap-port": "bootstrap"}
+        args = list(self.args)
+        for i, arg in enumerate(args[:-1]):
+            if arg in names and args[i + 1] == "0" and names[arg] in self.ports:
+                args[i + 1] = str(self.ports[names[arg]])
+        again = ServerProcess(self.name, args, self.port, self.host, self.env)
+        again.ports = dict(self.ports)  # the same ports, known before it reports them
+        return again
 
     def output(self) -> str:
         if not self.log.closed:
@@ -77,31 +124,41 @@ class ServerProcess:
 
 
 class PdServers:
-    """One prefill peer (`prefill`, bootstrap on `boot_port`) and `num_decode` decode workers
-    (`decodes`: "decode", "decode1", ...) as child processes on loopback; a context manager that
-    starts them all, waits until each answers /health, and stops them (decode workers first).
-    `common`: arguments of every server; `prefill_args` (before `common`) and `decode_args`
-    (after it): one side's."""
+    """One prefill peer (`prefill`) and `num_decode` decode workers (`decodes`: "decode",
+    "decode1", ...) as child processes on loopback, each on ports it bound itself; a context
+    manager that starts them all, waits until each answers /health, and stops them (decode
+    workers first), also when one failed to start. `common`: arguments of every server;
+    `prefill_args` (before `common`) and `decode_args` (after it): one side's. `prefill_port`
+    and `boot_port` (the prefill's HTTP and bootstrap ports) are known once entered."""
 
     def __init__(self, common: Sequence[str], num_decode: int = 1, *,
                  prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (),
                  ready_timeout_s: float = 120.0) -> None:
-        self.prefill_port, self.boot_port = free_port(), free_port()
         self.prefill = ServerProcess("prefill", [
-            "prefill", "--port", str(self.prefill_port), "--bootstrap-port", str(self.boot_port),
-            *prefill_args, *common], self.prefill_port)
-        self.decodes: list[ServerProcess] = []
-        for i in range(num_decode):
-            port = free_port()
-            self.decodes.append(ServerProcess(f"decode{i}" if i else "decode", [
-                "serve", "--port", str(port), *common, *decode_args], port))
+            "prefill", "--port", "0", "--bootstrap-port", "0", *prefill_args, *common])
+        self.decodes: list[ServerProcess] = [
+            ServerProcess(f"decode{i}" if i else "decode",
+                          ["serve", "--port", "0", *common, *decode_args])
+            for i in range(num_decode)]
         self.ready_timeout_s = ready_timeout_s
 
+    @property
+    def prefill_port(self) -> int:
+        return self.prefill.port
+
+    @property
+    def boot_port(self) -> int:
+        return self.prefill.ports["bootstrap"]
+
     def __enter__(self) -> Self:
-        for proc in (self.prefill, *self.decodes):
-            proc.__enter__()
-        for proc in (self.prefill, *self.decodes):
-            proc.wait_ready(self.ready_timeout_s)
+        try:
+            for proc in (self.prefill, *self.decodes):
+                proc.__enter__()
+            for proc in (self.prefill, *self.decodes):
+                proc.wait_ready(self.ready_timeout_s)
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -123,11 +180,13 @@ def http_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 1
     return json.loads(raw) if raw else None
 
 
-def wait_router_workers(router_url: str, count: int, timeout_s: float) -> bool:
+def wait_router_workers(router_url: str, count: int, timeout_s: float,
+                        alive: Callable[[], bool] = lambda: True) -> bool:
     """Poll a router's GET /workers until it lists at least `count` healthy workers (True), or
-    `timeout_s` passes (False). A worker without `is_healthy` (older routers) counts."""
+    `timeout_s` passes or `alive()` turns false (False). A worker without `is_healthy` (older
+    routers) counts."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and alive():
         try:
             listed = http_json(f"{router_url}/workers", timeout_s=2)
             workers = listed.get("workers", listed) if isinstance(listed, dict) else listed
@@ -153,7 +212,9 @@ def scrape_metric(base_url: str, name: str, labels: str = "") -> float:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on `host` a moment ago (the OS picks it)."""
+    """A TCP port that was free on `host` a moment ago (the OS picks it). Racy: another process
+    may take it before the caller binds it. Only for what cannot bind port 0 and report it
+    (a router: retry on failure, see router.Router) or a port nothing will listen on."""
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

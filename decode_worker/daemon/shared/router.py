@@ -11,13 +11,17 @@ a `smg` script, so with both packages installed `smg` on PATH is whichever was i
 from __future__ import annotations
 
 import importlib.util
+import logging
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 
 from decode_worker.daemon.shared.procs import ServerProcess, free_port, wait_router_workers
 from decode_worker.errors import DecodeWorkerError
+
+log = logging.getLogger(__name__)
 
 SMG = "smg"
 SGLANG_ROUTER = "sglang-router"
@@ -25,6 +29,18 @@ MODULES = {SMG: "smg.launch_router", SGLANG_ROUTER: "sglang_router.launch_router
 PACKAGES = {SMG: "smg", SGLANG_ROUTER: "sglang_router"}
 POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual",
             "consistent_hashing", "prefix_hash")
+# smg flags for rolling restarts of decode workers (docs/DEPLOY.md, "Rolling restarts"): a
+# worker that drains answers /health 503 for `server.drain_announce_s` (6 s by default) while it
+# still serves; smg probes every 2 s and takes a worker out after 2 failed probes, so within
+# 4 s, before the worker refuses anything (and back after 1 good probe). The circuit breaker
+# stays on for workers that fail requests while their /health says 200, with a short open time
+# (10 s) so one bad burst does not shut a worker out for smg's default 60 s.
+ROLLING_RESTART_FLAGS = (
+    "--health-check-interval-secs", "2", "--health-failure-threshold", "2",
+    "--health-success-threshold", "1", "--health-check-timeout-secs", "2",
+    "--cb-failure-threshold", "10", "--cb-window-duration-secs", "30",
+    "--cb-timeout-duration-secs", "10",
+)
 
 
 def has_router(kind: str = SMG) -> bool:
@@ -35,11 +51,12 @@ def has_router(kind: str = SMG) -> bool:
 def router_argv(kind: str, prefills: Sequence[tuple[str, int | None]], decodes: Sequence[str],
                 port: int, *, policy: str = "round_robin", decode_policy: str | None = None,
                 health_interval_s: int = 3, request_timeout_s: int = 60,
-                extra: Sequence[str] = ()) -> list[str]:
+                circuit_breaker: bool = False, extra: Sequence[str] = ()) -> list[str]:
     """The command line of router `kind` in PD mode on 127.0.0.1:`port`: `prefills` as (URL,
     bootstrap port), `decodes` as URLs; Prometheus on a free loopback port; the circuit
-    breaker off (one failing test must not open it for the next). Raises DecodeWorkerError for
-    an unknown router or policy."""
+    breaker off unless `circuit_breaker` (one failing test must not open it for the next);
+    `extra` last (a flag given again there wins). Raises DecodeWorkerError for an unknown
+    router or policy."""
     if kind not in MODULES:
         raise DecodeWorkerError(f"unknown router {kind!r}; known: {sorted(MODULES)}")
     for name in (policy, decode_policy):
@@ -53,8 +70,9 @@ def router_argv(kind: str, prefills: Sequence[tuple[str, int | None]], decodes: 
     argv += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
              "--prometheus-port", str(free_port()), "--worker-startup-check-interval", "1",
              "--health-check-interval-secs", str(health_interval_s),
-             "--request-timeout-secs", str(request_timeout_s), "--policy", policy,
-             "--disable-circuit-breaker"]
+             "--request-timeout-secs", str(request_timeout_s), "--policy", policy]
+    if not circuit_breaker:
+        argv.append("--disable-circuit-breaker")
     if decode_policy is not None:
         argv += ["--decode-policy", decode_policy]
     if kind == SMG:  # load reports (GET /v1/loads) every second rather than every 10
@@ -64,7 +82,13 @@ def router_argv(kind: str, prefills: Sequence[tuple[str, int | None]], decodes: 
 
 class Router(ServerProcess):
     """A router child process (see `router_argv`); `wait_workers` blocks until it lists them.
-    Stopped like any ServerProcess (SIGTERM, then SIGKILL)."""
+    Stopped like any ServerProcess (SIGTERM, then SIGKILL).
+
+    A router cannot bind port 0 and report it, so its ports (`--port`, `--prometheus-port`)
+    come from `free_port`, which another process may take first: when the router exits because
+    a port was taken, `wait_workers` starts it again on fresh ports (`port` and `url` follow)."""
+
+    BIND_TRIES = 3
 
     def __init__(self, argv: list[str], port: int, name: str = "router") -> None:
         super().__init__(name, [], port)
@@ -82,9 +106,29 @@ class Router(ServerProcess):
 
     def wait_workers(self, count: int, timeout_s: float) -> None:
         """Until GET /workers lists `count` workers; raises DecodeWorkerError with the
-        router's log when it exits or `timeout_s` passes."""
-        if wait_router_workers(self.url, count, timeout_s):
-            return
+        router's log when it exits (but for a taken port, see the class) or `timeout_s`
+        passes."""
+        deadline = time.monotonic() + timeout_s
+        for _ in range(self.BIND_TRIES):
+            if wait_router_workers(self.url, count, deadline - time.monotonic(), self._alive):
+                return
+            if self._alive() or "Address already in use" not in self.output():
+                break
+            log.warning("%s: a port was taken; starting it again on fresh ports", self.name)
+            self._restart_on_fresh_ports()
         code = None if self.proc is None else self.proc.poll()
         raise DecodeWorkerError(f"router has not listed {count} workers after {timeout_s}s "
                                 f"(exit code {code}):\n{self.output()[-3000:]}")
+
+    def _alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _restart_on_fresh_ports(self) -> None:
+        cmd = list(self.cmd)
+        for i, arg in enumerate(cmd[:-1]):
+            if arg in ("--port", "--prometheus-port"):
+                cmd[i + 1] = str(free_port())
+                if arg == "--port":
+                    self.port = int(cmd[i + 1])
+        self.cmd = cmd
+        self.__enter__()

@@ -116,7 +116,7 @@ class ApiApp:
 
     def _check_serving(self) -> None:
         health = self.backend.health()
-        if not health.is_ok:
+        if not health.accepts_work:
             kind = Draining if health.status == "draining" else ServiceUnavailable
             exc = kind(health.message or f"worker is {health.status}")
             exc.retry_after_s = health.retry_after_s  # type: ignore[attr-defined]

@@ -155,15 +155,22 @@ class FlushResult:
 
 @dataclass(frozen=True, slots=True)
 class Health:
-    """`ok` serves; `draining` answers 503 + Retry-After to new work; `unhealthy` answers 503."""
+    """`ok` serves; `draining` answers 503 + Retry-After to new work (but while `still_serving`:
+    the drain's announce window, when only /health says 503); `unhealthy` answers 503."""
 
     status: Literal["ok", "draining", "unhealthy"] = "ok"
     message: str = ""
     retry_after_s: int = 5
+    still_serving: bool = False
 
     @property
     def is_ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def accepts_work(self) -> bool:
+        """Whether new generation requests are taken (ok, or draining but still serving)."""
+        return self.is_ok or self.still_serving
 
 
 class Tokenizer(Protocol):

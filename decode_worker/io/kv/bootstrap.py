@@ -32,7 +32,8 @@ Handler = Callable[[bytes, Message], list[Message]]
 
 
 class BootstrapServer:
-    """Serve the control plane on tcp://host:port until `close()`.
+    """Serve the control plane on tcp://host:port until `close()` (port 0: any free port;
+    `port` is the bound one).
 
     Raises TransferError if the port cannot be bound.
     """
@@ -43,11 +44,13 @@ class BootstrapServer:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         try:
-            self._sock.bind(f"tcp://{host}:{port}")
+            self._sock.bind(f"tcp://{host}:{port or '*'}")
         except zmq.ZMQError as exc:
             self._sock.close()
             self._ctx.term()
             raise TransferError(f"bootstrap server cannot bind {host}:{port}: {exc}") from None
+        endpoint = self._sock.getsockopt(zmq.LAST_ENDPOINT)
+        self.port = int(bytes(endpoint).decode().rsplit(":", 1)[1])  # type: ignore[arg-type]
         self._handler = handler
         self._poll_ms = poll_ms
         self._outbox: queue.SimpleQueue[tuple[bytes, Message]] = queue.SimpleQueue()

@@ -72,7 +72,9 @@ def test_function_call_then_its_output_in_the_next_turn(
         served: tuple[Any, FakeHarmonyBackend]) -> None:
     client, backend = served
     first = _create(client, "call", tools=[TOOL])
-    reasoning, call = first.output
+    kinds = [o.type for o in first.output]
+    call = first.output[-1]
+    assert kinds == ["reasoning", "function_call"]
     assert call.type == "function_call" and call.status == "completed"
     assert call.name == "get_weather" and json.loads(call.arguments) == WEATHER
     history = [{"role": "user", "content": "Weather in Paris? script:answer"},

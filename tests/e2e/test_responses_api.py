@@ -207,3 +207,26 @@ def test_through_smg_both_servers_get_the_body_and_render_alike(model_dir: Path)
     rooms = {(i.bootstrap_host, i.bootstrap_port, i.bootstrap_room) for i in dec.inputs}
     assert all(room is not None for _, _, room in rooms)
     assert rooms == {(i.bootstrap_host, i.bootstrap_port, i.bootstrap_room) for i in pre.inputs}
+
+
+def test_plain_text_model_and_an_error_mid_stream() -> None:
+    """A tokenizer without harmony tokens: the text is one message, tools are a 400; an error
+    after the stream started ends it with response.failed (the run is closed)."""
+    from tests.fakes.fake_backend import FakeBackend
+
+    backend = FakeBackend(reply=b"Hello, world!", chunk_tokens=4, eos_at_end=True,
+                          cached_tokens=3)
+    with ServerThread(ApiApp(backend, ApiConfig(served_model_name="m"))) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        resp = client.responses.create(model="m", input="hi")
+        assert resp.status == "completed" and resp.output_text == "Hello, world!"
+        assert [o.type for o in resp.output] == ["message"]
+        assert resp.usage.input_tokens_details.cached_tokens == 3
+        assert resp.usage.output_tokens_details.reasoning_tokens == 0
+        with pytest.raises(openai.BadRequestError, match="tool calls are not parsed"):
+            client.responses.create(model="m", input="hi", tools=[TOOL])
+        backend.error_after = 5
+        events = list(client.responses.create(model="m", input="hi", stream=True))
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.status == "failed" and events[-1].response.error.message
+    assert backend.closed

@@ -12,8 +12,9 @@ settings are echoed; `store` is always false (nothing is stored, see `schema.py`
 
 The stream is `event: <type>` + `data: <json>` per event: `response.created`,
 `response.in_progress`, the item events (`output.py`), then `response.completed`,
-`response.incomplete` or `response.failed` with the whole response (no `[DONE]`: OpenAI sends
-none for Responses).
+`response.incomplete` or `response.failed` with the whole response (a `cancelled` one ends with
+`response.incomplete`: there is no cancelled event; no `[DONE]`: OpenAI sends none for
+Responses).
 """
 
 from __future__ import annotations

@@ -139,12 +139,18 @@ def test_agents_sdk_tool_round_trip(stack: Workers, model: str) -> None:
         model_settings=agents.ModelSettings(tool_choice="required", temperature=0,
                                             max_tokens=128),
         reset_tool_choice=False)  # every turn a forced (so whole) call: random weights
-    try:
-        turns = asyncio.run(agents.Runner.run(agent, "Weather in Paris?",
-                                              max_turns=3)).raw_responses
-    except agents.MaxTurnsExceeded as exc:
-        assert exc.run_data is not None
-        turns = exc.run_data.raw_responses
+
+    async def run() -> list[Any]:
+        try:
+            result = await agents.Runner.run(agent, "Weather in Paris?", max_turns=3)
+            return list(result.raw_responses)
+        except agents.MaxTurnsExceeded as exc:
+            assert exc.run_data is not None
+            return list(exc.run_data.raw_responses)
+        finally:
+            await async_client.close()  # in this loop: a socket left open fails a later test
+
+    turns = asyncio.run(run())
     assert calls and len(turns) >= 2  # a call, its result in the next turn's input
     later = turns[1:]
     hit = sum(t.usage.input_tokens_details.cached_tokens for t in later) / sum(

@@ -13,6 +13,7 @@ Runtime facts (how many pages fit in memory) live in the device layer's `CacheLa
 
 from __future__ import annotations
 
+import datetime
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -215,6 +216,12 @@ class ApiSettings(_Section):
     tool_call_parser: Literal["auto", "gpt-oss", "none"] = Field(
         "auto", description="Chat: tools accepted and harmony tool calls returned as "
         "message.tool_calls (auto: when the tokenizer has the harmony special tokens)"
+    )
+    system_start_date: datetime.date | None = Field(
+        None, description="The conversation start date chat templates get from strftime_now "
+        "(gpt-oss: the harmony system message's date), YYYY-MM-DD. Unset: the UTC date at "
+        "start-up, kept for the life of the process. Prefill and decode render every prompt "
+        "separately and must agree: set the same value on both (vLLM's VLLM_SYSTEM_START_DATE)"
     )
 
 

@@ -5,7 +5,10 @@ tokenizer_config.json) and jinja2 is importable, it is rendered with `messages` 
 own keys too: `tool_calls`, `tool_call_id`, `name`, `reasoning_content`), `tools` (OpenAI's
 function tools, when given), `add_generation_prompt`, `bos_token` and `eos_token` in a sandbox
 (with `raise_exception` and `strftime_now`, as transformers provides; a template error is a
-ClientError). gpt-oss templates and the built-in tiny model's (`harmony_template.py`) render
+ClientError). `strftime_now` formats the `start_date` the caller pins (midnight of that day;
+the API passes `api.system_start_date`, so both P/D legs render the same date) or, without
+one, the local time now; `reasoning_effort`, when given, is a template variable (gpt-oss).
+gpt-oss templates and the built-in tiny model's (`harmony_template.py`) render
 the harmony format, tools included. Otherwise the built-in template is used (it renders no
 tools):
 
@@ -79,11 +82,19 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: Sequence[dict[str, Any]],
                             add_generation_prompt: bool = True,
-                            tools: Sequence[dict[str, Any]] | None = None) -> str:
+                            tools: Sequence[dict[str, Any]] | None = None, *,
+                            start_date: datetime.date | None = None,
+                            reasoning_effort: str | None = None) -> str:
         """Render a chat (a list of {"role", "content", ...}) and its tools to prompt text.
         See the module doc."""
         if self.chat_template is not None:
-            rendered = self._render(self.chat_template, messages, add_generation_prompt, tools)
+            extra: dict[str, Any] = {}
+            if start_date is not None:
+                extra["strftime_now"] = _pinned_strftime(start_date)
+            if reasoning_effort is not None:
+                extra["reasoning_effort"] = reasoning_effort
+            rendered = self._render(self.chat_template, messages, add_generation_prompt, tools,
+                                    extra)
             if rendered is not None:
                 return rendered
         parts = [f"<|start|>{m['role']}<|message|>{_content(m)}<|end|>" for m in messages]
@@ -92,8 +103,8 @@ class Tokenizer:
         return "".join(parts)
 
     def _render(self, template: str, messages: Sequence[dict[str, Any]],
-                add_generation_prompt: bool,
-                tools: Sequence[dict[str, Any]] | None = None) -> str | None:
+                add_generation_prompt: bool, tools: Sequence[dict[str, Any]] | None = None,
+                extra: dict[str, Any] | None = None) -> str | None:
         try:
             import jinja2
             from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -107,7 +118,7 @@ class Tokenizer:
             return str(self._compiled.render(
                 messages=[{**m, "content": _content(m)} for m in messages],
                 add_generation_prompt=add_generation_prompt,
-                tools=list(tools) if tools else None, **self.special))
+                tools=list(tools) if tools else None, **self.special, **(extra or {})))
         except jinja2.TemplateError as exc:
             raise ClientError(f"chat template: {exc}") from None
 
@@ -119,6 +130,17 @@ def _raise(message: str) -> None:
 
 def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
+
+
+def _pinned_strftime(day: datetime.date) -> Any:
+    """`strftime_now` for a pinned date: midnight of `day` (a time of day could not be
+    agreed between two servers anyway)."""
+    start = datetime.datetime.combine(day, datetime.time())
+
+    def strftime_now(fmt: str) -> str:
+        return start.strftime(fmt)
+
+    return strftime_now
 
 
 def _content(message: dict[str, Any]) -> str:

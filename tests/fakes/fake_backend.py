@@ -32,7 +32,8 @@ class ByteTokenizer:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages: list[dict[str, Any]], *,
-                            tools: list[dict[str, Any]] | None = None) -> str:
+                            tools: list[dict[str, Any]] | None = None,
+                            start_date: Any = None, reasoning_effort: str | None = None) -> str:
         """A template that renders no tools (as the built-in fallback template)."""
         turns = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return turns + "<assistant>"

@@ -2,6 +2,8 @@
 
 `ApiApp(backend, config, metrics)` is a handler (`message.Handler`; served by `asgi.py`). Routes:
   POST /generate, /v1/completions, /v1/chat/completions     (generation; auth; 503 when draining)
+  POST /v1/responses                                        (the same; `responses/`)
+  GET|DELETE /v1/responses/{id}, POST .../{id}/cancel       (404: nothing is stored)
   GET  /health, /health_generate                            (200, or 503 + Retry-After)
   GET  /server_info, /get_server_info, /model_info, /get_model_info, /v1/models, /metrics
   GET  /get_load; GET or POST /flush_cache (auth)            (router and operators: `admin.py`)
@@ -32,6 +34,7 @@ from decode_worker.io.api.limits import check_model, resolve_max_new_tokens
 from decode_worker.io.api.loads import handle_v1_loads
 from decode_worker.io.api.message import Request, Response, StreamResponse
 from decode_worker.io.api.openai import handle_completions
+from decode_worker.io.api.responses import PREFIX, handle_responses, handle_stored
 from decode_worker.io.api.run import GenerationRun, RejectedAtStart
 from decode_worker.io.api.targets import Target, body_targets
 from decode_worker.io.metrics import Metrics
@@ -39,8 +42,10 @@ from decode_worker.io.metrics import Metrics
 log = logging.getLogger(__name__)
 Reply = Response | StreamResponse
 Route = Callable[["ApiApp", Request], Awaitable[Reply]]
-GENERATION = frozenset({"generate", "completions", "chat_completions"})  # 503 while draining
-AUTHED = GENERATION | {"models", "flush_cache"}  # need the API key when one is set
+# 503 while draining
+GENERATION = frozenset({"generate", "completions", "chat_completions", "responses"})
+# need the API key when one is set
+AUTHED = GENERATION | {"models", "flush_cache", "stored_response"}
 
 
 class ApiApp:
@@ -64,6 +69,7 @@ class ApiApp:
             "/generate": (("POST",), "generate", handle_generate),
             "/v1/completions": (("POST",), "completions", handle_completions),
             "/v1/chat/completions": (("POST",), "chat_completions", handle_chat),
+            "/v1/responses": (("POST",), "responses", handle_responses),
             "/health": (("GET",), "health", ApiApp._health),
             "/health_generate": (("GET",), "health_generate", ApiApp._health),
             "/server_info": (("GET",), "server_info", ApiApp._server_info),
@@ -79,6 +85,8 @@ class ApiApp:
 
     async def __call__(self, req: Request) -> Reply:
         route = self._routes.get(req.path)
+        if route is None and req.path.startswith(PREFIX):
+            route = (("GET", "DELETE", "POST"), "stored_response", handle_stored)
         endpoint = route[1] if route is not None else "other"
         try:
             reply = await self._route(req, route)

@@ -30,6 +30,7 @@ How chunks become HTTP answers:
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -184,9 +185,13 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
     def apply_chat_template(self, messages: list[dict[str, Any]], *,
-                            tools: list[dict[str, Any]] | None = None) -> str:
+                            tools: list[dict[str, Any]] | None = None,
+                            start_date: datetime.date | None = None,
+                            reasoning_effort: str | None = None) -> str:
         """The prompt text for these messages (and tools, for templates that render them),
-        ending with the assistant turn's opening."""
+        ending with the assistant turn's opening. `start_date`: the date a template's
+        `strftime_now` gives (the same on both P/D legs); `reasoning_effort`: gpt-oss's
+        low / medium / high, None for the template's default."""
         ...
 
 

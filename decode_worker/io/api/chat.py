@@ -35,7 +35,8 @@ async def handle_chat(app: ApiContext, req: Request) -> Response | StreamRespons
     if tokens is not None and parser_on(app.config.tool_call_parser, tokens):
         tools = plan_tools(body.tools, body.tool_choice, tokens)
     prompt = tok.apply_chat_template(chat_messages(body.messages),
-                                     tools=tools.tools if tools is not None else None)
+                                     tools=tools.tools if tools is not None else None,
+                                     start_date=app.config.system_start_date)
     top = check_top_logprobs(body.top_logprobs, "top_logprobs")
     if top and not body.logprobs:
         raise ClientError("top_logprobs needs logprobs=true")

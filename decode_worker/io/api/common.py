@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import time
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,16 @@ from decode_worker.io.api.run import GenerationRun
 
 _JSON = msgspec.json.Encoder()
 SSE_DONE = b"data: [DONE]\n\n"
+Clock = Callable[[], datetime.datetime]
+
+
+def utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def utc_today(clock: Clock = utc_now) -> datetime.date:
+    """The date in UTC by `clock` (read once, when a config is built)."""
+    return clock().astimezone(datetime.UTC).date()
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +36,10 @@ class ApiConfig:
     endpoints, /v1/models and /flush_cache; health, info, load and metrics stay open (the
     router and Prometheus probe them without credentials). `default_max_new_tokens` applies only
     when the backend reports no `context_length` (else `limits.py` decides); `served_model_name`
-    unset means the backend's model path.
+    unset means the backend's model path. `system_start_date` is the date chat templates get
+    from `strftime_now` (`api.system_start_date`, default the UTC date when the config was
+    built, i.e. at start-up): fixed for the process so that the prefill and the decode server
+    render a request alike even across midnight.
     """
 
     served_model_name: str | None = None
@@ -39,10 +53,12 @@ class ApiConfig:
     tool_call_parser: str = "auto"
     # keys /server_info reports unless the backend reports them itself (the cache settings)
     server_info_defaults: dict[str, Any] = field(default_factory=dict)
+    system_start_date: datetime.date = field(default_factory=utc_today)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> ApiConfig:
-        """From a `decode_worker.settings.Settings` (duck-typed: io does not import settings)."""
+    def from_settings(cls, settings: Any, clock: Clock = utc_now) -> ApiConfig:
+        """From a `decode_worker.settings.Settings` (duck-typed: io does not import settings).
+        `clock` gives the start date when `api.system_start_date` is unset (read once, here)."""
         key = settings.server.api_key
         return cls(
             served_model_name=settings.model.served_model_name,
@@ -54,6 +70,7 @@ class ApiConfig:
             reasoning_parser=settings.api.reasoning_parser,
             tool_call_parser=settings.api.tool_call_parser,
             server_info_defaults=cache_info(settings),
+            system_start_date=settings.api.system_start_date or utc_today(clock),
         )
 
 

@@ -95,6 +95,7 @@ class HarmonyParser:
         self._detok: IncrementalDetokenizer | None = None
         self._out: list[Delta] = []  # this call's deltas
         self.parsed = Parsed()
+        self.num_reasoning_tokens = 0  # text tokens of analysis messages (Responses usage)
 
     def push(self, ids: Sequence[int]) -> list[Delta]:
         """Feed tokens; returns the deltas they completed (text may wait for a whole
@@ -191,6 +192,8 @@ class HarmonyParser:
         self._header = []
 
     def _text(self, ids: Sequence[int]) -> None:
+        if self._kind == "reasoning":
+            self.num_reasoning_tokens += len(ids)
         if self._detok is not None:
             self._emit(self._detok.push(ids))
 

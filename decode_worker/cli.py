@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("serve", "prefill", "demo"):
             p.add_argument("--host", help="bind address (server.host)")
             p.add_argument("--port", type=int, help="HTTP port (server.port)")
+        if name in ("serve", "prefill"):
+            p.add_argument("--grpc-port", type=int,
+                           help="smg's gRPC worker protocol (SglangScheduler) on this port beside "
+                           "HTTP (server.grpc_port; off when unset)")
         if name in ("prefill", "demo"):
             p.add_argument("--bootstrap-port", type=int,
                            help="bootstrap port: ZMQ (native) or SGLang's HTTP bootstrap "
@@ -82,6 +86,7 @@ def resolve(args: argparse.Namespace) -> LoadedSettings:
         "model.path": getattr(args, "model", None),
         "server.host": getattr(args, "host", None),
         "server.port": getattr(args, "port", None),
+        "server.grpc_port": getattr(args, "grpc_port", None),
         "transfer.bootstrap_port": getattr(args, "bootstrap_port", None),
         "transfer.prefill_protocol": getattr(args, "protocol", None),
     }

@@ -31,6 +31,11 @@ class ServiceUnavailable(DecodeWorkerError):
     """The worker is draining or its queue is full: retry later (503 with Retry-After)."""
 
 
+class QueueFull(ServiceUnavailable):
+    """The worker's request queue is full: retry later or elsewhere (HTTP 503, gRPC
+    RESOURCE_EXHAUSTED), as opposed to a worker that takes no work at all (draining)."""
+
+
 class OutOfPages(DecodeWorkerError):
     """A page allocator has fewer free pages than asked for."""
 

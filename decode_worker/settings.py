@@ -179,6 +179,10 @@ class ServerSettings(_Section):
 
     host: str = Field("127.0.0.1", description="Bind address (loopback by default)")
     port: int = Field(30000, gt=0, lt=65536, description="HTTP port")
+    grpc_port: int | None = Field(
+        None, ge=0, lt=65536, description="smg's gRPC worker protocol (SglangScheduler) on this "
+        "port beside HTTP, same host; unset = off, 0 = a free port chosen at start (logged)"
+    )
     drain_grace_s: float = Field(30.0, ge=0, description="SIGTERM: time for running requests")
     max_body_bytes: int = Field(8 * 2**20, gt=0, description="Larger request bodies get 413")
     api_key: SecretStr | None = Field(None, description="Bearer token required if set")

@@ -29,7 +29,7 @@ from decode_worker.daemon.decode.bridge import (
     Tokens,
 )
 from decode_worker.device.grammar import prepare_sampling
-from decode_worker.errors import ClientError, ServiceUnavailable
+from decode_worker.errors import ClientError, QueueFull, ServiceUnavailable
 from decode_worker.io.api.backend import (
     FlushResult,
     GenerateInput,
@@ -211,7 +211,7 @@ class DecodeBackend:
         if inp.rid in self._queues:
             raise ClientError(f"rid {inp.rid!r} is already running")
         if len(self._queues) >= self.max_queued:
-            raise ServiceUnavailable(f"queue full ({self.max_queued} requests): retry later")
+            raise QueueFull(f"queue full ({self.max_queued} requests): retry later")
 
     def _on_engine_dead(self, reason: str) -> None:
         self.dead_reason = reason

@@ -18,6 +18,7 @@ import time
 from decode_worker.daemon.decode.backend import DecodeBackend
 from decode_worker.daemon.decode.bridge import Drain, Outbox, Shutdown
 from decode_worker.daemon.decode.engine import DecodeEngine
+from decode_worker.daemon.shared.grpc_server import GrpcServer, start_grpc
 from decode_worker.daemon.shared.http_server import HttpServer, ServerConfig
 from decode_worker.io.api.app import ApiApp, check_model_path
 from decode_worker.io.api.common import ApiConfig
@@ -53,6 +54,7 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics) -> 
         log.warning("%s", warning)
     server = HttpServer(app, ServerConfig.from_settings(settings))
     await server.start()
+    grpc_server = await start_grpc(app, metrics, settings)
     stop = _install_signals(loop)
     cache = settings.cache
     log.info("decode worker ready on http://%s:%d (page %d, %d full pages, "
@@ -63,14 +65,14 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics) -> 
     dead = asyncio.ensure_future(_wait_dead(backend))
     await asyncio.wait({stopper, dead}, return_when=asyncio.FIRST_COMPLETED)
     code = 1 if backend.dead_reason else 0
-    await _shutdown(settings, engine, backend, server, metrics)
+    await _shutdown(settings, engine, backend, (server, grpc_server), metrics)
     for task in (stopper, dead):
         task.cancel()
     return code
 
 
 async def _shutdown(settings: Settings, engine: DecodeEngine, backend: DecodeBackend,
-                    server: HttpServer, metrics: Metrics) -> None:
+                    servers: tuple[HttpServer, GrpcServer | None], metrics: Metrics) -> None:
     """Ordered shutdown; each step bounded so a stuck part cannot hold the process."""
     grace = settings.server.drain_grace_s
     # 1. stop admission: /health says draining, new requests get 503 + Retry-After.
@@ -82,8 +84,12 @@ async def _shutdown(settings: Settings, engine: DecodeEngine, backend: DecodeBac
     deadline = time.monotonic() + grace + 2.0
     while backend.num_active and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    # 3. stop HTTP (answers are out), then the compute thread: it releases NIXL and the device.
-    await server.close(grace_s=2.0)
+    # 3. stop HTTP and gRPC (answers are out), then the compute thread: it releases NIXL and
+    # the device.
+    http, grpc_server = servers
+    await http.close(grace_s=2.0)
+    if grpc_server is not None:
+        await grpc_server.close(grace_s=2.0)
     engine.inbox.put(Shutdown())
     await asyncio.get_running_loop().run_in_executor(None, engine.join, 30.0)
     log.info("decode worker stopped")

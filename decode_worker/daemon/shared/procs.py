@@ -24,9 +24,11 @@ class ServerProcess:
     then SIGKILL) on exit. Its output goes to a temp file, shown if it fails to start."""
 
     def __init__(self, name: str, args: list[str], port: int, host: str = "127.0.0.1",
-                 env: dict[str, str] | None = None) -> None:
-        self.name, self.args, self.port = name, args, port
+                 env: dict[str, str] | None = None, grpc_port: int | None = None) -> None:
+        """`grpc_port`: the port its `--grpc-port` serves smg's gRPC protocol on, if any."""
+        self.name, self.args, self.port, self.grpc_port = name, args, port, grpc_port
         self.url = f"http://{host}:{port}"
+        self.grpc_target = f"{host}:{grpc_port}" if grpc_port else None  # grpc.aio's address
         self.env = {**os.environ, **(env or {})}
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the process
             prefix=f"dw-{name}-", suffix=".log", delete=False)
@@ -81,20 +83,24 @@ class PdServers:
     (`decodes`: "decode", "decode1", ...) as child processes on loopback; a context manager that
     starts them all, waits until each answers /health, and stops them (decode workers first).
     `common`: arguments of every server; `prefill_args` (before `common`) and `decode_args`
-    (after it): one side's."""
+    (after it): one side's. `grpc`: every server also serves smg's gRPC protocol
+    (`--grpc-port`, a free port: `ServerProcess.grpc_port` / `grpc_target`)."""
 
     def __init__(self, common: Sequence[str], num_decode: int = 1, *,
                  prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (),
-                 ready_timeout_s: float = 120.0) -> None:
+                 ready_timeout_s: float = 120.0, grpc: bool = False) -> None:
         self.prefill_port, self.boot_port = free_port(), free_port()
+        port_of_grpc = free_port() if grpc else None
         self.prefill = ServerProcess("prefill", [
             "prefill", "--port", str(self.prefill_port), "--bootstrap-port", str(self.boot_port),
-            *prefill_args, *common], self.prefill_port)
+            *_grpc_args(port_of_grpc), *prefill_args, *common], self.prefill_port,
+            grpc_port=port_of_grpc)
         self.decodes: list[ServerProcess] = []
         for i in range(num_decode):
-            port = free_port()
+            port, port_of_grpc = free_port(), free_port() if grpc else None
             self.decodes.append(ServerProcess(f"decode{i}" if i else "decode", [
-                "serve", "--port", str(port), *common, *decode_args], port))
+                "serve", "--port", str(port), *_grpc_args(port_of_grpc), *common, *decode_args],
+                port, grpc_port=port_of_grpc))
         self.ready_timeout_s = ready_timeout_s
 
     def __enter__(self) -> Self:
@@ -107,6 +113,10 @@ class PdServers:
     def __exit__(self, *exc: object) -> None:
         for proc in (*self.decodes, self.prefill):
             proc.stop()
+
+
+def _grpc_args(port: int | None) -> list[str]:
+    return [] if port is None else ["--grpc-port", str(port)]
 
 
 def http_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 120.0) -> Any:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from decode_worker.daemon.shared.harmony_vocab import harmony_vocab_env
 from decode_worker.daemon.shared.procs import ServerProcess, free_port, wait_router_workers
 from decode_worker.errors import DecodeWorkerError
 
@@ -37,9 +38,9 @@ def router_argv(kind: str, prefills: Sequence[tuple[str, int | None]], decodes: 
                 health_interval_s: int = 3, request_timeout_s: int = 60,
                 extra: Sequence[str] = ()) -> list[str]:
     """The command line of router `kind` in PD mode on 127.0.0.1:`port`: `prefills` as (URL,
-    bootstrap port), `decodes` as URLs; Prometheus on a free loopback port; the circuit
-    breaker off (one failing test must not open it for the next). Raises DecodeWorkerError for
-    an unknown router or policy."""
+    bootstrap port), `decodes` as URLs (`grpc://host:port` for smg's gRPC mode); Prometheus on
+    a free loopback port; the circuit breaker off (one failing test must not open it for the
+    next). Raises DecodeWorkerError for an unknown router or policy."""
     if kind not in MODULES:
         raise DecodeWorkerError(f"unknown router {kind!r}; known: {sorted(MODULES)}")
     for name in (policy, decode_policy):
@@ -67,7 +68,9 @@ class Router(ServerProcess):
     Stopped like any ServerProcess (SIGTERM, then SIGKILL)."""
 
     def __init__(self, argv: list[str], port: int, name: str = "router") -> None:
-        super().__init__(name, [], port)
+        # gRPC workers: smg loads the harmony encoding for gpt-oss before it registers them
+        env = harmony_vocab_env() if any(a.startswith("grpc://") for a in argv) else None
+        super().__init__(name, [], port, env=env)
         self.cmd = argv
 
     def __enter__(self) -> Router:

@@ -40,7 +40,9 @@ class GrpcWorker:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
     def unary(self, method: str, request: Any, timeout_s: float = 30.0) -> Any:
-        return self.call_soon(getattr(self.stub, method)(request, timeout=timeout_s))
+        async def call() -> Any:
+            return await getattr(self.stub, method)(request, timeout=timeout_s)
+        return self.call_soon(call())
 
     def stream(self, method: str, request: Any, timeout_s: float = 60.0) -> list[Any]:
         async def read() -> list[Any]:

@@ -28,7 +28,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
-import grpc
 from grpc import StatusCode
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
@@ -66,7 +65,7 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
     def __init__(self, app: GrpcApp, metrics: Metrics | None = None) -> None:
         self.app = app
         self.metrics = metrics
-        self._calls: dict[str, list[GenerationRun]] = {}  # request_id -> its samples' runs
+        self._calls: dict[str, list[list[str]]] = {}  # request_id -> per call, sample rids
         self._started_at = time.time()
         self._bundle: info.TokenizerBundle | None = None
 
@@ -78,16 +77,17 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
         outcome = StatusCode.CANCELLED  # until the call ends otherwise
         rid = request.request_id
         try:
+            rids: list[str] = []  # the samples' internal rids, for Abort while they run
+            self._calls.setdefault(rid, []).append(rids)
             try:
-                self._check_key(context)
-                self.app.check_serving()
-                runs = await self._start(request)
-            except Exception as exc:
-                outcome = code_for_error(exc)
-                log.info("rid=%s: gRPC Generate refused (%s): %s", rid, outcome.name, exc)
-                await _abort(context, outcome, exc)
-            self._calls.setdefault(rid, []).extend(runs)
-            try:
+                try:
+                    self._check_key(context)
+                    self.app.check_serving()
+                    runs = await self._start(request, rids)
+                except Exception as exc:
+                    outcome = code_for_error(exc)
+                    log.info("rid=%s: gRPC Generate refused (%s): %s", rid, outcome.name, exc)
+                    await _abort(context, outcome, exc)
                 async for response in self._responses(request, runs):
                     yield response
             except _Ended as end:
@@ -95,14 +95,15 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
                 log.info("rid=%s: gRPC Generate ended (%s): %s", rid, end.code.name, end)
                 await _abort(context, end.code, end)
             finally:
-                self._forget(rid, runs)
+                self._forget(rid, rids)
             outcome = StatusCode.OK
         finally:
             self._count("Generate", outcome)
 
-    async def _start(self, request: pb.GenerateRequest) -> list[GenerationRun]:
-        """The HTTP /generate route's checks and start, on the request's parts. Raises what
-        they raise (ClientError, ServiceUnavailable, RejectedAtStart, ...)."""
+    async def _start(self, request: pb.GenerateRequest, rids: list[str]) -> list[GenerationRun]:
+        """The HTTP /generate route's checks and start, on the request's parts; the samples'
+        rids go into `rids` before they start. Raises what they raise (ClientError,
+        ServiceUnavailable, RejectedAtStart, ...)."""
         app = self.app
         sp = convert.sampling_in(request.sampling_params)
         ids = check_prompt(convert.prompt_ids(request), app.config.max_prompt_tokens,
@@ -115,6 +116,7 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
                             request.request_id or None, stream=request.stream,
                             return_logprob=request.return_logprob, top_logprobs=top,
                             endpoint="grpc", received_at=time.monotonic())
+        rids.extend(inp.rid for inp in inps)
         return await start_all(app, inps)
 
     async def _responses(self, request: pb.GenerateRequest, runs: list[GenerationRun]
@@ -133,8 +135,8 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
                 if fin is not None:
                     yield convert.complete(rid, runs[k], k, step if request.stream else None)
 
-    def _forget(self, rid: str, runs: list[GenerationRun]) -> None:
-        left = [r for r in self._calls.get(rid, []) if r not in runs]
+    def _forget(self, rid: str, rids: list[str]) -> None:
+        left = [r for r in self._calls.get(rid, []) if r is not rids]
         if left:
             self._calls[rid] = left
         else:
@@ -145,13 +147,13 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
     async def Abort(
         self, request: pb.AbortRequest, context: Context
     ) -> pb.AbortResponse:
-        runs = self._calls.get(request.request_id, [])
-        for run in runs:
-            log.info("rid=%s: aborted by gRPC Abort (%s)", run.inp.rid, request.reason or "-")
-            self.app.backend.abort(run.inp.rid, "client_abort")
+        rids = [r for call in self._calls.get(request.request_id, []) for r in call]
+        for rid in rids:
+            log.info("rid=%s: aborted by gRPC Abort (%s)", rid, request.reason or "-")
+            self.app.backend.abort(rid, "client_abort")
         self._count("Abort", StatusCode.OK)
-        found = "aborted" if runs else "not found"
-        return pb.AbortResponse(success=bool(runs),
+        found = "aborted" if rids else "not found"
+        return pb.AbortResponse(success=bool(rids),
                                 message=f"request {request.request_id} {found}")
 
     async def HealthCheck(
@@ -270,7 +272,7 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
         self.app.check_api_key(value if isinstance(value, str) else None)
 
     def _num_active(self) -> int:
-        return sum(len(runs) for runs in self._calls.values())
+        return sum(len(rids) for calls in self._calls.values() for rids in calls)
 
     def _count(self, method: str, code: StatusCode) -> None:
         if self.metrics is not None:

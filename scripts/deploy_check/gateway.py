@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 Obj = dict[str, Any]
-_URL = re.compile(r"^http://(?P<pod>[a-z0-9-]+)-(?P<i>\d+)\.(?P<svc>[a-z0-9-]+):\d+$")
+_URL = re.compile(r"^(?:http|grpc)://(?P<pod>[a-z0-9-]+)-(?P<i>\d+)\.(?P<svc>[a-z0-9-]+):\d+$")
 
 
 def gateway_problems(objs: list[Obj]) -> list[str]:

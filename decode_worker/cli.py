@@ -42,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("serve", "prefill", "demo"):
             p.add_argument("--host", help="bind address (server.host)")
             p.add_argument("--port", type=int, help="HTTP port (server.port)")
+        if name == "serve":
+            p.add_argument("--kv-events-config", metavar="JSON",
+                           help="SGLang's KV-event publisher config, e.g. "
+                           "'{\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\"}' "
+                           "(kv_events.config)")
         if name in ("prefill", "demo"):
             p.add_argument("--bootstrap-port", type=int,
                            help="bootstrap port: ZMQ (native) or SGLang's HTTP bootstrap "
@@ -84,6 +89,7 @@ def resolve(args: argparse.Namespace) -> LoadedSettings:
         "server.port": getattr(args, "port", None),
         "transfer.bootstrap_port": getattr(args, "bootstrap_port", None),
         "transfer.prefill_protocol": getattr(args, "protocol", None),
+        "kv_events.config": getattr(args, "kv_events_config", None),
     }
     overrides.update({k: v for k, v in named.items() if v is not None})
     return load_settings(args.config, overrides)

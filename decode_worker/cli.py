@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--grpc-port", type=int,
                            help="smg's gRPC worker protocol (SglangScheduler) on this port beside "
                            "HTTP (server.grpc_port; off when unset)")
+        if name == "serve":
+            p.add_argument("--kv-events-config", metavar="JSON",
+                           help="SGLang's KV-event publisher config, e.g. "
+                           "'{\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\"}' "
+                           "(kv_events.config)")
         if name in ("prefill", "demo"):
             p.add_argument("--bootstrap-port", type=int,
                            help="bootstrap port: ZMQ (native) or SGLang's HTTP bootstrap "
@@ -89,6 +94,7 @@ def resolve(args: argparse.Namespace) -> LoadedSettings:
         "server.grpc_port": getattr(args, "grpc_port", None),
         "transfer.bootstrap_port": getattr(args, "bootstrap_port", None),
         "transfer.prefill_protocol": getattr(args, "protocol", None),
+        "kv_events.config": getattr(args, "kv_events_config", None),
     }
     overrides.update({k: v for k, v in named.items() if v is not None})
     return load_settings(args.config, overrides)

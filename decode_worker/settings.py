@@ -13,6 +13,7 @@ Runtime facts (how many pages fit in memory) live in the device layer's `CacheLa
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -211,6 +212,29 @@ class ApiSettings(_Section):
     )
 
 
+class KvEventsSettings(_Section):
+    """KV events of the decode radix tree, configured as SGLang's `--kv-events-config`."""
+
+    config: str | None = Field(
+        None, description="SGLang's --kv-events-config JSON (publisher zmq|null, endpoint, topic, "
+        "replay_endpoint, buffer_steps, hwm, max_queue_size, bind, format); unset or publisher "
+        "null: no events (the default, as in SGLang)"
+    )
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _json_text(cls, value: Any) -> Any:
+        from decode_worker.io.kv_events.config import parse_kv_events_config
+
+        if isinstance(value, dict):  # `--set kv_events.config={...}` arrives parsed
+            value = json.dumps(value)
+        try:
+            parse_kv_events_config(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+
 class Settings(BaseSettings):
     """All settings. Build with `load_settings`, which also records each value's source."""
 
@@ -223,6 +247,7 @@ class Settings(BaseSettings):
     server: ServerSettings = ServerSettings()
     metrics: MetricsSettings = MetricsSettings()
     api: ApiSettings = ApiSettings()
+    kv_events: KvEventsSettings = KvEventsSettings()
 
     @classmethod
     def settings_customise_sources(

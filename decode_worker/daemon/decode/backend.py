@@ -38,6 +38,7 @@ from decode_worker.io.api.backend import (
     OutputChunk,
     Tokenizer,
 )
+from decode_worker.io.kv_events.hub import KvEventHub
 
 log = logging.getLogger(__name__)
 FLUSH_WAIT_S = 10.0  # an engine that does not answer a flush within this is stuck: 503
@@ -76,6 +77,8 @@ class DecodeBackend:
         self._flush_tokens = itertools.count(1)
         self.draining = False
         self.dead_reason: str | None = None
+        # the engine's KV-event log (None: events off); in-process subscribers (gRPC) read it
+        self.kv_events: KvEventHub | None = None
 
     @property
     def tokenizer(self) -> Tokenizer:

@@ -46,6 +46,7 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics) -> 
     backend = DecodeBackend(engine.inbox, engine.tokenizer, engine.info,
                             settings.scheduler.max_queued_requests,
                             settings.transfer.bootstrap_port, load=lambda: engine.books.load)
+    backend.kv_events = engine.kv_events
     engine.start(Outbox(loop, backend.deliver))
     app = ApiApp(backend, ApiConfig.from_settings(settings), metrics)
     sc = settings.server

@@ -13,7 +13,8 @@ a `request_id` the same way.
 RPCs with no meaning here answer UNIMPLEMENTED with a message: `Embed` (a generation model),
 the LoRA adapter calls (no adapters), `StartProfile` / `StopProfile` (no profiler hook).
 `SubscribeKvEvents` streams the decode tree's KV events when the server has an event log
-(`kv_events`), else it is UNIMPLEMENTED (smg then stops asking that worker).
+(the backend's `kv_events` hub, `kv_stream.py`), else it is UNIMPLEMENTED (smg then stops
+asking that worker).
 
 Every call is counted in `decode_worker_grpc_requests_total{method, code}`.
 """
@@ -42,7 +43,9 @@ from decode_worker.io.api.run import GenerationRun
 from decode_worker.io.api.samples import Prompt, build_inputs, merged_steps, start_all
 from decode_worker.io.api.schemas import sampling_from_generate
 from decode_worker.io.grpc import convert, info
+from decode_worker.io.grpc.kv_stream import kv_batches
 from decode_worker.io.grpc.status import code_for_error, code_for_reason
+from decode_worker.io.kv_events.hub import KvEventHub
 from decode_worker.io.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -236,9 +239,24 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
     async def SubscribeKvEvents(
         self, request: common_pb2.SubscribeKvEventsRequest, context: Context
     ) -> AsyncIterator[common_pb2.KvEventBatch]:
-        await self._unimplemented(context, "SubscribeKvEvents",
-                                  "this server publishes no KV cache events")
-        yield common_pb2.KvEventBatch()  # pragma: no cover - never reached
+        """The decode tree's KV events from the worker's event log (`kv_stream.py`);
+        UNIMPLEMENTED where there is none (the prefill peer, events off), as SGLang's
+        servicer answers without a ZMQ publisher."""
+        hub = getattr(self.app.backend, "kv_events", None)
+        if not isinstance(hub, KvEventHub):
+            await self._unimplemented(
+                context, "SubscribeKvEvents", "this server publishes no KV cache events (on "
+                "a decode worker: serve --kv-events-config '{\"publisher\": \"zmq\"}' with "
+                "the decode radix cache on)")
+        log.info("SubscribeKvEvents: a subscriber from %s, start_sequence_number=%d",
+                 context.peer(), request.start_sequence_number)
+        outcome = StatusCode.CANCELLED
+        try:
+            async for batch in kv_batches(hub, request, self.app.server_info):
+                yield batch
+            outcome = StatusCode.OK
+        finally:
+            self._count("SubscribeKvEvents", outcome)
 
     async def Embed(self, request: Any, context: Context) -> Any:
         await self._unimplemented(context, "Embed", "this worker serves a generation model, "

@@ -33,6 +33,10 @@ class Stack(PdServers):
         super().__init__(["--model", str(model), "--set", f"cache.page_size={PAGE_SIZE}"],
                          num_decode, decode_args=pools, ready_timeout_s=180, grpc=grpc)
         self.router_kind = router_kind
+        if grpc:  # KV events (each worker its own ZMQ port): smg streams them over gRPC
+            for d in self.decodes:
+                d.args += ["--kv-events-config",
+                           f'{{"publisher": "zmq", "endpoint": "tcp://*:{free_port()}"}}']
 
     def model_name(self) -> str:
         return str(http_json(f"{self.decodes[0].url}/v1/models")["data"][0]["id"])

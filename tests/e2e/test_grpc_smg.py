@@ -65,7 +65,9 @@ class Stack:
 def stack(e2e_model_dir: Path) -> Iterator[Stack]:
     common = ["--model", str(e2e_model_dir), "--set", "cache.page_size=16",
               "--set", "cache.num_full_pages=512", "--set", "cache.num_swa_pages=128"]
-    with PdServers(common, grpc=True) as servers:
+    events = ["--kv-events-config",
+              f'{{"publisher": "zmq", "endpoint": "tcp://*:{free_port()}"}}']
+    with PdServers(common, grpc=True, decode_args=events) as servers:
         port = free_port()
         argv = router_argv(SMG, [(f"grpc://{servers.prefill.grpc_target}", servers.boot_port)],
                            [f"grpc://{servers.decodes[0].grpc_target}"], port,
@@ -157,10 +159,18 @@ def test_chat_on_smgs_harmony_path_is_refused_cleanly(stack: Stack) -> None:
 
 
 def test_smg_subscribes_to_the_decode_workers_events(stack: Stack) -> None:
+    """smg streams the decode worker's events (the prefill peer publishes none: it answers
+    UNIMPLEMENTED, and smg stops asking it)."""
+    log = _plain(stack.router.output())
     assert "Starting KV event subscription worker_url=grpc://" + str(
-        stack.decode.grpc_target) in _plain(stack.router.output())
+        stack.decode.grpc_target) in log
+    assert f"Backend does not implement SubscribeKvEvents, disabling KV event subscription " \
+           f"for this worker; cache-aware routing sees nothing of its cache worker_url=grpc://" \
+           f"{stack.servers.prefill.grpc_target}" in log
+    decode_log = stack.decode.output()
+    assert "SubscribeKvEvents: a subscriber from" in decode_log
     assert scrape_metric(stack.decode.url, "decode_worker_grpc_requests_total",
-                         'method="SubscribeKvEvents"') >= 1
+                         'method="SubscribeKvEvents",code="UNIMPLEMENTED"') == 0
 
 
 def _plain(text: str) -> str:

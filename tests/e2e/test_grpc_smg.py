@@ -171,6 +171,16 @@ def test_smg_subscribes_to_the_decode_workers_events(stack: Stack) -> None:
     assert "SubscribeKvEvents: a subscriber from" in decode_log
     assert scrape_metric(stack.decode.url, "decode_worker_grpc_requests_total",
                          'method="SubscribeKvEvents",code="UNIMPLEMENTED"') == 0
+    # smg's own metrics: it applied the decode worker's batches and their stored blocks
+    cmd = stack.router.cmd
+    smg_url = f"http://127.0.0.1:{cmd[cmd.index('--prometheus-port') + 1]}"
+    worker = f'worker="grpc://{stack.decode.grpc_target}"'
+    deadline = time.monotonic() + 20
+    while scrape_metric(smg_url, "smg_kv_event_blocks_total", worker + ',op="stored"') < 1:
+        assert time.monotonic() < deadline, "smg applied no stored block of the decode worker"
+        time.sleep(0.2)
+    assert scrape_metric(smg_url, "smg_kv_event_batches_total",
+                         worker + ',disposition="applied"') >= 1
 
 
 def _plain(text: str) -> str:

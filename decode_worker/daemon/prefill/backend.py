@@ -3,8 +3,8 @@
 
 The router sends the same body to prefill and decode; the prefill reply carries the first
 token only (`finish_reason` "length") and, as `cached_tokens`, the prompt tokens the decode
-worker already held (the transfer skipped them), the decode worker streams the rest. A request without
-`bootstrap_room` is a client error here: this node only prefills for a decode worker.
+worker already held (the transfer skipped them); the decode worker streams the rest. A request
+without `bootstrap_room` is a client error here: this node only prefills for a decode worker.
 /get_load counts the requests whose reply is pending; /flush_cache succeeds with nothing to do
 (the peer keeps no prefix cache), as SGLang answers for a server without a radix cache.
 """

@@ -50,6 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
                            help="once serving, write the bound ports to PATH as JSON (http; "
                            "prefill: bootstrap, and rank with --protocol sglang): for "
                            "supervisors and tests that start it with port 0")
+        if name in ("serve", "prefill"):
+            p.add_argument("--grpc-port", type=int,
+                           help="smg's gRPC worker protocol (SglangScheduler) on this port beside "
+                           "HTTP (server.grpc_port; off when unset)")
+        if name == "serve":
+            p.add_argument("--kv-events-config", metavar="JSON",
+                           help="SGLang's KV-event publisher config, e.g. "
+                           "'{\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\"}' "
+                           "(kv_events.config)")
         if name in ("prefill", "demo"):
             p.add_argument("--bootstrap-port", type=int,
                            help="bootstrap port: ZMQ (native) or SGLang's HTTP bootstrap "
@@ -90,8 +99,10 @@ def resolve(args: argparse.Namespace) -> LoadedSettings:
         "model.path": getattr(args, "model", None),
         "server.host": getattr(args, "host", None),
         "server.port": getattr(args, "port", None),
+        "server.grpc_port": getattr(args, "grpc_port", None),
         "transfer.bootstrap_port": getattr(args, "bootstrap_port", None),
         "transfer.prefill_protocol": getattr(args, "protocol", None),
+        "kv_events.config": getattr(args, "kv_events_config", None),
     }
     overrides.update({k: v for k, v in named.items() if v is not None})
     return load_settings(args.config, overrides)

@@ -38,7 +38,8 @@ class ServiceUnavailable(DecodeWorkerError):
 
 
 class QueueFull(ServiceUnavailable):
-    """`scheduler.max_queued_requests` requests already wait (not yet running)."""
+    """`scheduler.max_queued_requests` requests already wait (not yet running): retry later or
+    elsewhere (HTTP 503, gRPC RESOURCE_EXHAUSTED), unlike a worker that takes no work at all."""
 
     reason = "queue_full"
 

@@ -14,6 +14,7 @@ Runtime facts (how many pages fit in memory) live in the device layer's `CacheLa
 from __future__ import annotations
 
 import datetime
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -191,6 +192,10 @@ class ServerSettings(_Section):
         "work (more than the router's health-check interval x failure threshold); then the "
         "drain grace"
     )
+    grpc_port: int | None = Field(
+        None, ge=0, lt=65536, description="smg's gRPC worker protocol (SglangScheduler) on this "
+        "port beside HTTP, same host; unset = off, 0 = a free port chosen at start (logged)"
+    )
     drain_grace_s: float = Field(30.0, ge=0, description="SIGTERM: time for running requests")
     max_body_bytes: int = Field(8 * 2**20, gt=0, description="Larger request bodies get 413")
     api_key: SecretStr | None = Field(None, description="Bearer token required if set")
@@ -225,6 +230,29 @@ class ApiSettings(_Section):
     )
 
 
+class KvEventsSettings(_Section):
+    """KV events of the decode radix tree, configured as SGLang's `--kv-events-config`."""
+
+    config: str | None = Field(
+        None, description="SGLang's --kv-events-config JSON (publisher zmq|null, endpoint, topic, "
+        "replay_endpoint, buffer_steps, hwm, max_queue_size, bind, format); unset or publisher "
+        "null: no events (the default, as in SGLang)"
+    )
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _json_text(cls, value: Any) -> Any:
+        from decode_worker.io.kv_events.config import parse_kv_events_config
+
+        if isinstance(value, dict):  # `--set kv_events.config={...}` arrives parsed
+            value = json.dumps(value)
+        try:
+            parse_kv_events_config(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+
 class Settings(BaseSettings):
     """All settings. Build with `load_settings`, which also records each value's source."""
 
@@ -237,6 +265,7 @@ class Settings(BaseSettings):
     server: ServerSettings = ServerSettings()
     metrics: MetricsSettings = MetricsSettings()
     api: ApiSettings = ApiSettings()
+    kv_events: KvEventsSettings = KvEventsSettings()
 
     @classmethod
     def settings_customise_sources(

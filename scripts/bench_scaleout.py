@@ -19,6 +19,10 @@ worker aborted or failed them and the router retried them elsewhere), and the me
 first token and time per output token (client side, through the router; on a small shared CPU
 box these mostly measure contention). `--sticky` sends the routing key with every policy and
 adds `--routing-key-override`; `--router-args` passes more flags to the N-worker routers.
+`--grpc` adds a cache_aware run with smg in gRPC mode (`grpc://` workers: smg subscribes to
+their KV events) and plays every run through `/v1/completions` (smg's gRPC chat renders
+gpt-oss prompts in the harmony vocabulary, which the tiny model lacks); a line before the
+last compares the two modes' later-turn hit rates.
 The last line is exactly
 
     bench_scaleout: workers=<N> single=<hit> cache_aware=<hit> best=<policy>:<hit>
@@ -40,6 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from decode_worker.daemon.shared.procs import scrape_metric
 from decode_worker.daemon.shared.router import SGLANG_ROUTER, SMG, has_router
 from scripts.scaleout_lib.stack import Stack
 from scripts.scaleout_lib.workload import (
@@ -72,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, help="HF model dir (default: the built-in tiny one)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json-out", type=Path, help="also write the results here")
+    ap.add_argument("--grpc", action="store_true",
+                    help="also run cache_aware with smg in gRPC mode (grpc:// workers, KV "
+                    "events when the workers publish them); every run then plays the "
+                    "conversations through /v1/completions, so both modes see one workload")
     args = ap.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
     if bad := [p for p in policies if p not in POLICIES]:
@@ -81,11 +90,25 @@ def main(argv: list[str] | None = None) -> int:
     if not has_router(args.router):
         ap.error(f"{args.router} is not installed (pip install -e '.[test]')")
     model = args.model or _tiny_model()
-    with Stack(model, args.workers, args.pool_pages, args.router) as stack:
+    if args.grpc and args.router != SMG:
+        ap.error("--grpc needs --router smg")
+    with Stack(model, args.workers, args.pool_pages, args.router, grpc=args.grpc) as stack:
         results = run_all(stack, args, policies)
+        if args.grpc:
+            calls = {label: sum(int(scrape_metric(d.url, "decode_worker_grpc_requests_total",
+                                                  f'{code}method="SubscribeKvEvents"'))
+                                for d in stack.decodes)
+                     for label, code in (("all", ""), ("UNIMPLEMENTED", 'code="UNIMPLEMENTED",'))}
     _print_table(results, args)
     if args.json_out is not None:
         args.json_out.write_text(json.dumps(results, indent=1))
+    if args.grpc:
+        by = {r["policy"]: r["hit"] for r in results}
+        print(f"bench_scaleout: grpc: cache_aware={_pct(by.get('cache_aware+grpc'))} http "
+              f"cache_aware={_pct(by.get('cache_aware'))} (decode workers' SubscribeKvEvents "
+              f"streams: {calls['all'] - calls['UNIMPLEMENTED']} ended, {calls['UNIMPLEMENTED']} "
+              f"unimplemented)",
+              flush=True)
     single = results[0]["hit"]
     cache_aware = next((r["hit"] for r in results if r["policy"] == "cache_aware"), None)
     best = max(results[1:], key=lambda r: r["hit"])
@@ -99,9 +122,12 @@ def run_all(stack: Stack, args: argparse.Namespace, policies: list[str]) -> list
     """The single-worker run, then one run per policy over all the decode workers."""
     users = user_turns(args.conversations, args.turns, args.seed)
     model = stack.model_name()
-    plan = [("single", "round_robin", 1)] + [(p, p, args.workers) for p in policies]
+    plan = [("single", "round_robin", 1, False)] + [(p, p, args.workers, False)
+                                                      for p in policies]
+    if args.grpc:
+        plan.append(("cache_aware+grpc", "cache_aware", args.workers, True))
     results = []
-    for label, policy, n in plan:
+    for label, policy, n, grpc in plan:
         stack.flush()
         before, finished = stack.served(), sum(stack.served("finished"))
         keyed = policy == "manual" or args.sticky
@@ -109,9 +135,10 @@ def run_all(stack: Stack, args: argparse.Namespace, policies: list[str]) -> list
         extra = shlex.split(args.router_args) if n > 1 else []
         if args.sticky and n > 1 and policy != "manual":
             extra.append("--routing-key-override")
-        with stack.routed(policy, n, extra) as router:
+        with stack.routed(policy, n, extra, grpc=grpc) as router:
             turns = play(router.url, model, users, args.max_tokens,
-                         (lambda i: f"conversation-{i}") if keyed else (lambda _: None))
+                         (lambda i: f"conversation-{i}") if keyed else (lambda _: None),
+                         completions=args.grpc)
         seconds = time.monotonic() - t0
         per_worker = [b - a for a, b in zip(before, stack.served(), strict=True)][:n]
         # requests a decode worker ended otherwise (aborted, failed) and the router retried

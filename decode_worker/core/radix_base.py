@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from decode_worker.core.pages import PageAllocator
+from decode_worker.core.radix_events import KVEventRecorder
 from decode_worker.core.radix_lru import RadixLedger
 from decode_worker.core.radix_node import Node, PageKey, common_pages, page_keys
 from decode_worker.errors import ConfigError
@@ -19,10 +20,17 @@ class TreeBase:
     """State every part of the tree shares; not used on its own."""
 
     def __init__(
-        self, page_size: int, window: int, full: PageAllocator, swa: PageAllocator | None
+        self,
+        page_size: int,
+        window: int,
+        full: PageAllocator,
+        swa: PageAllocator | None,
+        *,
+        kv_events: bool = False,
     ) -> None:
         """`window` in tokens (HF `sliding_window - 1`). `swa=None` for a model without SWA
-        layers: every node is then SWA-less and RESUME matches need full KV only."""
+        layers: every node is then SWA-less and RESUME matches need full KV only. `kv_events`:
+        record KV events of the full-attention pages (`take_events`)."""
         if page_size < 1 or window < 0:
             raise ConfigError(f"radix tree: page_size {page_size} / window {window} invalid")
         self.page_size = page_size
@@ -32,6 +40,7 @@ class TreeBase:
         self.root = Node(None, [], [], None)
         self.root.full_lock = 1  # never evicted, never counted
         self.ledger = RadixLedger()
+        self.events = KVEventRecorder(page_size, enabled=kv_events)
         self._tick = 0
         self._uuid = 0
         # bumped by every change a match or an admission budget can see (insert, evict, lock,
@@ -114,6 +123,7 @@ class TreeBase:
         upper = Node(parent, node.key[:m], node.full[:m], None, node.tick)
         upper.full_lock, upper.swa_lock = node.full_lock, node.swa_lock
         upper.swa_epoch, upper.swa_uuid = node.swa_epoch, node.swa_uuid
+        upper.hashes, node.hashes = node.hashes[:m], node.hashes[m:]  # a split emits nothing
         node.swa_uuid = 0
         if node.swa is not None:
             upper.swa = node.swa[:m]

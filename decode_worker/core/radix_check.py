@@ -2,7 +2,8 @@
 
 Checked (any failure raises `FatalError` naming the invariant):
 - links: the root has no parent, an empty key and `full_lock == 1`; each child is filed under its
-  first page key and points back at its parent; key, full and SWA values have equal page counts;
+  first page key and points back at its parent; key, full and SWA values have equal page counts
+  (and so do the page hashes while the tree records KV events);
 - locks: `full_lock >= swa_lock >= 0`; tombstones have `swa_lock == 0` and no boundary mark;
 - pages: tree pages are unique, in range and allocated; held pages are allocated and not in the
   tree; per pool `total == available + evictable + protected + held` with the tree's counters
@@ -35,7 +36,7 @@ def check_tree(tree: TreeBase, held_full: Collection[int], held_swa: Collection[
         tree.swa.check_integrity()
     nodes = _nodes(tree.root)
     for node in nodes:
-        _check_node(node)
+        _check_node(node, hashed=tree.events.enabled)
     led = tree.ledger
     full_ev, full_pr, full_pages = _sums(nodes, swa=False)
     _check_pool(tree.full, full_pages, held_full, full_ev, full_pr)
@@ -72,10 +73,12 @@ def _nodes(root: Node) -> list[Node]:
     return out
 
 
-def _check_node(node: Node) -> None:
+def _check_node(node: Node, *, hashed: bool) -> None:
     k = len(node.key)
     if len(node.full) != k or (node.swa is not None and len(node.swa) != k):
         raise FatalError(f"values: {node!r} key and value lengths differ")
+    if len(node.hashes) != (k if hashed else 0):
+        raise FatalError(f"hashes: {node!r} has {len(node.hashes)} page hashes")
     if node.swa_lock < 0 or node.full_lock < node.swa_lock:
         raise FatalError(f"locks: {node!r} needs full_lock >= swa_lock >= 0")
     if node.swa is None and (node.swa_lock or node.swa_uuid):

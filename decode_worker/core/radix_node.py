@@ -43,12 +43,15 @@ class Node:
     - `swa_uuid`: nonzero marks the top of some lock's SWA span (moves up on a split).
     - `swa_epoch`: tick at which `swa` became live (a lock skips nodes made live after it).
     - `tick`: logical last-access time (LRU for full eviction).
+    - `hashes`: the SHA-256 page-chain digest of each page of `key` (`radix_events`), or empty
+      while the tree records no KV events.
     """
 
     __slots__ = (
         "children",
         "full",
         "full_lock",
+        "hashes",
         "key",
         "parent",
         "swa",
@@ -76,6 +79,7 @@ class Node:
         self.swa_uuid = 0
         self.swa_epoch = tick
         self.tick = tick
+        self.hashes: list[bytes] = []
 
     @property
     def num_pages(self) -> int:

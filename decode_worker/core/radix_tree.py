@@ -17,6 +17,7 @@ from decode_worker.core.radix_check import check_tree
 from decode_worker.core.radix_insert import InsertOps
 from decode_worker.core.radix_locks import LockOps
 from decode_worker.core.radix_node import Node, PageKey, path_values, path_values_of
+from decode_worker.core.radix_report import ReportOps
 from decode_worker.core.req_kv import ReqKV
 
 
@@ -46,13 +47,14 @@ class MatchResult:
     node: Node
 
 
-class UnifiedRadixTree(InsertOps, LockOps):
+class UnifiedRadixTree(InsertOps, LockOps, ReportOps):
     """Prefix cache of full and SWA KV pages (see module docstring).
 
     Accounting per pool: `total == available + evictable + protected + held_by_requests`, where
     evictable/protected count tree-owned pages (unlocked/locked) and the rest is allocated but
-    owned outside the tree. Construction: `UnifiedRadixTree(page_size, window, full, swa)` with
-    `window` in tokens (HF `sliding_window - 1`) and `swa=None` for a model without SWA layers.
+    owned outside the tree. Construction: `UnifiedRadixTree(page_size, window, full, swa,
+    kv_events=False)` with `window` in tokens (HF `sliding_window - 1`), `swa=None` for a model
+    without SWA layers, and `kv_events` to record KV events (`take_events`, `radix_events`).
     """
 
     # -- match -------------------------------------------------------------------------------
@@ -80,9 +82,11 @@ class UnifiedRadixTree(InsertOps, LockOps):
 
     # -- eviction ----------------------------------------------------------------------------
     def evict_full(self, num_pages: int) -> list[int]:
-        """Evict unlocked leaves, least recently used first, until at least `num_pages` full pages
-        are freed or nothing is evictable. Frees via the allocators (the leaves' SWA pages too);
-        returns the full page ids freed."""
+        """Evict unlocked leaves, least recently used first, until `num_pages` full pages are
+        freed or nothing is evictable. Page-granular: when the last leaf needed is longer than
+        the shortfall, only its last pages go (the leaf stays, shorter). Frees via the allocators
+        (the evicted pages' SWA pages too); returns the full page ids freed. Records
+        `BlockRemoved` for the pages that went."""
         freed: list[int] = []
         swa_freed: list[int] = []
         ledger = self.ledger
@@ -91,6 +95,10 @@ class UnifiedRadixTree(InsertOps, LockOps):
             node = ledger.pop_lru_leaf()
             if node is None:
                 break
+            if num_pages - len(freed) < len(node.key):  # page-granular: trim the leaf's tail
+                self._trim_leaf(node, num_pages - len(freed), freed, swa_freed)
+                break
+            self.events.removed(node.hashes)
             freed.extend(node.full)
             ledger.full_evictable -= len(node.key)
             if node.swa is not None:
@@ -126,6 +134,16 @@ class UnifiedRadixTree(InsertOps, LockOps):
             node.swa_uuid = 0
         self.swa.free(freed)
         return freed
+
+    def flush(self) -> tuple[list[int], list[int]]:
+        """Evict everything no lock holds: full values with their SWA values, then the SWA
+        values left on locked nodes. Returns (full, SWA) page ids freed. Records
+        `AllBlocksCleared` when the tree is empty afterwards, else the removals."""
+        full = self.evict_full(self.full.num_total)
+        swa = self.evict_swa(self.swa.num_total) if self.swa is not None else []
+        if not self.root.children:
+            self.events.cleared()
+        return full, swa
 
     # -- requests ----------------------------------------------------------------------------
     def cache_unfinished_req(self, kv: ReqKV) -> None:

@@ -89,6 +89,8 @@ class Metrics:
         self.transfer_failures = c("transfer_failures", "Failed KV transfers by reason", ["reason"])
         self.http_requests = c("http_requests", "HTTP requests by endpoint and status",
                                ["endpoint", "code"])
+        self.grpc_requests = c("grpc_requests", "gRPC calls (smg's SglangScheduler service) by "
+                               "method and status code", ["method", "code"])
         self.evicted_pages = c("kv_evicted_pages", "Cached pages evicted from the tree", ["pool"])
         self.swa_released_pages = c("kv_swa_released_pages",
                                     "Request SWA pages freed as the window slid past them")
@@ -267,6 +269,10 @@ class Metrics:
     def inc_http(self, endpoint: str, code: int) -> None:
         """`endpoint` must be a route name (a closed set), never a raw client path."""
         self.http_requests.labels(endpoint=endpoint, code=str(code)).inc()
+
+    def inc_grpc(self, method: str, code: str) -> None:
+        """`method`: an RPC of the service; `code`: a gRPC status code name (OK, CANCELLED...)."""
+        self.grpc_requests.labels(method=method, code=code).inc()
 
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition and its content type, for GET /metrics."""

@@ -19,4 +19,5 @@ KUSTOMIZATIONS = (
     K8S / "overlays" / "dev-single-gpu",
     K8S / "overlays" / "h200-prod",
     K8S / "examples" / "pd-gateway",
+    K8S / "examples" / "pd-gateway-grpc",
 )

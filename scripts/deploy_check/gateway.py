@@ -21,7 +21,7 @@ from scripts.deploy_check import drain
 
 Obj = dict[str, Any]
 SMG_INTERVAL_S, SMG_FAILURES = 60, 3  # smg 1.13's defaults (python -m smg.launch_router --help)
-_URL = re.compile(r"^http://(?P<pod>[a-z0-9-]+)-(?P<i>\d+)\.(?P<svc>[a-z0-9-]+):\d+$")
+_URL = re.compile(r"^(?:http|grpc)://(?P<pod>[a-z0-9-]+)-(?P<i>\d+)\.(?P<svc>[a-z0-9-]+):\d+$")
 
 
 def gateway_problems(objs: list[Obj]) -> list[str]:

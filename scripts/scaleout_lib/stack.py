@@ -26,27 +26,37 @@ class Stack(PdServers):
     of each decode worker, to force eviction."""
 
     def __init__(self, model: Path, num_decode: int, pool_pages: int | None = None,
-                 router_kind: str = SMG) -> None:
+                 router_kind: str = SMG, grpc: bool = False) -> None:
         pools = [] if pool_pages is None else [
             "--set", f"cache.num_full_pages={pool_pages}",
             "--set", f"cache.num_swa_pages={pool_pages}"]
         super().__init__(["--model", str(model), "--set", f"cache.page_size={PAGE_SIZE}"],
-                         num_decode, decode_args=pools, ready_timeout_s=180)
+                         num_decode, decode_args=pools, ready_timeout_s=180, grpc=grpc)
         self.router_kind = router_kind
+        if grpc:  # KV events (each worker its own ZMQ port): smg streams them over gRPC
+            for d in self.decodes:
+                d.args += ["--kv-events-config",
+                           f'{{"publisher": "zmq", "endpoint": "tcp://*:{free_port()}"}}']
 
     def model_name(self) -> str:
         return str(http_json(f"{self.decodes[0].url}/v1/models")["data"][0]["id"])
 
     @contextmanager
     def routed(self, policy: str, num_decode: int | None = None,
-               extra: Sequence[str] = ()) -> Iterator[Router]:
+               extra: Sequence[str] = (), grpc: bool = False) -> Iterator[Router]:
         """A router in front of the prefill peer and the first `num_decode` decode workers
         (all by default), `policy` on the decode side (round robin on the one prefill);
-        `extra`: more router flags."""
+        `extra`: more router flags; `grpc`: smg's gRPC mode (`grpc://` URLs; the servers
+        were started with `grpc=True`). In gRPC mode smg subscribes to KV events only under
+        a model-level cache_aware policy, so that is the policy of both sides there."""
         decodes = self.decodes[: num_decode or len(self.decodes)]
         port = free_port()
-        argv = router_argv(self.router_kind, [(self.prefill.url, self.boot_port)],
-                           [d.url for d in decodes], port, policy="round_robin",
+        prefill, urls = self.prefill.url, [d.url for d in decodes]
+        if grpc:
+            prefill = f"grpc://{self.prefill.grpc_target}"
+            urls = [f"grpc://{d.grpc_target}" for d in decodes]
+        argv = router_argv(self.router_kind, [(prefill, self.boot_port)], urls, port,
+                           policy=policy if grpc else "round_robin",
                            decode_policy=policy, request_timeout_s=300, extra=extra)
         router = Router(argv, port, name=f"router-{policy}")
         with router:

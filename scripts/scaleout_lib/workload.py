@@ -55,15 +55,16 @@ def user_turns(conversations: int, turns: int, seed: int = 0) -> list[list[str]]
 
 
 def chat_stream(url: str, body: dict[str, Any], headers: dict[str, str],
-                timeout_s: float = 300.0) -> tuple[str, dict[str, Any], float, float]:
+                timeout_s: float = 300.0, path: str = "/v1/chat/completions",
+                ) -> tuple[str, dict[str, Any], float, float]:
     """POST a streaming chat completion; (content, usage, ttft_s, tpot_s or -1). The first
     token is the first chunk (the role chunk leaves with it; the text may come later in one
     piece, as gpt-oss's harmony parsing holds it back), the last one the chunk with the
     `finish_reason`. Raises RuntimeError when the stream ends without a usage chunk or carries
-    an error event."""
+    an error event. `path` "/v1/completions": the same for a text completion."""
     data = json.dumps({**body, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
-    req = urllib.request.Request(f"{url}/v1/chat/completions", data=data, method="POST",
+    req = urllib.request.Request(f"{url}{path}", data=data, method="POST",
                                  headers={"Content-Type": "application/json", **headers})
     t0 = time.perf_counter()
     first = last = 0.0
@@ -80,7 +81,7 @@ def chat_stream(url: str, body: dict[str, Any], headers: dict[str, str],
             for choice in event.get("choices") or []:
                 now = time.perf_counter()
                 first = first or now
-                content += (choice.get("delta") or {}).get("content") or ""
+                content += (choice.get("delta") or {}).get("content") or choice.get("text") or ""
                 if choice.get("finish_reason"):
                     last = now
     if usage is None or not first:
@@ -91,9 +92,12 @@ def chat_stream(url: str, body: dict[str, Any], headers: dict[str, str],
 
 
 def play(url: str, model: str, users: list[list[str]], max_tokens: int,
-         routing_key: Callable[[int], str | None] = lambda _: None) -> list[Turn]:
+         routing_key: Callable[[int], str | None] = lambda _: None,
+         completions: bool = False) -> list[Turn]:
     """Every conversation through the router at `url`, all at once, turn after turn. With
-    `routing_key(i)` not None, conversation i's requests carry `X-SMG-Routing-Key`."""
+    `routing_key(i)` not None, conversation i's requests carry `X-SMG-Routing-Key`. With
+    `completions`, each turn is a `/v1/completions` prompt (the history as plain text: smg's
+    gRPC mode renders gpt-oss chat with its harmony vocabulary, which the tiny model lacks)."""
 
     def one(i: int) -> list[Turn]:
         messages = [{"role": "system", "content": SYSTEM}]
@@ -104,7 +108,12 @@ def play(url: str, model: str, users: list[list[str]], max_tokens: int,
             messages.append({"role": "user", "content": text})
             body = {"model": model, "messages": messages, "max_tokens": max_tokens,
                     "temperature": 0, "ignore_eos": True}
-            answer, usage, ttft, tpot = chat_stream(url, body, headers)
+            if completions:
+                body["prompt"] = "".join(f"{m['role']}: {m['content']}\n"
+                                         for m in body.pop("messages"))
+            answer, usage, ttft, tpot = chat_stream(
+                url, body, headers, path="/v1/completions" if completions else
+                "/v1/chat/completions")
             messages.append({"role": "assistant", "content": answer})
             details = usage.get("prompt_tokens_details") or {}
             out.append(Turn(i, t, int(usage["prompt_tokens"]),

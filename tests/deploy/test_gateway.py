@@ -17,6 +17,7 @@ from scripts.deploy_check.kustomize import render
 from tests.deploy.helpers import edit_yaml
 
 EXAMPLE = next(d for d in KUSTOMIZATIONS if d.name == "pd-gateway")
+GRPC_EXAMPLE = next(d for d in KUSTOMIZATIONS if d.name == "pd-gateway-grpc")
 needs_smg = pytest.mark.skipif(importlib.util.find_spec("smg") is None,
                                reason="smg is not installed")
 
@@ -62,3 +63,21 @@ def test_smg_parses_the_example_and_refuses_a_bad_flag() -> None:
     assert smg_parse_problems(args) == []
     bad = [*args, "--decode-policy", "fastest"]
     assert any("smg refuses" in p and "fastest" in p for p in smg_parse_problems(bad))
+
+
+def test_grpc_example_points_smg_at_every_workers_grpc_port() -> None:
+    objs = render(GRPC_EXAMPLE)
+    assert gateway_problems(objs) == []
+    args = _args(objs)
+    urls = [args[i + 1] for i, a in enumerate(args) if a in ("--prefill", "--decode")]
+    assert len(urls) == 5 and all(u.startswith("grpc://") and u.endswith(":30001")
+                                  for u in urls)
+    assert args[args.index("--policy") + 1] == "cache_aware"  # smg subscribes to KV events
+    maps = {o["metadata"]["name"]: o["data"] for o in objs if o["kind"] == "ConfigMap"}
+    assert maps["decode-worker-config"]["DECODE_WORKER_SERVER__GRPC_PORT"] == "30001"
+    assert maps["prefill-worker-config"]["DECODE_WORKER_SERVER__GRPC_PORT"] == "30001"
+
+
+@needs_smg
+def test_smg_parses_the_grpc_example() -> None:
+    assert smg_parse_problems(_args(render(GRPC_EXAMPLE))) == []

@@ -40,6 +40,7 @@ from decode_worker.io.api.backend import (
     Tokenizer,
 )
 from decode_worker.io.api.targets import Target
+from decode_worker.io.kv_events.hub import KvEventHub
 
 log = logging.getLogger(__name__)
 FLUSH_WAIT_S = 10.0  # an engine that does not answer a flush within this is stuck: 503
@@ -80,6 +81,8 @@ class DecodeBackend:
         self.announcing = False  # the drain's announce window: /health 503, work still taken
         self.draining = False  # new work refused
         self.dead_reason: str | None = None
+        # the engine's KV-event log (None: events off); in-process subscribers (gRPC) read it
+        self.kv_events: KvEventHub | None = None
 
     @property
     def tokenizer(self) -> Tokenizer:

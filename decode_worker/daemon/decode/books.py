@@ -129,9 +129,7 @@ class Books:
             log.info("cache flush: the decode radix cache is off, nothing cached")
             return FlushResult(True)
         full_free, swa_free = ctx.full.num_free, ctx.swa.num_free if ctx.swa else 0
-        ctx.tree.evict_full(ctx.full.num_total)  # at most everything evictable
-        if ctx.swa is not None:
-            ctx.tree.evict_swa(ctx.swa.num_total)
+        ctx.tree.flush()  # everything evictable; KV events: AllBlocksCleared
         self.check_integrity()
         n_full = ctx.full.num_free - full_free
         n_swa = ctx.swa.num_free - swa_free if ctx.swa else 0

@@ -51,6 +51,8 @@ from decode_worker.device.sglang_aux import SglangAuxBuffers
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import DecodeWorkerError, ServiceUnavailable
 from decode_worker.io.kv.router import ProtocolRouter
+from decode_worker.io.kv_events.config import parse_kv_events_config
+from decode_worker.io.kv_events.hub import KvEventHub
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import Settings
 
@@ -71,7 +73,10 @@ class DecodeEngine:
         self.full = PageAllocator(rt.layout.num_full_pages, "full")
         self.swa = (PageAllocator(rt.layout.num_swa_pages, "swa")
                     if rt.facts.is_swa_hybrid else None)
-        self.tree = (UnifiedRadixTree(self.page_size, self.window, self.full, self.swa)
+        self.kv_events_config = parse_kv_events_config(settings.kv_events.config)
+        events_on = self.kv_events_config.enabled and c.decode_radix_cache
+        self.tree = (UnifiedRadixTree(self.page_size, self.window, self.full, self.swa,
+                                      kv_events=events_on)
                      if c.decode_radix_cache else None)
         self.kv_ctx = KVContext(self.tree, self.full, self.swa, page_size=self.page_size,
                                 window=self.window, radix_cache=c.decode_radix_cache)
@@ -102,6 +107,9 @@ class DecodeEngine:
         self.stepper = DecodeStepper(self.table, self.queue, decode_alloc, rt.runner, sampler,
                                      overlap=sched.overlap_schedule)
         self.books = Books(self.kv_ctx, self.table, self.fetcher, self.stepper, metrics)
+        # the one KV-event log: the ZMQ publisher and in-process (gRPC) subscribers read it
+        self.kv_events = (KvEventHub(self.kv_events_config.buffer_steps,
+                                     load=lambda: self.books.load) if events_on else None)
         self._eos_ids = frozenset(rt.tokenizer.eos_token_ids)
         self._drain_deadline: float | None = None
         self._stopping = False
@@ -181,6 +189,8 @@ class DecodeEngine:
         if table.running or self.stepper.busy:  # busy: a launched step to commit (overlap)
             self.stepper.step(now)
         self.books.publish(now, decoding=bool(table.running))
+        if self.kv_events is not None and self.tree is not None:
+            self.kv_events.publish_step(self.tree)  # this step's events: one batch
         self._maybe_check_integrity(now)
         self.outbox.flush()
 

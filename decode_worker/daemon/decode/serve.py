@@ -20,6 +20,7 @@ from pathlib import Path
 from decode_worker.daemon.decode.backend import DecodeBackend
 from decode_worker.daemon.decode.bridge import Drain, Outbox, Shutdown
 from decode_worker.daemon.decode.engine import DecodeEngine
+from decode_worker.daemon.shared.grpc_server import GrpcServer, start_grpc
 from decode_worker.daemon.shared.http_server import (
     HttpServer,
     ServerConfig,
@@ -54,6 +55,7 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics,
     backend = DecodeBackend(engine.inbox, engine.tokenizer, engine.info,
                             settings.scheduler.max_queued_requests,
                             settings.transfer.bootstrap_port, load=lambda: engine.books.load)
+    backend.kv_events = engine.kv_events
     engine.start(Outbox(loop, backend.deliver))
     app = ApiApp(backend, ApiConfig.from_settings(settings), metrics)
     sc = settings.server
@@ -64,6 +66,7 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics,
     await server.start()
     if ports_file is not None:
         write_ports_file(ports_file, {"http": server.port})
+    grpc_server = await start_grpc(app, metrics, settings)
     stop = _install_signals(loop)
     cache = settings.cache
     log.info("decode worker ready on http://%s:%d (page %d, %d full pages, "
@@ -74,14 +77,14 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics,
     dead = asyncio.ensure_future(_wait_dead(backend))
     await asyncio.wait({stopper, dead}, return_when=asyncio.FIRST_COMPLETED)
     code = 1 if backend.dead_reason else 0
-    await _shutdown(settings, engine, backend, server, metrics)
+    await _shutdown(settings, engine, backend, (server, grpc_server), metrics)
     for task in (stopper, dead):
         task.cancel()
     return code
 
 
 async def _shutdown(settings: Settings, engine: DecodeEngine, backend: DecodeBackend,
-                    server: HttpServer, metrics: Metrics) -> None:
+                    servers: tuple[HttpServer, GrpcServer | None], metrics: Metrics) -> None:
     """Ordered shutdown; each step bounded so a stuck part cannot hold the process."""
     grace = settings.server.drain_grace_s
     metrics.set_draining(True)
@@ -97,8 +100,12 @@ async def _shutdown(settings: Settings, engine: DecodeEngine, backend: DecodeBac
     deadline = time.monotonic() + grace + 2.0
     while backend.num_active and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    # 4. stop HTTP (answers are out), then the compute thread: it releases NIXL and the device.
-    await server.close(grace_s=2.0)
+    # 4. stop HTTP and gRPC (answers are out), then the compute thread: it releases NIXL and
+    # the device.
+    http, grpc_server = servers
+    await http.close(grace_s=2.0)
+    if grpc_server is not None:
+        await grpc_server.close(grace_s=2.0)
     engine.inbox.put(Shutdown())
     await asyncio.get_running_loop().run_in_executor(None, engine.join, 30.0)
     log.info("decode worker stopped")

@@ -2,8 +2,9 @@
 `bootstrap_room` hand the prompt to `PrefillPeer`; the reply comes once the KV is handed off.
 
 The router sends the same body to prefill and decode; the prefill reply carries the first
-token only (`finish_reason` "length"), the decode worker streams the rest. A request without
-`bootstrap_room` is a client error here: this node only prefills for a decode worker.
+token only (`finish_reason` "length") and, as `cached_tokens`, the prompt tokens the decode
+worker already held (the transfer skipped them); the decode worker streams the rest. A request
+without `bootstrap_room` is a client error here: this node only prefills for a decode worker.
 /get_load counts the requests whose reply is pending; /flush_cache succeeds with nothing to do
 (the peer keeps no prefix cache), as SGLang answers for a server without a radix cache.
 """
@@ -106,7 +107,8 @@ class PrefillBackend:
         logprobs = [result.logprob] if inp.return_logprob else None
         top = [result.top_logprobs[:inp.top_logprobs]] if inp.top_logprobs else None
         yield OutputChunk(token_ids=[result.token_id], logprobs=logprobs,
-                          finish_reason="length", prompt_tokens=n, top_logprobs=top)
+                          finish_reason="length", prompt_tokens=n, top_logprobs=top,
+                          cached_tokens=result.reused_tokens)
 
     def _count(self, outcome: str) -> None:
         """decode_worker_requests_total{status}: finished; aborted (kv_timeout: no transfer

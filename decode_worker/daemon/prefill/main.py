@@ -21,6 +21,7 @@ from pathlib import Path
 from decode_worker.daemon.prefill.backend import PrefillBackend
 from decode_worker.daemon.prefill.peer import PrefillPeer
 from decode_worker.daemon.prefill.sglang_peer import SglangPrefillPeer
+from decode_worker.daemon.shared.grpc_server import start_grpc
 from decode_worker.daemon.shared.http_server import (
     HttpServer,
     ServerConfig,
@@ -71,21 +72,24 @@ def _run(settings: Settings, sock: socket.socket, ports_file: Path | None) -> in
                                  context_length=runner.model.cfg.max_position_embeddings)
         app = ApiApp(backend, ApiConfig.from_settings(settings), metrics)
         server = HttpServer(app, ServerConfig.from_settings(settings), sock)
-        asyncio.run(_serve(server, settings, peer, runner, ports_file))
+        asyncio.run(_serve(server, app, metrics, settings, peer, runner, ports_file))
     finally:
         peer.close()
         runner.destroy()
     return 0
 
 
-async def _serve(server: HttpServer, settings: Settings, peer: PrefillPeer | SglangPrefillPeer,
-                 runner: ModelRunner, ports_file: Path | None) -> None:
-    """Serve HTTP until SIGTERM/SIGINT, then stop taking requests (grace `drain_grace_s`)."""
+async def _serve(server: HttpServer, app: ApiApp, metrics: Metrics, settings: Settings,
+                 peer: PrefillPeer | SglangPrefillPeer, runner: ModelRunner,
+                 ports_file: Path | None) -> None:
+    """Serve HTTP (and gRPC, `server.grpc_port`) until SIGTERM/SIGINT, then stop taking
+    requests (grace `drain_grace_s`)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
+    grpc_server = await start_grpc(app, metrics, settings)
     t, pools = settings.transfer, runner.pools
     ports = {"http": server.port, "bootstrap": peer.server.port}
     log.info("prefill peer ready: agent %s, http %s:%d, bootstrap %s:%d, page %d, %d full / %d "
@@ -100,3 +104,5 @@ async def _serve(server: HttpServer, settings: Settings, peer: PrefillPeer | Sgl
     await stop.wait()
     log.info("prefill peer: stopping")
     await server.close(grace_s=settings.server.drain_grace_s)
+    if grpc_server is not None:
+        await grpc_server.close(grace_s=2.0)

@@ -118,7 +118,8 @@ class PushPipeline:
             self._free.give(full_ids, swa_ids)
             self._aux_rows.append(row)
             raise
-        result = PrefillResult(req.room, token, logprob, plan.num_bytes, None, top)
+        result = PrefillResult(req.room, token, logprob, plan.num_bytes, None, top,
+                               reused_tokens=req.reused_len)
         done = p.TransferDone(req.transfer_id, req.room, plan.num_bytes, plan.num_descriptors,
                               crc)
         deadline = time.monotonic() + req.deadline_s

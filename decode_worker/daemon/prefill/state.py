@@ -26,6 +26,10 @@ class PrefillResult:
     error: str | None
     top_logprobs: TopLogprobs = field(default_factory=list)  # the first token's alternatives
     error_code: str | None = None  # the abort label of `error` (None: transfer_failed)
+    # prompt tokens the decode side already held (the transfer's reused_len): the reuse a
+    # gateway reads from the prefill's answer (smg's gRPC P/D mode does, as SGLang's prefill
+    # reports its own prefix-cache hits there)
+    reused_tokens: int = 0
 
 
 OnDone = Callable[[PrefillResult], None]

@@ -35,8 +35,11 @@ class ServerProcess:
     to these children); `env` or `--set` may give one."""
 
     def __init__(self, name: str, args: list[str], port: int = 0, host: str = "127.0.0.1",
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, grpc_port: int | None = None) -> None:
+        """`grpc_port`: the port its `--grpc-port` serves smg's gRPC protocol on, if any."""
         self.name, self.args, self.port, self.host = name, args, port, host
+        self.grpc_port = grpc_port
+        self.grpc_target = f"{host}:{grpc_port}" if grpc_port else None  # grpc.aio's address
         self.ports: dict[str, int] = {"http": port} if port else {}
         self.env = {ANNOUNCE_ENV: "0", **os.environ, **(env or {})}
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the process
@@ -129,17 +132,23 @@ class PdServers:
     manager that starts them all, waits until each answers /health, and stops them (decode
     workers first), also when one failed to start. `common`: arguments of every server;
     `prefill_args` (before `common`) and `decode_args` (after it): one side's. `prefill_port`
-    and `boot_port` (the prefill's HTTP and bootstrap ports) are known once entered."""
+    and `boot_port` (the prefill's HTTP and bootstrap ports) are known once entered. `grpc`:
+    every server also serves smg's gRPC protocol (`--grpc-port`, a free port picked here:
+    `ServerProcess.grpc_port` / `grpc_target`)."""
 
     def __init__(self, common: Sequence[str], num_decode: int = 1, *,
                  prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (),
-                 ready_timeout_s: float = 120.0) -> None:
+                 ready_timeout_s: float = 120.0, grpc: bool = False) -> None:
+        port_of_grpc = free_port() if grpc else None
         self.prefill = ServerProcess("prefill", [
-            "prefill", "--port", "0", "--bootstrap-port", "0", *prefill_args, *common])
-        self.decodes: list[ServerProcess] = [
-            ServerProcess(f"decode{i}" if i else "decode",
-                          ["serve", "--port", "0", *common, *decode_args])
-            for i in range(num_decode)]
+            "prefill", "--port", "0", "--bootstrap-port", "0", *_grpc_args(port_of_grpc),
+            *prefill_args, *common], grpc_port=port_of_grpc)
+        self.decodes: list[ServerProcess] = []
+        for i in range(num_decode):
+            port_of_grpc = free_port() if grpc else None
+            self.decodes.append(ServerProcess(f"decode{i}" if i else "decode", [
+                "serve", "--port", "0", *_grpc_args(port_of_grpc), *common, *decode_args],
+                grpc_port=port_of_grpc))
         self.ready_timeout_s = ready_timeout_s
 
     @property
@@ -164,6 +173,10 @@ class PdServers:
     def __exit__(self, *exc: object) -> None:
         for proc in (*self.decodes, self.prefill):
             proc.stop()
+
+
+def _grpc_args(port: int | None) -> list[str]:
+    return [] if port is None else ["--grpc-port", str(port)]
 
 
 def http_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 120.0) -> Any:

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from decode_worker.daemon.shared.harmony_vocab import harmony_vocab_env
 from decode_worker.daemon.shared.procs import ServerProcess, free_port, wait_router_workers
 from decode_worker.errors import DecodeWorkerError
 
@@ -53,8 +54,9 @@ def router_argv(kind: str, prefills: Sequence[tuple[str, int | None]], decodes: 
                 health_interval_s: int = 3, request_timeout_s: int = 60,
                 circuit_breaker: bool = False, extra: Sequence[str] = ()) -> list[str]:
     """The command line of router `kind` in PD mode on 127.0.0.1:`port`: `prefills` as (URL,
-    bootstrap port), `decodes` as URLs; Prometheus on a free loopback port; the circuit
-    breaker off unless `circuit_breaker` (one failing test must not open it for the next);
+    bootstrap port), `decodes` as URLs (`grpc://host:port` for smg's gRPC mode); Prometheus on
+    a free loopback port; the circuit breaker off unless `circuit_breaker` (one failing test
+    must not open it for the next);
     `extra` last (a flag given again there wins). Raises DecodeWorkerError for an unknown
     router or policy."""
     if kind not in MODULES:
@@ -91,7 +93,9 @@ class Router(ServerProcess):
     BIND_TRIES = 3
 
     def __init__(self, argv: list[str], port: int, name: str = "router") -> None:
-        super().__init__(name, [], port)
+        # gRPC workers: smg loads the harmony encoding for gpt-oss before it registers them
+        env = harmony_vocab_env() if any(a.startswith("grpc://") for a in argv) else None
+        super().__init__(name, [], port, env=env)
         self.cmd = argv
 
     def __enter__(self) -> Router:

@@ -111,18 +111,26 @@ class ApiApp:
         if endpoint in AUTHED:
             self._check_auth(req)
         if endpoint in GENERATION:
-            self._check_serving()
+            self.check_serving()
         return await handler(self, req)
 
     def _check_auth(self, req: Request) -> None:
+        self.check_api_key(req.header("authorization"))
+
+    def check_api_key(self, authorization: str | None) -> None:
+        """Raise AuthError (401) unless `authorization` is `Bearer <api_key>` (no key set: any
+        value passes). The gRPC servicer checks its `authorization` metadata with this too."""
         key = self.config.api_key
         if key is None:
             return
-        given = req.header("authorization") or ""
+        given = authorization or ""
         if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            raise _AuthError("missing or wrong API key (Authorization: Bearer ...)")
+            raise AuthError("missing or wrong API key (Authorization: Bearer ...)")
 
-    def _check_serving(self) -> None:
+    def check_serving(self) -> None:
+        """Raise ServiceUnavailable (with `retry_after_s`) unless the backend takes new work:
+        the refusal every generation door gives while draining or unhealthy (HTTP 503, gRPC
+        UNAVAILABLE)."""
         health = self.backend.health()
         if not health.accepts_work:
             kind = Draining if health.status == "draining" else ServiceUnavailable
@@ -135,7 +143,7 @@ class ApiApp:
         `backend.refuse` counts it and ends its rooms at their prefill peers (the rooms the body
         names: `body_targets`). Not for a 401 (an unauthenticated body ends nothing) nor for a
         request the backend ended itself (`RejectedAtStart`: its first chunk was the error)."""
-        if isinstance(exc, _AuthError | RejectedAtStart):
+        if isinstance(exc, AuthError | RejectedAtStart):
             return
         label = abort_label(_reason_of(exc), status)
         self.backend.refuse(body_targets(req.body) or [Target()], label, str(exc)[:512])
@@ -197,9 +205,14 @@ class ApiApp:
         return _json_error(503, health.message or health.status, health.status,
                            [("retry-after", str(health.retry_after_s))])
 
-    async def _server_info(self, req: Request) -> Reply:
+    def server_info(self) -> dict[str, Any]:
+        """What GET /server_info (and gRPC GetServerInfo) reports: the backend's facts over
+        the cache settings, plus `served_model_name`."""
         info = {**self.config.server_info_defaults, **self.backend.server_info()}
-        return Response.json({**info, "served_model_name": self.model_name()})
+        return {**info, "served_model_name": self.model_name()}
+
+    async def _server_info(self, req: Request) -> Reply:
+        return Response.json(self.server_info())
 
     async def _model_info(self, req: Request) -> Reply:
         return Response.json({**self.backend.model_info(), "served_model_name": self.model_name()})
@@ -239,7 +252,9 @@ class _TrackedRun(GenerationRun):
         await super()._close_iter()
 
 
-class _AuthError(ClientError):
+class AuthError(ClientError):
+    """A generation or admin call without the configured API key."""
+
     status = 401
 
 

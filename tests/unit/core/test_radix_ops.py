@@ -140,9 +140,24 @@ def test_evict_full_takes_least_recently_used_leaves_first() -> None:
     finish(tree, [1] * 8, swa_start=0)
     finish(tree, [2] * 8, swa_start=0)
     tree.match_prefix([1] * 8, MatchMode.TRANSFER)  # touch the first: the second is LRU
-    freed = tree.evict_full(1)
+    freed = tree.evict_full(3)
     assert tree.match_prefix([2] * 8, MatchMode.TRANSFER).prefix_len == 0
-    assert tree.match_prefix([1] * 8, MatchMode.TRANSFER).prefix_len == 8 and len(freed) == 2
+    assert tree.match_prefix([1] * 8, MatchMode.TRANSFER).prefix_len == 4 and len(freed) == 3
+    check(tree)
+
+
+def test_evict_full_is_page_granular() -> None:
+    """A leaf longer than the shortfall loses only its last pages; it stays the LRU leaf."""
+    tree = make_tree()
+    finish(tree, list(range(16)), swa_start=0)
+    swa_free = tree.swa.num_free  # type: ignore[union-attr]
+    assert len(tree.evict_full(1)) == 1
+    assert tree.match_prefix(list(range(16)), MatchMode.TRANSFER).prefix_len == 12
+    assert tree.swa.num_free == swa_free + 1  # type: ignore[union-attr]  # its SWA page too
+    check(tree)
+    assert len(tree.evict_full(2)) == 2
+    assert tree.match_prefix(list(range(16)), MatchMode.TRANSFER).prefix_len == 4
+    check(tree)
 
 
 def test_tree_without_swa_pool() -> None:

@@ -33,6 +33,7 @@ def test_labels_match_the_contract() -> None:
     m = Metrics()
     m.update_pool("full", available=1, used=2, evictable=3, protected=4, total=10)
     m.inc_http("generate", 200)
+    m.inc_grpc("Generate", "OK")
     m.inc_transfer_failure("peer_dead")
     text = m.exposition()[0].decode()
     for name, _, labels in _contract_rows():

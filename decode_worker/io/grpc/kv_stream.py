@@ -1,0 +1,136 @@
+"""`SubscribeKvEvents`: the decode tree's KV events from the worker's one event log.
+
+The stream reads the same `KvEventHub` the ZMQ publisher sends from (`io/kv_events/hub.py`),
+with its own cursor, and turns its items into smg-grpc-proto's messages as smg 1.13 reads them:
+- `start_sequence_number` 0 (a new subscriber) starts with a snapshot of the tree; N > 0
+  replays from batch N while the log still holds it; a cursor the log no longer holds (too
+  old, or from before a restart) and a subscriber that falls more than the log's length
+  behind get a fresh snapshot. A snapshot is sent as `KvSnapshotChunk`s whose sequence
+  numbers end at the batch the state was taken after; chunk 0 begins with a `cleared`
+  event, then every cached page as a store, parents first. A snapshot of a tree that has
+  published nothing yet (before batch 0) is empty and is not sent.
+- each `BlockStored` of k pages becomes k `KvBlock`s (token ids sliced at i * block_size);
+  hashes are the tree's SGLang page-chain hashes (signed int64).
+- every batch carries the worker's `EngineLoad` (the GetLoads figures); while the log is
+  quiet a `load_only` batch repeating the last sequence number goes out every
+  `HEARTBEAT_S` (before the first batch only when the subscriber asked for
+  `load_records_before_first_batch`, numbered 0).
+Cancelling the call closes the subscription.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from smg_grpc_proto.generated import common_pb2 as cpb
+
+from decode_worker.core.radix_events import AllBlocksCleared, BlockRemoved, BlockStored
+from decode_worker.io.api.loads import load_row
+from decode_worker.io.kv_events.hub import KvEventHub, KvSnapshot
+
+HEARTBEAT_S = 1.0
+SNAPSHOT_CHUNK_EVENTS = 512  # stores per snapshot chunk (keeps each message small)
+_TIERS = {"GPU": cpb.KV_CACHE_TIER_DEVICE, "CPU_PINNED": cpb.KV_CACHE_TIER_HOST,
+          "DISK": cpb.KV_CACHE_TIER_DISK}
+_LEVELS = {"GPU": 0, "CPU_PINNED": 1, "DISK": 2}
+
+
+def event_message(event: Any) -> cpb.KvCacheEvent:
+    """One tree event as smg's `KvCacheEvent` (event_id 0: the proto's synthesized id)."""
+    if isinstance(event, BlockStored):
+        size = event.block_size
+        blocks = [cpb.KvBlock(block_hash=h, token_ids=event.token_ids[i * size:(i + 1) * size],
+                              block_size=size, cache_level=_LEVELS.get(event.medium, 0))
+                  for i, h in enumerate(event.block_hashes)]
+        stored = cpb.KvBlocksStored(blocks=blocks, medium=event.medium,
+                                    tier=_TIERS.get(event.medium, cpb.KV_CACHE_TIER_UNSPECIFIED))
+        if event.parent_block_hash is not None:
+            stored.parent_block_hash = event.parent_block_hash
+        return cpb.KvCacheEvent(stored=stored)
+    if isinstance(event, BlockRemoved):
+        return cpb.KvCacheEvent(removed=cpb.KvBlocksRemoved(
+            block_hashes=list(event.block_hashes), medium=event.medium,
+            cache_level=_LEVELS.get(event.medium, 0)))
+    if isinstance(event, AllBlocksCleared):
+        return cpb.KvCacheEvent(cleared=cpb.KvCacheCleared())
+    raise TypeError(f"unknown KV event {type(event).__name__}")
+
+
+def snapshot_chunks(snap: KvSnapshot) -> list[cpb.KvEventBatch]:
+    """The snapshot as chunks numbered up to `snap.seq` (none when `snap.seq` < 0)."""
+    if snap.seq < 0:
+        return []
+    stores = [event_message(e) for e in snap.events]
+    wanted = max(1, -(-len(stores) // SNAPSHOT_CHUNK_EVENTS))
+    count = min(wanted, snap.seq + 1)  # sequence numbers cannot go below 0
+    per = -(-len(stores) // count) if stores else 0
+    blocks = sum(len(e.block_hashes) for e in snap.events)
+    out = []
+    for i in range(count):
+        events = stores[i * per:(i + 1) * per] if per else []
+        if i == 0:
+            events = [cpb.KvCacheEvent(cleared=cpb.KvCacheCleared()), *events]
+        out.append(cpb.KvEventBatch(
+            sequence_number=snap.seq - (count - 1) + i, timestamp=snap.ts, events=events,
+            dp_rank=snap.dp_rank, snapshot=cpb.KvSnapshotChunk(
+                index=i, count=count, blocks=blocks, unknown_before=0)))
+    return out
+
+
+class LoadRecords:
+    """The `EngineLoad` records of one stream (`sample` counts up per record)."""
+
+    def __init__(self, hub: KvEventHub, server_info: Callable[[], dict[str, Any]]) -> None:
+        self.hub, self.server_info, self.sample = hub, server_info, 0
+
+    def record(self, load_only: bool) -> cpb.EngineLoad | None:
+        load = self.hub.load()
+        if load is None:
+            return None
+        info = self.server_info()
+        row = load_row(load, info, str(info.get("disaggregation_mode") or "decode"))
+        self.sample += 1
+        return cpb.EngineLoad(
+            running_requests=row["num_running_reqs"], waiting_requests=row["num_waiting_reqs"],
+            waiting_uncached_tokens=row["num_waiting_uncached_tokens"],
+            token_usage=row["token_usage"], max_running_requests=row["max_running_requests"],
+            sample=self.sample, load_only=load_only, cache_hit_rate=row["cache_hit_rate"],
+            num_used_tokens=row["num_used_tokens"],
+            max_total_num_tokens=row["max_total_num_tokens"])
+
+
+async def kv_batches(hub: KvEventHub, request: cpb.SubscribeKvEventsRequest,
+                     server_info: Callable[[], dict[str, Any]]) -> AsyncIterator[cpb.KvEventBatch]:
+    """The stream of one subscriber (see the module docstring); closes its subscription when
+    the consumer stops."""
+    start = request.start_sequence_number or None
+    sub = hub.subscribe(start)
+    loads = LoadRecords(hub, server_info)
+    last: int | None = None  # the last sequence number sent
+    try:
+        while True:
+            try:
+                item = await asyncio.wait_for(sub.next(), HEARTBEAT_S)
+            except TimeoutError:
+                if last is not None or request.load_records_before_first_batch:
+                    yield cpb.KvEventBatch(sequence_number=last or 0, dp_rank=hub.dp_rank,
+                                           load=loads.record(load_only=True))
+                continue
+            if isinstance(item, KvSnapshot):
+                for chunk in snapshot_chunks(item):
+                    chunk.load.CopyFrom(loads.record(load_only=False) or cpb.EngineLoad())
+                    last = chunk.sequence_number
+                    yield chunk
+                continue
+            batch = cpb.KvEventBatch(
+                sequence_number=item.seq, timestamp=item.ts, dp_rank=item.dp_rank,
+                events=[event_message(e) for e in item.events])
+            record = loads.record(load_only=False)
+            if record is not None:
+                batch.load.CopyFrom(record)
+            last = item.seq
+            yield batch
+    finally:
+        sub.close()

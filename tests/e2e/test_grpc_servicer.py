@@ -1,0 +1,228 @@
+"""smg's gRPC worker protocol straight against the servers, with a grpc client: every refusal
+answers its status code and a message, and loses nothing.
+
+One prefill peer and one decode worker (real processes, `--grpc-port`, small pools, a queue
+of 2). Bad input is INVALID_ARGUMENT (empty prompt, ids outside the vocabulary, past the
+context, bad sampling values, inputs this worker does not take); a full queue is
+RESOURCE_EXHAUSTED; a draining worker is UNAVAILABLE; RPCs with no meaning here are
+UNIMPLEMENTED. A cancelled call and an `Abort` end their requests in the engine. After each
+part the worker is idle with its pools whole (every page back) and keeps serving; the
+decode worker's counters say what happened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import signal
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from smg_grpc_proto.generated import common_pb2
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
+
+from decode_worker.daemon.shared.procs import PdServers, http_json
+from tests.e2e.grpc_client import GrpcWorker, completes, gen_request
+from tests.e2e.live_fixtures import Metrics, pool_is_whole
+
+pytestmark = pytest.mark.slow
+CODE = grpc.StatusCode
+PROMPT = list(range(20, 60))
+CTX = 4096  # the tiny model's max_position_embeddings
+
+
+@pytest.fixture(scope="module")
+def servers(e2e_model_dir: Path) -> Iterator[PdServers]:
+    common = ["--model", str(e2e_model_dir), "--set", "cache.page_size=16",
+              "--set", "cache.num_full_pages=256", "--set", "cache.num_swa_pages=64",
+              "--set", "scheduler.kv_timeout_s=30", "--set", "server.drain_grace_s=3"]
+    with PdServers(common, grpc=True,
+                   decode_args=["--set", "scheduler.max_queued_requests=2"]) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def decode(servers: PdServers) -> Iterator[GrpcWorker]:
+    with GrpcWorker(str(servers.decodes[0].grpc_target)) as w:
+        yield w
+
+
+def _metrics(servers: PdServers) -> Metrics:
+    return Metrics(_text(f"{servers.decodes[0].url}/metrics"))
+
+
+def _text(url: str) -> str:
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def _wait_idle(servers: PdServers, timeout_s: float = 30.0) -> Metrics:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = _metrics(servers)
+        busy = sum(m.value("decode_worker_queue_requests", queue=q)
+                   for q in ("prealloc", "transfer", "running"))
+        if busy == 0 or time.monotonic() > deadline:
+            return m
+        time.sleep(0.05)
+
+
+def _waiting(servers: PdServers, count: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        load = http_json(f"{servers.decodes[0].url}/get_load", timeout_s=5)
+        rows = load if isinstance(load, list) else [load]
+        if sum(int(r.get("num_reqs", 0)) for r in rows) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{count} requests never queued on the decode worker")
+
+
+def _code(worker: GrpcWorker, req: pb.GenerateRequest) -> tuple[Any, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        worker.generate(req, timeout_s=30)
+    return info.value.code(), str(info.value.details())
+
+
+def _mm(req: pb.GenerateRequest) -> pb.GenerateRequest:
+    req.mm_inputs.image_urls.append("http://127.0.0.1/x.png")
+    return req
+
+
+def _set(req: pb.GenerateRequest, **fields: Any) -> pb.GenerateRequest:
+    for name, value in fields.items():
+        setattr(req, name, value)
+    return req
+
+
+BAD_INPUT = [
+    ("empty prompt", gen_request([]), "empty"),
+    ("id outside the vocabulary", gen_request([5, 100_000]), "outside the vocabulary"),
+    ("prompt fills the context", gen_request([5] * CTX), "context length"),
+    ("prompt + max_new_tokens past the context", gen_request([5] * 100, CTX),
+     "maximum context length"),
+    ("negative temperature", gen_request(PROMPT, temperature=-1.0), "temperature"),
+    ("top_p above 1", gen_request(PROMPT, top_p=1.5), "top_p"),
+    ("min_p above 1", gen_request(PROMPT, min_p=2.0), "min_p"),
+    ("top_k below -1", gen_request(PROMPT, top_k=-5), "top_k"),
+    ("a penalty it would ignore", gen_request(PROMPT, frequency_penalty=0.5),
+     "frequency_penalty"),
+    ("too many samples", gen_request(PROMPT, n=1000), "at most"),
+    ("json_schema that is not JSON", gen_request(PROMPT, json_schema="{"), "not valid JSON"),
+    ("structural tag", gen_request(PROMPT, structural_tag="{}"), "structural_tag"),
+    ("too many top logprobs", _set(gen_request(PROMPT), return_logprob=True,
+                                   top_logprobs_num=10_000), "top_logprobs_num"),
+    ("no tokenized input", pb.GenerateRequest(request_id="x"), "tokenized"),
+    ("a LoRA adapter", _set(gen_request(PROMPT), lora_id="adapter"), "LoRA"),
+    ("hidden states", _set(gen_request(PROMPT), return_hidden_states=True),
+     "return_hidden_states"),
+    ("an image", _mm(gen_request(PROMPT)), "multimodal"),
+]
+
+
+@pytest.mark.parametrize(("case", "req", "says"), BAD_INPUT, ids=[c[0] for c in BAD_INPUT])
+def test_bad_input_is_invalid_argument_and_loses_nothing(
+        servers: PdServers, decode: GrpcWorker, case: str, req: pb.GenerateRequest,
+        says: str) -> None:
+    code, details = _code(decode, req)
+    assert code == CODE.INVALID_ARGUMENT, (case, code, details)
+    assert says in details, (case, details)
+
+
+def test_after_the_bad_input_the_worker_serves_with_every_page_back(
+        servers: PdServers, decode: GrpcWorker) -> None:
+    m = _wait_idle(servers)
+    assert pool_is_whole(m) == []
+    refused = m.value("decode_worker_grpc_requests_total", method="Generate",
+                      code="INVALID_ARGUMENT")
+    assert refused >= len(BAD_INPUT)
+    out = decode.generate(gen_request(PROMPT, 4, rid="fine"))  # self-prefilled: no peer
+    [done] = completes(out)
+    assert done.finish_reason == "length" and len(done.output_ids) == 4
+
+
+def test_unimplemented_rpcs_say_why(decode: GrpcWorker) -> None:
+    for method, request in (("Embed", pb.EmbedRequest()),
+                            ("StartProfile", common_pb2.StartProfileRequest()),
+                            ("LoadLoRAAdapter", pb.LoadLoRAAdapterRequest(lora_name="a")),
+                            ("ListLoadedLoRAAdapters", pb.ListLoadedLoRAAdaptersRequest())):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            decode.unary(method, request)
+        assert info.value.code() == CODE.UNIMPLEMENTED, method
+        assert method in str(info.value.details())
+    with pytest.raises(grpc.aio.AioRpcError) as bad:
+        decode.unary("GetLoads", pb.GetLoadsRequest(dp_rank=1))
+    assert bad.value.code() == CODE.INVALID_ARGUMENT
+
+
+def test_reports_and_tokenizer_bundle(servers: PdServers, decode: GrpcWorker,
+                                      e2e_model_dir: Path) -> None:
+    info = decode.unary("GetModelInfo", pb.GetModelInfoRequest())
+    assert info.model_type == "gpt_oss" and info.architectures == ["GptOssForCausalLM"]
+    assert info.max_context_length == CTX and info.vocab_size > 0 and info.eos_token_ids
+    server = decode.unary("GetServerInfo", pb.GetServerInfoRequest())
+    assert server.server_args["disaggregation_mode"] == "decode"
+    assert server.server_type == "grpc"
+    assert decode.unary("HealthCheck", pb.HealthCheckRequest()).healthy
+    loads = decode.unary("GetLoads", pb.GetLoadsRequest(include=["core", "disagg"]))
+    assert loads.dp_rank_count == 1 and loads.loads[0].disaggregation.mode == "decode"
+    chunks = decode.stream("GetTokenizer", common_pb2.GetTokenizerRequest())
+    data = b"".join(c.data for c in chunks)
+    assert chunks[-1].sha256 == hashlib.sha256(data).hexdigest()
+    assert all(not c.sha256 for c in chunks[:-1])
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        assert zf.read("tokenizer.json") == (e2e_model_dir / "tokenizer.json").read_bytes()
+
+
+def test_full_queue_is_resource_exhausted_and_cancel_returns_the_pages(
+        servers: PdServers, decode: GrpcWorker) -> None:
+    """Two calls wait for KV the prefill peer never sends (it never hears of their rooms over
+    its own door); the third finds the queue full. Cancelling the two (the client goes away)
+    and an `Abort` end them in the engine."""
+    before = _metrics(servers).value("decode_worker_aborts_total", reason="client_abort")
+    boot = servers.boot_port
+    first = decode.start_generate(gen_request(PROMPT, 4, rid="wait-1", boot=(boot, 11)))
+    second = decode.start_generate(gen_request(PROMPT, 4, rid="wait-2", boot=(boot, 12)))
+    _waiting(servers, 2)
+    code, details = _code(decode, gen_request(PROMPT, 4, boot=(boot, 13)))
+    assert code == CODE.RESOURCE_EXHAUSTED and "queue full" in details
+    first.cancel()
+    aborted = decode.unary("Abort", pb.AbortRequest(request_id="wait-2", reason="test"))
+    assert aborted.success
+    assert second.rest()[1] == CODE.CANCELLED
+    assert not decode.unary("Abort", pb.AbortRequest(request_id="nobody")).success
+    m = _wait_idle(servers)
+    assert pool_is_whole(m) == []
+    deadline = time.monotonic() + 10
+    while m.value("decode_worker_aborts_total", reason="client_abort") < before + 2:
+        assert time.monotonic() < deadline, "the cancelled calls were not aborted"
+        time.sleep(0.1)
+        m = _metrics(servers)
+    assert m.value("decode_worker_grpc_requests_total", method="Generate",
+                   code="RESOURCE_EXHAUSTED") == 1
+
+
+def test_draining_worker_is_unavailable(servers: PdServers, decode: GrpcWorker) -> None:
+    """Last in this module: SIGTERM the decode worker while a call waits for KV. New calls get
+    UNAVAILABLE, HealthCheck says it drains, and the waiting call ends (drain)."""
+    waiting = decode.start_generate(
+        gen_request(PROMPT, 4, rid="at-drain", boot=(servers.boot_port, 21)))
+    _waiting(servers, 1)
+    proc = servers.decodes[0].proc
+    assert proc is not None
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while decode.unary("HealthCheck", pb.HealthCheckRequest()).healthy:
+        assert time.monotonic() < deadline, "the worker never said it drains"
+        time.sleep(0.05)
+    code, details = _code(decode, gen_request(PROMPT, 4, boot=(servers.boot_port, 22)))
+    assert code == CODE.UNAVAILABLE and "drain" in details
+    assert waiting.rest(timeout_s=30)[1] == CODE.UNAVAILABLE
+    assert proc.wait(30) == 0
+

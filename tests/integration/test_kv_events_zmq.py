@@ -132,7 +132,7 @@ def test_sglang_structs_decode_every_batch_and_its_hashes_match(
 def _events(payload: bytes) -> list[object]:
     from decode_worker.core.radix_events import AllBlocksCleared, BlockRemoved
 
-    ts, events, rank = msgspec.msgpack.decode(payload)
+    _ts, events, _rank = msgspec.msgpack.decode(payload)
     out: list[object] = []
     for e in events:
         kind = e.pop("type")

@@ -65,9 +65,7 @@ KVEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]  # noqa: UP007 - ru
 
 def page_digest(prior: bytes | None, page_le_u32: bytes) -> bytes:
     """SGLang's `hash_page`: SHA-256 of the prior digest (if any), then the page's tokens."""
-    h = hashlib.sha256(prior) if prior is not None else hashlib.sha256()
-    h.update(page_le_u32)
-    return h.digest()
+    return hashlib.sha256(prior + page_le_u32 if prior is not None else page_le_u32).digest()
 
 
 def digest_to_int64(digest: bytes) -> int:
@@ -125,6 +123,13 @@ class KVEventRecorder:
         if not self.enabled:
             return []
         out: list[bytes] = []
+        sha = hashlib.sha256
+        if _NATIVE_LE and self.page_size > 1:  # the keys are the hash input already
+            for key in keys:
+                page = key if isinstance(key, bytes) else key.to_bytes(4, "little")
+                prior = sha(prior + page if prior is not None else page).digest()
+                out.append(prior)
+            return out
         for key in keys:
             prior = page_digest(prior, key_le_u32(key))
             out.append(prior)

@@ -108,6 +108,13 @@ class Metrics:
             "transfer_decode_aborts", "Prefill peer: requests a decode worker ended before their "
             "KV went, by outcome (answered, early: before the prompt came, late: ignored)",
             ["outcome"])
+        self.kv_events_published_events = c(
+            "kv_events_published_events", "KV events sent on the ZMQ publisher")
+        self.kv_events_published_batches = c(
+            "kv_events_published_batches", "KV event batches sent on the ZMQ publisher")
+        self.kv_events_dropped_batches = c(
+            "kv_events_dropped_batches", "KV event batches a subscriber lost: its high-water "
+            "mark was reached, or the sender fell behind the event log")
         self._totals: dict[tuple[str, str], float] = {}  # what set_totals has reached
 
     def _build_gauges(self) -> None:
@@ -251,6 +258,15 @@ class Metrics:
         for duration_s, num_descriptors in samples:
             self.transfer_duration.observe(duration_s)
             self.transfer_descriptors.observe(num_descriptors)
+
+    def inc_kv_events(self, *, events: int = 0, batches: int = 0, dropped: int = 0) -> None:
+        """KV events published / batches published / batches dropped (the ZMQ sender thread)."""
+        if events:
+            self.kv_events_published_events.inc(events)
+        if batches:
+            self.kv_events_published_batches.inc(batches)
+        if dropped:
+            self.kv_events_dropped_batches.inc(dropped)
 
     def set_draining(self, draining: bool) -> None:
         self.draining.set(1 if draining else 0)

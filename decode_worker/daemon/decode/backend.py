@@ -83,6 +83,7 @@ class DecodeBackend:
         self.dead_reason: str | None = None
         # the engine's KV-event log (None: events off); in-process subscribers (gRPC) read it
         self.kv_events: KvEventHub | None = None
+        self.kv_events_info: dict[str, Any] | None = None  # /server_info `kv_events` (SGLang's)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -230,7 +231,7 @@ class DecodeBackend:
             "max_total_num_tokens": i.max_total_tokens,
             "max_running_requests": i.max_running_requests, "status": self.health().status,
             "kv_full_bytes_per_token": i.kv_full_bytes_per_token,
-            "context_length": i.context_length,
+            "context_length": i.context_length, "kv_events": self.kv_events_info,
         }
 
     def model_info(self) -> dict[str, Any]:

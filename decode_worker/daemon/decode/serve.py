@@ -30,6 +30,8 @@ from decode_worker.daemon.shared.http_server import (
 from decode_worker.daemon.shared.http_server import run as run_loop
 from decode_worker.io.api.app import ApiApp, check_model_path
 from decode_worker.io.api.common import ApiConfig
+from decode_worker.io.kv_events.config import describe, parse_kv_events_config
+from decode_worker.io.kv_events.publisher import ZmqKvEventPublisher
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import LoadedSettings, Settings
 
@@ -40,13 +42,24 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
     """Build the engine (model, pools, tree), serve until SIGTERM/SIGINT, drain, exit."""
     settings = loaded.settings
     sock = bind_http(settings)  # before the model loads: a taken port is one line at once
+    metrics = Metrics()
+    kv_cfg = parse_kv_events_config(settings.kv_events.config)
+    # the sockets first: a busy or bad endpoint stops the daemon before the model loads
+    publisher = None
     try:
-        metrics = Metrics()
+        publisher = ZmqKvEventPublisher.bind(kv_cfg, metrics) if kv_cfg.enabled else None
         engine = DecodeEngine.build(settings, metrics)
+        if publisher is not None and engine.kv_events is not None:
+            publisher.start(engine.kv_events)
+        elif publisher is not None:
+            log.warning("kv_events.config: publisher zmq, but the decode radix cache is off: "
+                        "the tree caches nothing, so no KV events are published")
         serving = _serve(settings, engine, metrics, sock, getattr(args, "ports_file", None))
         return int(run_loop(serving))
     finally:
         sock.close()
+        if publisher is not None:
+            publisher.close()
 
 
 async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics,
@@ -56,6 +69,7 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics,
                             settings.scheduler.max_queued_requests,
                             settings.transfer.bootstrap_port, load=lambda: engine.books.load)
     backend.kv_events = engine.kv_events
+    backend.kv_events_info = describe(engine.kv_events_config, engine.page_size)
     engine.start(Outbox(loop, backend.deliver))
     app = ApiApp(backend, ApiConfig.from_settings(settings), metrics)
     sc = settings.server

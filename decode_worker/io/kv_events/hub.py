@@ -118,6 +118,11 @@ class KvEventHub:
         with self._lock:
             return self._next_seq
 
+    def replay(self, start_seq: int) -> list[KvEventBatch]:
+        """The buffered batches with seq >= `start_seq`, oldest first (for the replay socket)."""
+        with self._lock:
+            return [b for b in self._ring if b.seq >= start_seq]
+
     def load(self) -> Any:
         """The worker's latest published load record (`io.api.backend.Load`), or None."""
         return self._load() if self._load is not None else None

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
@@ -226,3 +227,28 @@ def test_draining_worker_is_unavailable(servers: PdServers, decode: GrpcWorker) 
     assert waiting.rest(timeout_s=30)[1] == CODE.UNAVAILABLE
     assert proc.wait(30) == 0
 
+
+
+def test_a_refused_generate_ends_its_room_at_the_prefill_peer_at_once(
+        servers: PdServers, decode: GrpcWorker) -> None:
+    """A Generate refused with INVALID_ARGUMENT that names a room (DisaggregatedParams) ends
+    that room at its prefill peer at once, as HTTP's door refusals do: the router's copy of the
+    request there is answered with the refusal's reason long before `kv_timeout_s` (30 s), and
+    the decode worker counts the refusal."""
+    room = 77_000_001
+    before = _metrics(servers).value("decode_worker_aborts_total", reason="bad_request")
+    req = gen_request(PROMPT, temperature=-1.0)
+    req.disaggregated_params.bootstrap_host = "127.0.0.1"
+    req.disaggregated_params.bootstrap_port = servers.boot_port
+    req.disaggregated_params.bootstrap_room = room
+    code, _ = _code(decode, req)
+    assert code == CODE.INVALID_ARGUMENT
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4},
+            "bootstrap_host": "127.0.0.1", "bootstrap_port": servers.boot_port,
+            "bootstrap_room": room}
+    started = time.monotonic()
+    resp = httpx.post(f"{servers.prefill.url}/generate", json=body, timeout=40)
+    assert resp.status_code != 200 and "bad_request" in resp.text, resp.text[:500]
+    assert time.monotonic() - started < 5.0
+    after = _metrics(servers).value("decode_worker_aborts_total", reason="bad_request")
+    assert after == before + 1

@@ -145,7 +145,7 @@ class ApiApp:
         request the backend ended itself (`RejectedAtStart`: its first chunk was the error)."""
         if isinstance(exc, AuthError | RejectedAtStart):
             return
-        label = abort_label(_reason_of(exc), status)
+        label = abort_label(reason_of(exc), status)
         self.backend.refuse(body_targets(req.body) or [Target()], label, str(exc)[:512])
 
     # -- used by the endpoint modules ------------------------------------------------------
@@ -263,7 +263,7 @@ def _json_error(status: int, message: str, code: str,
     return Response.json(error_obj(message, status, code), status, headers or [])
 
 
-def _reason_of(exc: Exception) -> str:
+def reason_of(exc: Exception) -> str:
     """The error body's `reason` for `exc`."""
     if isinstance(exc, ClientError | ServiceUnavailable):
         return exc.reason

@@ -35,13 +35,16 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
 from decode_worker.core.sampling import check_top_logprobs
-from decode_worker.errors import ClientError, DecodeWorkerError
+from decode_worker.errors import ClientError, DecodeWorkerError, ServiceUnavailable
+from decode_worker.io.api.app import AuthError, reason_of
+from decode_worker.io.api.backend import abort_label
 from decode_worker.io.api.common import check_prompt, vocab_size_of
 from decode_worker.io.api.context import ApiContext
 from decode_worker.io.api.loads import SECTIONS
-from decode_worker.io.api.run import GenerationRun
+from decode_worker.io.api.run import GenerationRun, RejectedAtStart
 from decode_worker.io.api.samples import Prompt, build_inputs, merged_steps, start_all
 from decode_worker.io.api.schemas import sampling_from_generate
+from decode_worker.io.api.targets import Target
 from decode_worker.io.grpc import convert, info
 from decode_worker.io.grpc.kv_stream import kv_batches
 from decode_worker.io.grpc.status import code_for_error, code_for_reason
@@ -90,6 +93,7 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
                 except Exception as exc:
                     outcome = code_for_error(exc)
                     log.info("rid=%s: gRPC Generate refused (%s): %s", rid, outcome.name, exc)
+                    self._refuse(request, exc)
                     await _abort(context, outcome, exc)
                 async for response in self._responses(request, runs):
                     yield response
@@ -102,6 +106,21 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
             outcome = StatusCode.OK
         finally:
             self._count("Generate", outcome)
+
+    def _refuse(self, request: pb.GenerateRequest, exc: Exception) -> None:
+        """A Generate refused before it started ends its room at its prefill peer at once, as
+        HTTP's door refusals do (`GenerateBackend.refuse`, with the same abort label); not for
+        a wrong API key nor a request the engine ended itself (`RejectedAtStart`)."""
+        if isinstance(exc, AuthError | RejectedAtStart):
+            return
+        dp = request.disaggregated_params
+        if not request.HasField("disaggregated_params") or not dp.bootstrap_host:
+            return
+        target = Target(dp.bootstrap_host, dp.bootstrap_port or None, dp.bootstrap_room)
+        status = 503 if isinstance(exc, ServiceUnavailable) else getattr(exc, "status", 500)
+        samples = max(1, request.sampling_params.n or 1)
+        self.app.backend.refuse([target] * samples, abort_label(reason_of(exc), status),
+                                str(exc)[:512])
 
     async def _start(self, request: pb.GenerateRequest, rids: list[str]) -> list[GenerationRun]:
         """The HTTP /generate route's checks and start, on the request's parts; the samples'

@@ -23,6 +23,7 @@ class ScriptedPeer:
     """Answers every room at once with token 65, or an error for room 13; room 99 never."""
 
     settings = TransferSettings()
+    bootstrap_port = settings.bootstrap_port  # the bound port a real peer reports
 
     def add_prompt(self, room: int, token_ids: list[int],
                    on_done: Callable[[PrefillResult], None] | None = None,

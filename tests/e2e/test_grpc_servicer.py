@@ -209,26 +209,6 @@ def test_full_queue_is_resource_exhausted_and_cancel_returns_the_pages(
                    code="RESOURCE_EXHAUSTED") == 1
 
 
-def test_draining_worker_is_unavailable(servers: PdServers, decode: GrpcWorker) -> None:
-    """Last in this module: SIGTERM the decode worker while a call waits for KV. New calls get
-    UNAVAILABLE, HealthCheck says it drains, and the waiting call ends (drain)."""
-    waiting = decode.start_generate(
-        gen_request(PROMPT, 4, rid="at-drain", boot=(servers.boot_port, 21)))
-    _waiting(servers, 1)
-    proc = servers.decodes[0].proc
-    assert proc is not None
-    proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while decode.unary("HealthCheck", pb.HealthCheckRequest()).healthy:
-        assert time.monotonic() < deadline, "the worker never said it drains"
-        time.sleep(0.05)
-    code, details = _code(decode, gen_request(PROMPT, 4, boot=(servers.boot_port, 22)))
-    assert code == CODE.UNAVAILABLE and "drain" in details
-    assert waiting.rest(timeout_s=30)[1] == CODE.UNAVAILABLE
-    assert proc.wait(30) == 0
-
-
-
 def test_a_refused_generate_ends_its_room_at_the_prefill_peer_at_once(
         servers: PdServers, decode: GrpcWorker) -> None:
     """A Generate refused with INVALID_ARGUMENT that names a room (DisaggregatedParams) ends
@@ -252,3 +232,24 @@ def test_a_refused_generate_ends_its_room_at_the_prefill_peer_at_once(
     assert time.monotonic() - started < 5.0
     after = _metrics(servers).value("decode_worker_aborts_total", reason="bad_request")
     assert after == before + 1
+
+
+def test_draining_worker_is_unavailable(servers: PdServers, decode: GrpcWorker) -> None:
+    """Last in this module: SIGTERM the decode worker while a call waits for KV. New calls get
+    UNAVAILABLE, HealthCheck says it drains, and the waiting call ends (drain)."""
+    waiting = decode.start_generate(
+        gen_request(PROMPT, 4, rid="at-drain", boot=(servers.boot_port, 21)))
+    _waiting(servers, 1)
+    proc = servers.decodes[0].proc
+    assert proc is not None
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while decode.unary("HealthCheck", pb.HealthCheckRequest()).healthy:
+        assert time.monotonic() < deadline, "the worker never said it drains"
+        time.sleep(0.05)
+    code, details = _code(decode, gen_request(PROMPT, 4, boot=(servers.boot_port, 22)))
+    assert code == CODE.UNAVAILABLE and "drain" in details
+    assert waiting.rest(timeout_s=30)[1] == CODE.UNAVAILABLE
+    assert proc.wait(30) == 0
+
+

@@ -21,7 +21,13 @@ from decode_worker.daemon.shared.router import has_router
 from decode_worker.device.default_model import write_model
 from decode_worker.io.api import ApiApp, ApiConfig
 from tests.fakes.fake_backend import ServerThread
-from tests.fakes.fake_harmony import ANALYSIS, CALL, SCRIPTS, FakeHarmonyBackend
+from tests.fakes.fake_harmony import (
+    ANALYSIS,
+    CALL,
+    SCRIPTS,
+    FakeHarmonyBackend,
+    harmony_pd_behind_smg,
+)
 
 openai = pytest.importorskip("openai")
 HAS_ROUTER = has_router()  # smg, the router of record (tests/e2e/driver.RouterProcess)
@@ -254,26 +260,14 @@ def test_parsers_off_give_raw_text_and_refuse_tools(model_dir: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_ROUTER, reason="smg is not installed")
 def test_through_the_router_plain_and_streamed(model_dir: Path) -> None:
-    from decode_worker.daemon.shared.procs import free_port
-    from tests.e2e.driver import RouterProcess
-
-    pre = FakeHarmonyBackend(model_dir=model_dir, role="prefill", chunk_tokens=1 << 20)
-    dec = FakeHarmonyBackend(model_dir=model_dir, chunk_tokens=2, delay_s=0.002)
-    config = ApiConfig(served_model_name="gpt-oss")
-    with ServerThread(ApiApp(pre, config)) as p, ServerThread(ApiApp(dec, config)) as d:
-        router = RouterProcess(p.url, free_port(), d.url, free_port())
-        with router:
-            router.wait_workers(60)
-            client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="x", max_retries=0,
-                                   timeout=30)
-            choice = _create(client, "call", tools=[TOOL]).choices[0]
-            assert choice.finish_reason == "tool_calls"
-            assert json.loads(choice.message.tool_calls[0].function.arguments) == WEATHER
-            assert choice.message.model_extra["reasoning_content"].startswith("The user asks")
-            with client.chat.completions.stream(model="gpt-oss", messages=ask("final"),
-                                                tools=[TOOL]) as stream:
-                final = stream.get_final_completion()
-            assert final.choices[0].message.content == "It is sunny in Paris, 22 °C."
-        router.stop()
+    with harmony_pd_behind_smg(model_dir) as (client, pre, dec):
+        choice = _create(client, "call", tools=[TOOL]).choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert json.loads(choice.message.tool_calls[0].function.arguments) == WEATHER
+        assert choice.message.model_extra["reasoning_content"].startswith("The user asks")
+        with client.chat.completions.stream(model="gpt-oss", messages=ask("final"),
+                                            tools=[TOOL]) as stream:
+            final = stream.get_final_completion()
+        assert final.choices[0].message.content == "It is sunny in Paris, 22 °C."
     assert pre.inputs and dec.inputs  # both servers took the requests, with the tools
     assert pre.prompts[-1] == dec.prompts[-1] and "type get_weather" in dec.prompts[-1]

@@ -20,7 +20,7 @@ from decode_worker.daemon.shared.router import has_router
 from decode_worker.device.default_model import write_model
 from decode_worker.io.api import ApiApp, ApiConfig
 from tests.fakes.fake_backend import ServerThread
-from tests.fakes.fake_harmony import SCRIPTS, FakeHarmonyBackend
+from tests.fakes.fake_harmony import SCRIPTS, FakeHarmonyBackend, harmony_pd_behind_smg
 
 openai = pytest.importorskip("openai")
 HAS_ROUTER = has_router()
@@ -182,27 +182,15 @@ def test_stored_responses_are_not_found_naming_why(
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_ROUTER, reason="smg is not installed")
 def test_through_smg_both_servers_get_the_body_and_render_alike(model_dir: Path) -> None:
-    from decode_worker.daemon.shared.procs import free_port
-    from tests.e2e.driver import RouterProcess
-
-    pre = FakeHarmonyBackend(model_dir=model_dir, role="prefill", chunk_tokens=1 << 20)
-    dec = FakeHarmonyBackend(model_dir=model_dir, chunk_tokens=2, delay_s=0.002)
-    config = ApiConfig(served_model_name="gpt-oss")
-    with ServerThread(ApiApp(pre, config)) as p, ServerThread(ApiApp(dec, config)) as d:
-        router = RouterProcess(p.url, free_port(), d.url, free_port())
-        with router:
-            router.wait_workers(60)
-            client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="x", max_retries=0,
-                                   timeout=30)
-            call = _create(client, "call", tools=[TOOL], tool_choice="required").output[-1]
-            assert json.loads(call.arguments) == WEATHER
-            with client.responses.stream(model="gpt-oss", input="script:final") as stream:
-                final = stream.get_final_response()
-            assert final.output_text == "It is sunny in Paris, 22 °C."
-            with pytest.raises(openai.BadRequestError) as err:
-                _create(client, "final", previous_response_id="resp_1")
-            assert "keeps no responses" in err.value.message
-        router.stop()
+    with harmony_pd_behind_smg(model_dir) as (client, pre, dec):
+        call = _create(client, "call", tools=[TOOL], tool_choice="required").output[-1]
+        assert json.loads(call.arguments) == WEATHER
+        with client.responses.stream(model="gpt-oss", input="script:final") as stream:
+            final = stream.get_final_response()
+        assert final.output_text == "It is sunny in Paris, 22 °C."
+        with pytest.raises(openai.BadRequestError) as err:
+            _create(client, "final", previous_response_id="resp_1")
+        assert "keeps no responses" in err.value.message
     assert pre.prompts[-2:] == dec.prompts[-2:] and pre.inputs and dec.inputs
     rooms = {(i.bootstrap_host, i.bootstrap_port, i.bootstrap_room) for i in dec.inputs}
     assert all(room is not None for _, _, room in rooms)

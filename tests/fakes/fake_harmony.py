@@ -9,12 +9,15 @@ The prefill role answers the first token only, as the prefill peer does.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.io.api.backend import GenerateInput
-from tests.fakes.fake_backend import FakeBackend
+from tests.fakes.fake_backend import FakeBackend, ServerThread
 
 ANALYSIS = "<|channel|>analysis<|message|>The user asks about the weather; call the tool.<|end|>"
 CALL = ("<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
@@ -59,3 +62,27 @@ class FakeHarmonyBackend(FakeBackend):
         if len(ids) > limit:
             return ids[:limit], "length", None
         return ids, "stop", ids[-1]
+
+
+@contextmanager
+def harmony_pd_behind_smg(
+    model_dir: Path,
+) -> Iterator[tuple[Any, FakeHarmonyBackend, FakeHarmonyBackend]]:
+    """A prefill and a decode `FakeHarmonyBackend`, each behind its own ApiApp ("gpt-oss"),
+    paired by smg in P/D mode: yields (an OpenAI client of the router, prefill, decode)."""
+    import openai
+
+    from decode_worker.daemon.shared.procs import free_port
+    from decode_worker.io.api import ApiApp, ApiConfig
+    from tests.e2e.driver import RouterProcess
+
+    pre = FakeHarmonyBackend(model_dir=model_dir, role="prefill", chunk_tokens=1 << 20)
+    dec = FakeHarmonyBackend(model_dir=model_dir, chunk_tokens=2, delay_s=0.002)
+    config = ApiConfig(served_model_name="gpt-oss")
+    with ServerThread(ApiApp(pre, config)) as p, ServerThread(ApiApp(dec, config)) as d:
+        router = RouterProcess(p.url, free_port(), d.url, free_port())
+        with router:
+            router.wait_workers(60)
+            yield (openai.OpenAI(base_url=f"{router.url}/v1", api_key="x", max_retries=0,
+                                 timeout=30), pre, dec)
+        router.stop()

@@ -44,8 +44,10 @@ class TreeBase:
         self.host = host
         self.write_policy = write_policy
         self.host_stats = HostTierStats()
-        # device -> host copies the shell has not made yet (see `core/host_tier.py`)
+        # device -> host copies the shell has not made yet (see `core/host_tier.py`), or, when
+        # the shell sets `write_sink`, none: each copy is handed to it the moment it is decided
         self.host_writes: list[HostWrite] = []
+        self.write_sink: Callable[[HostWrite], None] | None = None
         # called on every host-tier transition (write, demote, promote, host eviction)
         self.host_listener: Callable[[HostTransition], None] | None = None
         self._tick = 0

@@ -75,7 +75,11 @@ class HostOps(TreeBase):
             assert c.full is not None  # a node without a host copy is on the device
             dev_ids += c.full
             self._emit(Transition.WRITE, c, c.full, c.host)
-        self.host_writes.append(HostWrite(dev_ids, pages))
+        job = HostWrite(dev_ids, pages)
+        if self.write_sink is not None:
+            self.write_sink(job)  # made before any freed device page can be reused
+        else:
+            self.host_writes.append(job)
         self.host_stats.written_pages_total += need
         return True
 

@@ -41,6 +41,7 @@ REQUEST_STATUSES = ("finished", "aborted", "failed")
 ABORT_REASONS = (
     "client_abort", "kv_timeout", "queue_timeout", "too_large", "swa_reclaim_insufficient",
     "transfer_failed", "peer_dead", "drain", "bad_request", "queue_full", "internal",
+    "restore_failed",
 )
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)

@@ -111,6 +111,7 @@ class DecodeEngine:
         self.stepper = DecodeStepper(self.table, self.queue, decode_alloc, rt.runner, sampler,
                                      overlap=sched.overlap_schedule)
         self.books = Books(self.kv_ctx, self.table, self.fetcher, self.stepper, metrics)
+        self.books.host_tier = self.host_tier
         self._eos_ids = frozenset(rt.tokenizer.eos_token_ids)
         self._drain_deadline: float | None = None
         self._stopping = False

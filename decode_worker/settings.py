@@ -77,7 +77,22 @@ class CacheSettings(_Section):
     unified_radix_tree: bool = Field(
         True, description="One tree with full and SWA values (env ENABLE_UNIFIED_RADIX_TREE)"
     )
-    hierarchical_cache: bool = Field(False, description="Host-tier cache (not with SWA radix)")
+    hierarchical_cache: bool | None = Field(
+        None, description="Host-memory tier of full-attention KV under the decode radix tree "
+        "(SGLang's --enable-hierarchical-cache); unset = on where the decode radix cache is on"
+    )
+    hicache_ratio: float = Field(
+        2.0, gt=0.0, description="Host pages per device full page (SGLang's --hicache-ratio); "
+        "the derived size is capped at half the host's available memory (logged)"
+    )
+    hicache_size_gb: float | None = Field(
+        None, gt=0.0, description="Host tier size in GB (1e9 bytes); overrides hicache_ratio; "
+        "more than the available host memory is a start-up error"
+    )
+    hicache_write_policy: Literal["write_through", "write_through_selective", "write_back"] = (
+        Field("write_through", description="When full KV is copied to the host tier: on insert, "
+              "on the second use, or at device eviction (SGLang's --hicache-write-policy)")
+    )
     num_full_pages: int | None = Field(None, gt=0, description="Full pool size; unset = derived")
     num_swa_pages: int | None = Field(None, gt=0, description="SWA pool size; unset = derived")
     memory_fraction: float = Field(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from decode_worker.core.admission_budget import AdmissionBudget
 from decode_worker.core.admission_plan import plan_native, plan_sglang, reserved_kv
+from decode_worker.core.host_tier import HostRestore
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.radix_locks import LockRef
 from decode_worker.core.request import DecodeRequest, RequestState
@@ -33,13 +34,16 @@ class Admit:
     `[prefix_len, fill_len)` into `full_page_ids`, the SWA KV of `[swa_start, fill_len)` into
     `swa_page_ids` (which start at the page holding `swa_start`: an SGLang window start is
     aligned to the prefill's page only), with `swa_start` sent explicitly.
-    `req.is_resumed`: replay `output_ids[-1]`."""
+    `req.is_resumed`: replay `output_ids[-1]`. `restore`: host hits to copy into the first
+    `restore.num_pages` of `full_page_ids` before the request may run (None: none); the
+    request's lock keeps those host pages until it runs or ends."""
 
     req: DecodeRequest
     prefix_len: int
     swa_start: int
     full_page_ids: list[int]
     swa_page_ids: list[int]
+    restore: HostRestore | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +199,7 @@ class PreallocQueue:
         keys = req.page_keys(ps) if tree is not None else []  # cached: built once per request
         r = (plan_sglang(ctx, req, keys) if req.sglang_page_size and swa is not None
              else plan_native(ctx, req, keys))
-        need_full = cdiv(fill, ps) - r.prefix // ps
+        need_full = cdiv(fill, ps) - r.device_prefix // ps  # the restore's pages counted
         need_swa = cdiv(fill - r.fresh_from, ps) if swa is not None else 0
         if not self._budget.fits(req, need_full, need_swa, r.swa_start):
             self._unlock(r.lock)
@@ -211,7 +215,10 @@ class PreallocQueue:
         new_swa = swa.alloc(need_swa) if swa is not None else []
         req.transition(S.RESERVED, now, kv=reserved_kv(ctx, req, r, keys, new_full, new_swa))
         ctx.stats.count_admit(fill, r.prefix, resumed=req.is_resumed)
-        return Admit(req, r.prefix, r.sent_start, new_full, new_swa)
+        h = len(r.host_ids)
+        restore = HostRestore(r.host_ids, new_full[:h]) if h else None
+        ctx.stats.host_hit_tokens_total += h * ps
+        return Admit(req, r.prefix, r.sent_start, new_full, new_swa, restore)
 
     # -- plumbing ------------------------------------------------------------------------------
     def _abort(self, req: DecodeRequest, now: float, reason: str, message: str, *,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.radix_locks import LockRef
 from decode_worker.core.radix_node import PageKey
-from decode_worker.core.radix_tree import MatchMode
+from decode_worker.core.radix_tree import MatchMode, MatchResult, UnifiedRadixTree
 from decode_worker.core.req_kv import ReqKV
 from decode_worker.core.request import DecodeRequest
 from decode_worker.core.window import sglang_window_start
@@ -29,9 +29,13 @@ class Reuse:
     """What one admission reuses from the tree and where its SWA comes from: the matched
     `prefix` (its full pages `full_ids`, held by `lock`), the request's page-aligned window start
     `swa_start`, the tree's live SWA pages `tree_swa` for `[swa_start, fresh_from)`, new SWA pages
-    for `[fresh_from, fill)`, and `sent_start`, the SWA window start the peer is asked for."""
+    for `[fresh_from, fill)`, and `sent_start`, the SWA window start the peer is asked for.
+    With a host tier, `prefix` (what the peer is told) = `device_prefix` (tree pages) + the host
+    hits `host_ids` (locked by `lock`, restored into the first new full pages)."""
 
     prefix: int = 0
+    device_prefix: int = 0
+    host_ids: list[int] = field(default_factory=list)
     full_ids: list[int] = field(default_factory=list)
     lock: LockRef | None = None
     swa_start: int = 0
@@ -52,9 +56,12 @@ def plan_native(ctx: KVContext, req: DecodeRequest, keys: list[PageKey]) -> Reus
     if tree is None or cap <= 0:
         return r
     m = tree.match_prefix((), MatchMode.TRANSFER, cap, keys=keys)
-    if m.prefix_len <= 0:
+    if m.total_len <= 0:
         return r
-    p = r.prefix = m.prefix_len
+    if m.host_node is not None:  # host hits: the SWA tail arrives fresh
+        _take_host(r, m, tree)
+        return r
+    p = r.prefix = r.device_prefix = m.prefix_len
     r.full_ids = m.full_page_ids
     start = max(s, p - cdiv(ctx.window, ps) * ps)  # what the prefix lock's SWA span covers
     live = m.swa_page_ids[start // ps : p // ps]
@@ -76,18 +83,25 @@ def plan_sglang(ctx: KVContext, req: DecodeRequest, keys: list[PageKey]) -> Reus
         m = tree.match_prefix((), MatchMode.RESUME, align_down(fill, ps), keys=keys)
         if m.prefix_len > low:  # live SWA of [low, P) in the tree: SWA arrives from P
             start = align_down(low, ps)
-            return Reuse(m.prefix_len, m.full_page_ids, tree.lock(m.node), start,
-                          m.swa_page_ids[start // ps :], m.prefix_len, m.prefix_len)
+            return Reuse(m.prefix_len, m.prefix_len, [], m.full_page_ids, tree.lock(m.node),
+                         start, m.swa_page_ids[start // ps :], m.prefix_len, m.prefix_len)
     r = Reuse()
     cap = align_down(low, ps) if ctx.radix_cache else 0
     if tree is not None and cap > 0:
         m = tree.match_prefix((), MatchMode.TRANSFER, cap, keys=keys)
-        if m.prefix_len > 0:
-            r.prefix, r.full_ids = m.prefix_len, m.full_page_ids
-            r.lock = tree.lock(m.node, swa=False)
+        if m.total_len > 0:
+            _take_host(r, m, tree)
     r.sent_start = sglang_window_start(r.prefix, fill, ctx.window, req.sglang_page_size)
     r.swa_start = r.fresh_from = align_down(r.sent_start, ps)
     return r
+
+
+def _take_host(r: Reuse, m: MatchResult, tree: UnifiedRadixTree) -> None:
+    """Reuse the device hits and the host hits of `m` (locked now, so that nothing promised to
+    the peer can be host-evicted before it is restored); the SWA tail arrives fresh."""
+    r.prefix, r.device_prefix = m.total_len, m.prefix_len
+    r.full_ids, r.host_ids = m.full_page_ids, m.host_page_ids
+    r.lock = tree.lock(m.host_node or m.node, swa=False)
 
 
 def reserved_kv(ctx: KVContext, req: DecodeRequest, r: Reuse, keys: list[PageKey],
@@ -99,8 +113,9 @@ def reserved_kv(ctx: KVContext, req: DecodeRequest, r: Reuse, keys: list[PageKey
     ps = ctx.page_size
     swa_ids = [0] * (r.swa_start // ps) + r.tree_swa + new_swa if ctx.swa is not None else []
     tokens, shared = req.kv_tokens()
-    kv = ReqKV(tokens, r.full_ids + new_full, swa_ids, r.swa_start, r.prefix, r.lock, keys[:],
+    kv = ReqKV(tokens, r.full_ids + new_full, swa_ids, r.swa_start, r.device_prefix, r.lock,
+               keys[:],
                shares_tokens=shared)
-    if ctx.swa is not None and r.fresh_from < r.prefix:  # the fresh tail starts in the prefix
+    if ctx.swa is not None and r.fresh_from < r.device_prefix:  # the tail starts in the prefix
         kv.swa_owned_from = r.fresh_from
     return kv

@@ -103,3 +103,28 @@ def colocated_share(num_processes: int, card_fraction: float = 0.85) -> float:
     if num_processes < 1:
         raise ValueError("num_processes must be >= 1")
     return int(card_fraction / num_processes * 1000) / 1000
+
+
+def plan_host_pages(num_device_pages: int, page_bytes: int, ratio: float,
+                    size_gb: float | None, available_bytes: int) -> tuple[int, str]:
+    """Pages of the host tier and a note for the start-up log.
+
+    `size_gb` (1e9 bytes, `cache.hicache_size_gb`) wins over `ratio` (`cache.hicache_ratio`,
+    host pages per device full page). An explicit size past the host's available memory is a
+    `ConfigError` naming the key; a derived size is capped at half the available memory, so the
+    tier can never take the host's memory from under the process (the cap is in the note)."""
+    if page_bytes <= 0:
+        raise ConfigError(f"host tier: page bytes {page_bytes} must be positive")
+    if size_gb is not None:
+        want = int(size_gb * 1e9)
+        if want > available_bytes:
+            raise ConfigError(
+                f"cache.hicache_size_gb = {size_gb:g}: {gib(want)} does not fit the host's "
+                f"available memory ({gib(available_bytes)}); lower it or unset it")
+        return want // page_bytes, f"{gib(want)} (cache.hicache_size_gb)"
+    pages = int(num_device_pages * ratio)
+    cap = available_bytes // 2 // page_bytes
+    if pages > cap:
+        return cap, (f"{gib(cap * page_bytes)} (cache.hicache_ratio {ratio:g} capped at half "
+                     f"the available {gib(available_bytes)})")
+    return pages, f"{gib(pages * page_bytes)} (cache.hicache_ratio {ratio:g})"

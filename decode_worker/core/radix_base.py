@@ -6,8 +6,9 @@ See `radix_tree.UnifiedRadixTree` for the public contract.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from decode_worker.core.host_tier import HostTierStats, HostTransition, HostWrite, WritePolicy
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_events import KVEventRecorder
 from decode_worker.core.radix_lru import RadixLedger
@@ -27,10 +28,13 @@ class TreeBase:
         swa: PageAllocator | None,
         *,
         kv_events: bool = False,
+        host: PageAllocator | None = None,
+        write_policy: WritePolicy = WritePolicy.WRITE_THROUGH,
     ) -> None:
         """`window` in tokens (HF `sliding_window - 1`). `swa=None` for a model without SWA
-        layers: every node is then SWA-less and RESUME matches need full KV only. `kv_events`:
-        record KV events of the full-attention pages (`take_events`)."""
+        layers: every node is then SWA-less and RESUME matches need full KV only. `host`: the
+        host tier's page allocator (full-attention KV only), None for no host tier.
+        `kv_events`: record KV events of the full-attention pages (`take_events`)."""
         if page_size < 1 or window < 0:
             raise ConfigError(f"radix tree: page_size {page_size} / window {window} invalid")
         self.page_size = page_size
@@ -41,6 +45,15 @@ class TreeBase:
         self.root.full_lock = 1  # never evicted, never counted
         self.ledger = RadixLedger()
         self.events = KVEventRecorder(page_size, enabled=kv_events)
+        self.host = host
+        self.write_policy = write_policy
+        self.host_stats = HostTierStats()
+        # device -> host copies the shell has not made yet (see `core/host_tier.py`), or, when
+        # the shell sets `write_sink`, none: each copy is handed to it the moment it is decided
+        self.host_writes: list[HostWrite] = []
+        self.write_sink: Callable[[HostWrite], None] | None = None
+        # called on every host-tier transition (write, demote, promote, host eviction)
+        self.host_listener: Callable[[HostTransition], None] | None = None
         self._tick = 0
         self._uuid = 0
         # bumped by every change a match or an admission budget can see (insert, evict, lock,
@@ -89,15 +102,39 @@ class TreeBase:
         return best
 
     def _touch(self, path: list[Node]) -> None:
-        """Mark `path` used now: full LRU on every node, SWA LRU on about one window."""
+        """Mark `path` used now: full LRU on every node, SWA LRU on about one window (from the
+        last device node). With a host tier the path may end in host-only nodes: the last
+        device node and the last node are requeued in their leaf orders."""
         tick = self._tick
         for node in path:
             node.tick = tick
-        if path:
-            last = path[-1]
-            if last in self.ledger.leaves:
-                self.ledger.add_leaf(last)
-            self._swa_refresh(last)
+        if not path:
+            return
+        last: Node | None = path[-1]
+        ledger = self.ledger
+        if last is not None and last.full is None:
+            if last in ledger.host_leaves.nodes:
+                ledger.host_leaves.add(last)
+            last = self._last_device(path)
+        if last is None:
+            return
+        if last in ledger.leaves:
+            ledger.add_leaf(last)
+        self._swa_refresh(last)
+
+    @staticmethod
+    def _last_device(path: list[Node]) -> Node | None:
+        """The deepest node of `path` on the device (device nodes come first on a path)."""
+        for node in reversed(path):
+            if node.full is not None:
+                return node
+        return None
+
+    def _has_device_child(self, node: Node) -> bool:
+        """Some child of `node` is on the device (without a host tier: any child)."""
+        if self.host is None:
+            return bool(node.children)
+        return any(c.full is not None for c in node.children.values())
 
     def _swa_refresh(self, node: Node) -> None:
         """Window-bounded SWA LRU refresh: live values within `window + page_size` tokens above
@@ -120,8 +157,11 @@ class TreeBase:
         boundary mark moves to the upper node. No counter changes."""
         parent = node.parent
         assert parent is not None  # the root is never split (its key is empty)
-        upper = Node(parent, node.key[:m], node.full[:m], None, node.tick)
-        upper.full_lock, upper.swa_lock = node.full_lock, node.swa_lock
+        full = node.full
+        upper = Node(parent, node.key[:m], None if full is None else full[:m], None, node.tick)
+        upper.full_lock, upper.swa_lock, upper.hits = node.full_lock, node.swa_lock, node.hits
+        if node.host is not None:
+            upper.host, node.host = node.host[:m], node.host[m:]
         upper.swa_epoch, upper.swa_uuid = node.swa_epoch, node.swa_uuid
         upper.hashes, node.hashes = node.hashes[:m], node.hashes[m:]  # a split emits nothing
         node.swa_uuid = 0
@@ -129,7 +169,8 @@ class TreeBase:
             upper.swa = node.swa[:m]
             node.swa = node.swa[m:]
             self.ledger.swa_add(upper)
-        node.key, node.full = node.key[m:], node.full[m:]
+        node.key = node.key[m:]
+        node.full = None if full is None else full[m:]
         parent.children[upper.key[0]] = upper
         upper.children[node.key[0]] = node
         node.parent = upper

@@ -8,8 +8,13 @@ Checked (any failure raises `FatalError` naming the invariant):
 - pages: tree pages are unique, in range and allocated; held pages are allocated and not in the
   tree; per pool `total == available + evictable + protected + held` with the tree's counters
   equal to the sums over nodes;
-- eviction orders: the leaf set is exactly the unlocked childless non-root nodes, each with a
-  current heap entry; the SWA LRU holds exactly the live SWA values.
+- eviction orders: the leaf set is exactly the unlocked non-root device nodes without a device
+  child, each with a current heap entry; the SWA LRU holds exactly the live SWA values;
+- host tier: every node is on the device, on the host or both; a host-only node is an SWA
+  tombstone; a device child has a device parent and a host child a host parent; host pages are
+  unique, allocated and account for every used host page (`total == available + tree`); the
+  host counters equal the sums over host-only nodes; the host leaf set is exactly the unlocked
+  childless host-only nodes, each with a current heap entry.
 
 Deliberately not an invariant here: SGLang's "no all-tombstone leaf". TRANSFER matches reuse the
 full KV of tombstoned leaves (the SWA tail always arrives fresh), and RESUME matches check the
@@ -55,6 +60,7 @@ def check_tree(tree: TreeBase, held_full: Collection[int], held_swa: Collection[
             f"SWA counters {led.swa_evictable}/{led.swa_protected} != tree sums {swa_ev}/{swa_pr}"
         )
     _check_orders(tree, nodes)
+    _check_host(tree, nodes)
 
 
 def _nodes(root: Node) -> list[Node]:
@@ -75,8 +81,18 @@ def _nodes(root: Node) -> list[Node]:
 
 def _check_node(node: Node, *, hashed: bool) -> None:
     k = len(node.key)
-    if len(node.full) != k or (node.swa is not None and len(node.swa) != k):
-        raise FatalError(f"values: {node!r} key and value lengths differ")
+    full, host, parent = node.full, node.host, node.parent
+    if full is None and host is None:
+        raise FatalError(f"tiers: {node!r} is neither on the device nor on the host")
+    if (full is not None and len(full) != k) or (host is not None and len(host) != k):
+        raise FatalError(f"values: {node!r} key and full value lengths differ")
+    if node.swa is not None and (len(node.swa) != k or full is None):
+        raise FatalError(f"values: {node!r} SWA length differs, or live SWA on a host-only node")
+    assert parent is not None
+    if parent.parent is not None and (
+        (full is not None and parent.full is None) or (host is not None and parent.host is None)
+    ):
+        raise FatalError(f"tiers: {node!r} is on a tier its parent is not on")
     if len(node.hashes) != (k if hashed else 0):
         raise FatalError(f"hashes: {node!r} has {len(node.hashes)} page hashes")
     if node.swa_lock < 0 or node.full_lock < node.swa_lock:
@@ -123,12 +139,50 @@ def _check_pool(
 
 def _check_orders(tree: TreeBase, nodes: list[Node]) -> None:
     led = tree.ledger
-    leaves = {n for n in nodes if not n.children and n.full_lock == 0}
+    leaves = {
+        n for n in nodes
+        if n.full is not None and n.full_lock == 0
+        and not any(c.full is not None for c in n.children.values())
+    }
     if leaves != led.leaves:
-        raise FatalError("leaves: the evictable-leaf set is not the unlocked childless nodes")
+        raise FatalError("leaves: the evictable-leaf set is not the unlocked device leaves")
     queued = {(id(n), t) for t, _, n in led.heap}
     if any((id(n), n.tick) not in queued for n in leaves):
         raise FatalError("leaves: an evictable leaf has no current heap entry")
     live = [n for n in nodes if n.swa is not None]
     if len(led.swa_lru) != len(live) or any(n not in led.swa_lru for n in live):
         raise FatalError("swa lru: not exactly the nodes with a live SWA value")
+
+
+def _check_host(tree: TreeBase, nodes: list[Node]) -> None:
+    led, host = tree.ledger, tree.host
+    pages = [p for n in nodes if n.host is not None for p in n.host]
+    if host is None:
+        if pages or any(n.full is None for n in nodes):
+            raise FatalError("host: host values in a tree without a host tier")
+        return
+    host.check_integrity()
+    if len(set(pages)) != len(pages) or not host.all_held(pages):
+        raise FatalError("host: a host page is shared, free or out of range")
+    if host.num_total != host.num_free + len(pages):
+        raise FatalError(
+            f"host: total {host.num_total} != available {host.num_free} + tree {len(pages)}"
+        )
+    ev, pr = _host_sums(nodes)
+    if (ev, pr) != (led.host_evictable, led.host_protected):
+        raise FatalError(
+            f"host counters {led.host_evictable}/{led.host_protected} != tree sums {ev}/{pr}"
+        )
+    leaves = {n for n in nodes if n.full is None and not n.children and n.full_lock == 0}
+    if leaves != led.host_leaves.nodes:
+        raise FatalError("host leaves: not exactly the unlocked childless host-only nodes")
+    queued = {(id(n), t) for t, _, n in led.host_leaves.heap}
+    if any((id(n), n.tick) not in queued for n in leaves):
+        raise FatalError("host leaves: a host leaf has no current heap entry")
+
+
+def _host_sums(nodes: list[Node]) -> tuple[int, int]:
+    """(evictable, protected) host pages of host-only nodes."""
+    ev = sum(len(n.key) for n in nodes if n.full is None and n.full_lock == 0)
+    pr = sum(len(n.key) for n in nodes if n.full is None and n.full_lock > 0)
+    return ev, pr

@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import pairwise
 
-from decode_worker.core.radix_base import TreeBase
+from decode_worker.core.radix_host import HostOps
 from decode_worker.core.radix_node import Node, PageKey, common_pages
 from decode_worker.errors import PageError
 from decode_worker.utils.mathx import cdiv
 
 
-class InsertOps(TreeBase):
+class InsertOps(HostOps):
     """`insert` and its helpers (mixed into `UnifiedRadixTree`)."""
 
     def insert(
@@ -87,7 +87,9 @@ class InsertOps(TreeBase):
         self.full.free(free_full)
         if free_swa and self.swa is not None:
             self.swa.free(free_swa)
-        return i, path[-1] if path else self.root
+        end_node = path[-1] if path else self.root
+        self._write_on_insert(end_node)
+        return i, end_node
 
     def _validate_insert(
         self, n: int, full_ids: Sequence[int], swa_ids: Sequence[int], sprot: int, live_from: int
@@ -120,7 +122,11 @@ class InsertOps(TreeBase):
         prot, sprot, live_from = bounds
         end = i + len(node.key)
         lo = max(i, prot)
-        if lo < end:  # the caller owns pages here: the ones that differ are duplicates
+        if node.full is None:  # host-only: the caller's pages (restored KV) bring it back
+            if i < prot:
+                raise PageError("insert: the protected prefix reaches a host-only node")
+            self._promote(node, list(full_ids[i:end]))
+        elif lo < end:  # the caller owns pages here: the ones that differ are duplicates
             free_full += _differing(full_ids[lo:end], node.full[lo - i :])
         if self.swa is None:
             return node

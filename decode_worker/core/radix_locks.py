@@ -41,8 +41,9 @@ class LockOps(TreeBase):
         """Lock the full values on the path root -> `node` and (if `swa`) the live SWA values of
         about one window above `node`'s end: walking up, live values are locked until `window`
         tokens are covered; that node is marked as the span's boundary. Tombstones are skipped.
-        Locked pages are never evicted. Raises `LockStateError` if `node` was evicted since its
-        match."""
+        Locked pages are never evicted; a locked host-only node is never host-evicted (a lock on
+        a match's `host_node` keeps its host hits). Raises `LockStateError` if `node` was
+        evicted since its match."""
         if node.parent is None and node is not self.root:
             raise LockStateError(f"lock of an evicted node {node!r} (lock right after the match)")
         self._tick += 1
@@ -51,9 +52,14 @@ class LockOps(TreeBase):
         n = node
         while n is not root:
             if n.full_lock == 0:
-                ledger.full_evictable -= len(n.key)
-                ledger.full_protected += len(n.key)
-                ledger.discard_leaf(n)
+                if n.full is not None:
+                    ledger.full_evictable -= len(n.key)
+                    ledger.full_protected += len(n.key)
+                    ledger.discard_leaf(n)
+                else:
+                    ledger.host_evictable -= len(n.key)
+                    ledger.host_protected += len(n.key)
+                    ledger.host_leaves.discard(n)
             n.full_lock += 1
             n = n.parent  # type: ignore[assignment]
         ref = LockRef(node, self._tick)
@@ -97,10 +103,16 @@ class LockOps(TreeBase):
                 raise LockStateError(f"full lock underflow at {n!r}")
             n.full_lock -= 1
             if n.full_lock == 0:
-                ledger.full_protected -= len(n.key)
-                ledger.full_evictable += len(n.key)
-                if not n.children:
-                    ledger.add_leaf(n)
+                if n.full is None:
+                    ledger.host_protected -= len(n.key)
+                    ledger.host_evictable += len(n.key)
+                    if not n.children:
+                        ledger.host_leaves.add(n)
+                else:
+                    ledger.full_protected -= len(n.key)
+                    ledger.full_evictable += len(n.key)
+                    if not n.children or not self._has_device_child(n):
+                        ledger.add_leaf(n)
             n = n.parent  # type: ignore[assignment]
 
     def release_swa_lock(self, lock: LockRef) -> None:

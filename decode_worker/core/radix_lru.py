@@ -1,5 +1,6 @@
 """Per-pool bookkeeping of the unified radix tree: evictable/protected page counters, the full
-pool's evictable-leaf set with a lazy LRU heap, and the SWA pool's LRU of live SWA values.
+pool's evictable-leaf set with a lazy LRU heap, the SWA pool's LRU of live SWA values, and the
+host tier's evictable host-only leaves (a second lazy LRU heap).
 
 No clocks: recency is the tree's logical tick stored in `Node.tick`.
 """
@@ -21,6 +22,11 @@ class RadixLedger:
     - `leaves`: exactly the non-root nodes without children and with `full_lock == 0`; each has a
       heap entry `(node.tick, _, node)` (stale entries are skipped on pop);
     - `swa_lru`: exactly the nodes with a live SWA value, least recently used first.
+    - `host_evictable` / `host_protected`: host pages of host-only nodes with `full_lock == 0`
+      (all of them can be host-evicted, leaf by leaf) / `> 0`; `host_leaves`: exactly the
+      host-only childless nodes with `full_lock == 0`, each with a current heap entry.
+    With a host tier, "childless" for `leaves` means "no child on the device" (a device leaf may
+    keep host-only children).
     """
 
     def __init__(self) -> None:
@@ -28,6 +34,9 @@ class RadixLedger:
         self.full_protected = 0
         self.swa_evictable = 0
         self.swa_protected = 0
+        self.host_evictable = 0
+        self.host_protected = 0
+        self.host_leaves = LeafLru()
         self.leaves: set[Node] = set()
         self.heap: list[tuple[int, int, Node]] = []
         self.swa_lru: dict[Node, None] = {}  # insertion-ordered: first = least recent
@@ -88,3 +97,33 @@ class RadixLedger:
                 victims.append(node)
                 got += len(node.key)
         return victims
+
+
+class LeafLru:
+    """A set of leaves with a lazy min-heap on `Node.tick` (stale entries skipped on pop)."""
+
+    def __init__(self) -> None:
+        self.nodes: set[Node] = set()
+        self.heap: list[tuple[int, int, Node]] = []
+        self._seq = count()
+
+    def add(self, node: Node) -> None:
+        """`node` is (again) a leaf here, with its current tick."""
+        self.nodes.add(node)
+        heapq.heappush(self.heap, (node.tick, next(self._seq), node))
+        if len(self.heap) > 2 * len(self.nodes) + 64:
+            self.heap = [(n.tick, next(self._seq), n) for n in self.nodes]
+            heapq.heapify(self.heap)
+
+    def discard(self, node: Node) -> None:
+        self.nodes.discard(node)
+
+    def pop(self) -> Node | None:
+        """Remove and return the least recently used leaf, or None."""
+        heap, nodes = self.heap, self.nodes
+        while heap:
+            tick, _, node = heapq.heappop(heap)
+            if node in nodes and node.tick == tick:
+                nodes.discard(node)
+                return node
+        return None

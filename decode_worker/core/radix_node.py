@@ -11,6 +11,8 @@ import struct
 from collections.abc import Sequence
 from typing import Union
 
+from decode_worker.errors import FatalError
+
 PageKey = Union[bytes, int]  # noqa: UP007 - a runtime alias, kept readable
 _TOKEN_BYTES = 4  # page keys pack token ids as int32
 
@@ -33,13 +35,19 @@ def page_keys(token_ids: Sequence[int], page_size: int) -> list[PageKey]:
 
 
 class Node:
-    """One key segment of the tree with a full value and an SWA value.
+    """One key segment of the tree with a full value (device and/or host) and an SWA value.
 
-    - `full`: full-pool page ids, one per page of `key` (root: empty). Nodes without full KV do
-      not exist (full eviction deletes the leaf).
-    - `swa`: SWA-pool page ids, or None: a *tombstone* (SWA gone, full stays).
+    - `full`: full-pool (device) page ids, one per page of `key` (root: empty), or None: the
+      node is *host-only* (its full KV lives in the host tier only).
+    - `host`: host-pool page ids of the same full KV, or None (no host copy). A node is device
+      (`full` only), host (`host` only) or both; one with neither does not exist. A device
+      child has a device parent; a host child has a host parent (writes go top-down).
+    - `swa`: SWA-pool page ids, or None: a *tombstone* (SWA gone, full stays). SWA is
+      device-only: a host-only node is always a tombstone.
     - `full_lock`, `swa_lock`: lock refs; `full_lock >= swa_lock >= 0`; a tombstone has
-      `swa_lock == 0`.
+      `swa_lock == 0`. `full_lock` pins the node's full value wherever it lives (device pages
+      are not evicted, a host-only node is not host-evicted).
+    - `hits`: insert + match count (the `write_through_selective` threshold).
     - `swa_uuid`: nonzero marks the top of some lock's SWA span (moves up on a split).
     - `swa_epoch`: tick at which `swa` became live (a lock skips nodes made live after it).
     - `tick`: logical last-access time (LRU for full eviction).
@@ -52,6 +60,8 @@ class Node:
         "full",
         "full_lock",
         "hashes",
+        "hits",
+        "host",
         "key",
         "parent",
         "swa",
@@ -65,7 +75,7 @@ class Node:
         self,
         parent: Node | None,
         key: list[PageKey],
-        full: list[int],
+        full: list[int] | None,
         swa: list[int] | None,
         tick: int = 0,
     ) -> None:
@@ -73,6 +83,8 @@ class Node:
         self.children: dict[PageKey, Node] = {}
         self.key = key
         self.full = full
+        self.host: list[int] | None = None
+        self.hits = 1
         self.swa = swa
         self.full_lock = 0
         self.swa_lock = 0
@@ -86,10 +98,21 @@ class Node:
         """Pages in this node's key (and in each of its values)."""
         return len(self.key)
 
+    @property
+    def on_device(self) -> bool:
+        """The full value is on the device (device-only or both)."""
+        return self.full is not None
+
+    @property
+    def is_host_only(self) -> bool:
+        """The full value lives in the host tier only."""
+        return self.full is None
+
     def __repr__(self) -> str:
         state = "tomb" if self.swa is None else "live"
+        tier = ("dev+host" if self.host is not None else "dev") if self.full is not None else "host"
         return (
-            f"Node(pages={len(self.key)}, {state}, full_lock={self.full_lock}, "
+            f"Node(pages={len(self.key)}, {tier}, {state}, full_lock={self.full_lock}, "
             f"swa_lock={self.swa_lock}, children={len(self.children)})"
         )
 
@@ -107,10 +130,13 @@ def common_pages(node_key: list[PageKey], keys: list[PageKey], i: int, limit: in
 
 
 def path_values_of(path: list[Node]) -> tuple[list[int], list[int]]:
-    """Concatenated full and SWA page ids of `path` (0 for tombstoned pages)."""
+    """Concatenated full and SWA page ids of `path` (0 for tombstoned pages); every node of
+    `path` must be on the device."""
     full: list[int] = []
     swa: list[int] = []
     for node in path:
+        if node.full is None:
+            raise FatalError(f"path_values: {node!r} is host-only")
         full += node.full
         swa += node.swa if node.swa is not None else [0] * len(node.key)
     return full, swa

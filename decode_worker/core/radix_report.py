@@ -1,6 +1,6 @@
 """What the unified radix tree tells routers (split from `radix_tree` by responsibility): the KV
-events of its full-attention pages (`take_events`), a snapshot of every page as stores
-(`snapshot_events`) and page-granular leaf trimming (`_trim_leaf`, for `evict_full`).
+events of its full-attention pages (`take_events`), and a snapshot of every page as stores
+(`snapshot_events`).
 
 See `radix_events` for the event records and the page-hash recipe.
 """
@@ -8,13 +8,18 @@ See `radix_events` for the event records and the page-hash recipe.
 from __future__ import annotations
 
 from decode_worker.core.radix_base import TreeBase
-from decode_worker.core.radix_events import MEDIUM_GPU, BlockStored, KVEvent, key_tokens
+from decode_worker.core.radix_events import (
+    MEDIUM_CPU_PINNED,
+    MEDIUM_GPU,
+    BlockStored,
+    KVEvent,
+    key_tokens,
+)
 from decode_worker.core.radix_events import digest_to_int64 as _int64
-from decode_worker.core.radix_node import Node
 
 
 class ReportOps(TreeBase):
-    """`take_events`, `snapshot_events`, `_trim_leaf` (mixed into `UnifiedRadixTree`)."""
+    """`take_events`, `snapshot_events` (mixed into `UnifiedRadixTree`)."""
 
     @property
     def kv_events_enabled(self) -> bool:
@@ -27,37 +32,26 @@ class ReportOps(TreeBase):
         return self.events.take()
 
     def snapshot_events(self) -> list[BlockStored]:
-        """Every full-attention page the tree holds now, as `BlockStored` events, parents before
-        children: applied to an empty index they give exactly the tree's pages (a consumer
-        that fell behind rebuilds from them). [] when the tree records no events. Reads only."""
+        """Every full-attention page the tree holds now, as `BlockStored` events (medium `GPU`
+        for device copies, `CPU_PINNED` for host copies), parents before children: applied to an
+        empty index they give exactly the tree's pages (a consumer that fell behind rebuilds from
+        them). [] when the tree records no events. Reads only."""
         if not self.events.enabled:
             return []
         out: list[BlockStored] = []
+        ps = self.page_size
         stack = list(self.root.children.values())
         while stack:
             node = stack.pop()
             parent = node.parent
             prior = parent.hashes[-1] if parent is not None and parent.hashes else None
-            out.append(BlockStored([_int64(d) for d in node.hashes],
-                                   _int64(prior) if prior is not None else None,
-                                   key_tokens(node.key, self.page_size), self.page_size,
-                                   MEDIUM_GPU))
+            parent_hash = _int64(prior) if prior is not None else None
+            hashes = [_int64(d) for d in node.hashes]
+            tokens = key_tokens(node.key, ps)
+            if node.full is not None:
+                out.append(BlockStored(hashes, parent_hash, tokens, ps, MEDIUM_GPU))
+            if node.host is not None:
+                out.append(BlockStored(list(hashes), parent_hash, list(tokens), ps,
+                                       MEDIUM_CPU_PINNED))
             stack.extend(node.children.values())
         return out
-
-    def _trim_leaf(self, node: Node, num_pages: int, freed: list[int],
-                   swa_freed: list[int]) -> None:
-        """Drop the last `num_pages` pages (fewer than it has) of the unlocked leaf `node` (just
-        popped from the leaf heap, so it is requeued): their full and SWA pages are appended to
-        `freed` / `swa_freed` for the caller to free; records their removal."""
-        keep = len(node.key) - num_pages
-        ledger = self.ledger
-        self.events.removed(node.hashes[keep:])
-        freed.extend(node.full[keep:])
-        node.key, node.full, node.hashes = node.key[:keep], node.full[:keep], node.hashes[:keep]
-        ledger.full_evictable -= num_pages
-        if node.swa is not None:  # unlocked (full_lock == 0 >= swa_lock): evictable SWA pages
-            swa_freed.extend(node.swa[keep:])
-            node.swa = node.swa[:keep]
-            ledger.swa_evictable -= num_pages
-        ledger.add_leaf(node)

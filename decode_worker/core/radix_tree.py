@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from decode_worker.core.pages import PageAllocator, PoolStats
 from decode_worker.core.radix_check import check_tree
+from decode_worker.core.radix_evict import EvictOps
 from decode_worker.core.radix_insert import InsertOps
 from decode_worker.core.radix_locks import LockOps
 from decode_worker.core.radix_node import Node, PageKey, path_values, path_values_of
@@ -37,17 +38,28 @@ class MatchMode(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class MatchResult:
-    """A page-aligned match: `prefix_len` tokens, their full pages, their SWA pages (0 where the
-    tree holds a tombstone), and the node whose end is exactly `prefix_len` (root for 0).
-    `full_page_ids` and `swa_page_ids` have `prefix_len // page_size` entries each."""
+    """A page-aligned match: `prefix_len` tokens on the device (device hits), their full pages,
+    their SWA pages (0 where the tree holds a tombstone), and the node whose end is exactly
+    `prefix_len` (root for 0). `full_page_ids` and `swa_page_ids` have `prefix_len //
+    page_size` entries each. With a host tier, a TRANSFER match also reports the host hits
+    that follow: `host_len` tokens whose full KV is in host pages `host_page_ids`, ending at
+    `host_node` (None when `host_len == 0`); lock `host_node` to keep them."""
 
     prefix_len: int
     full_page_ids: list[int]
     swa_page_ids: list[int]
     node: Node
+    host_len: int = 0
+    host_page_ids: list[int] = field(default_factory=list)
+    host_node: Node | None = None
+
+    @property
+    def total_len(self) -> int:
+        """Device hits plus host hits."""
+        return self.prefix_len + self.host_len
 
 
-class UnifiedRadixTree(InsertOps, LockOps, ReportOps):
+class UnifiedRadixTree(InsertOps, EvictOps, LockOps, ReportOps):
     """Prefix cache of full and SWA KV pages (see module docstring).
 
     Accounting per pool: `total == available + evictable + protected + held_by_requests`, where
@@ -68,79 +80,43 @@ class UnifiedRadixTree(InsertOps, LockOps, ReportOps):
     ) -> MatchResult:
         """Longest cached page-aligned prefix of `token_ids` valid for `mode`, capped at
         `align_down(max_len)`. Refreshes LRU state on the matched path; may split the node at the
-        match end. Takes no lock: call `lock(result.node)` before anything can evict."""
+        match end. Takes no lock: call `lock(result.node)` (or `lock(result.host_node)` to keep
+        the host hits too) before anything can evict. Host hits count only for TRANSFER (SWA
+        is device-only); with a write-through policy a match counts a hit on its device nodes
+        and may queue host writes."""
         ks = self._keys(token_ids, keys)
         limit = len(ks) if max_len is None else min(len(ks), max(0, max_len) // self.page_size)
         self._tick += 1
         path = self._walk(ks, limit)
+        hpath: list[Node] = []
+        if self.host is not None:
+            dev = 0
+            while dev < len(path) and path[dev].full is not None:
+                dev += 1
+            if dev < len(path):
+                path, hpath = path[:dev], (path[dev:] if mode is MatchMode.TRANSFER else [])
         if mode is MatchMode.RESUME and self.swa is not None:
             path = path[: self._resume_depth(path)]
         node = path[-1] if path else self.root
-        self._touch(path)
+        self._touch(path + hpath)
         full, swa = path_values_of(path)
-        return MatchResult(len(full) * self.page_size, full, swa, node)
-
-    # -- eviction ----------------------------------------------------------------------------
-    def evict_full(self, num_pages: int) -> list[int]:
-        """Evict unlocked leaves, least recently used first, until `num_pages` full pages are
-        freed or nothing is evictable. Page-granular: when the last leaf needed is longer than
-        the shortfall, only its last pages go (the leaf stays, shorter). Frees via the allocators
-        (the evicted pages' SWA pages too); returns the full page ids freed. Records
-        `BlockRemoved` for the pages that went."""
-        freed: list[int] = []
-        swa_freed: list[int] = []
-        ledger = self.ledger
-        self.version += 1
-        while len(freed) < num_pages:
-            node = ledger.pop_lru_leaf()
-            if node is None:
-                break
-            if num_pages - len(freed) < len(node.key):  # page-granular: trim the leaf's tail
-                self._trim_leaf(node, num_pages - len(freed), freed, swa_freed)
-                break
-            self.events.removed(node.hashes)
-            freed.extend(node.full)
-            ledger.full_evictable -= len(node.key)
-            if node.swa is not None:
-                swa_freed.extend(node.swa)
-                ledger.swa_evictable -= len(node.key)
-                ledger.swa_remove(node)
-            parent = node.parent
-            assert parent is not None
-            del parent.children[node.key[0]]
-            node.parent = None
-            if parent is not self.root and not parent.children and parent.full_lock == 0:
-                ledger.add_leaf(parent)
-        self.full.free(freed)
-        if self.swa is not None:
-            self.swa.free(swa_freed)
-        return freed
-
-    def evict_swa(self, num_pages: int) -> list[int]:
-        """Tombstone unlocked live SWA values, least recently used first, until at least
-        `num_pages` SWA pages are freed or none is left. Full values stay (TRANSFER matches
-        still use them). Returns the SWA page ids freed."""
-        if self.swa is None or num_pages <= 0:
-            return []
-        freed: list[int] = []
-        ledger = self.ledger
-        self.version += 1
-        for node in ledger.swa_victims(num_pages):
-            assert node.swa is not None
-            freed.extend(node.swa)
-            ledger.swa_evictable -= len(node.key)
-            ledger.swa_remove(node)
-            node.swa = None
-            node.swa_uuid = 0
-        self.swa.free(freed)
-        return freed
+        ps = self.page_size
+        if self.host is not None:
+            self._count_hits(path)
+            if hpath:
+                host_ids = [p for n in hpath for p in n.host]  # type: ignore[union-attr]
+                return MatchResult(len(full) * ps, full, swa, node, len(host_ids) * ps,
+                                   host_ids, hpath[-1])
+        return MatchResult(len(full) * ps, full, swa, node)
 
     def flush(self) -> tuple[list[int], list[int]]:
         """Evict everything no lock holds: full values with their SWA values, then the SWA
         values left on locked nodes. Returns (full, SWA) page ids freed. Records
         `AllBlocksCleared` when the tree is empty afterwards, else the removals."""
-        full = self.evict_full(self.full.num_total)
+        full = self.evict_full(self.full.num_total, write_back=False)
         swa = self.evict_swa(self.swa.num_total) if self.swa is not None else []
+        if self.host is not None:  # the host tier too, as SGLang's /flush_cache
+            self.evict_host(self.host.num_total)
         if not self.root.children:
             self.events.cleared()
         return full, swa
@@ -202,6 +178,18 @@ class UnifiedRadixTree(InsertOps, LockOps, ReportOps):
             return PoolStats(0, 0, 0, 0, 0)
         led = self.ledger
         return _stats(self.swa, led.swa_evictable, led.swa_protected)
+
+    def host_stats_pages(self) -> PoolStats:
+        """Host-pool accounting (page units): `evictable` = host-only unlocked, `protected` =
+        host-only locked, `held_by_requests` = host copies of device nodes; all zero without
+        a host tier."""
+        host = self.host
+        if host is None:
+            return PoolStats(0, 0, 0, 0, 0)
+        used = host.num_total - host.num_free
+        ev = self.ledger.host_evictable
+        pr = self.ledger.host_protected
+        return PoolStats(host.num_total, host.num_free, ev, pr, used - ev - pr)
 
     def check_integrity(
         self, held_full: Collection[int] = (), held_swa: Collection[int] = ()

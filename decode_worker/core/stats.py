@@ -33,6 +33,7 @@ class SchedulerStats:
     evicted_swa_pages_total: int = 0
     swa_pages_released_total: int = 0
     decode_pages_allocated_total: int = 0
+    host_hit_tokens_total: int = 0  # of prefix_hit_tokens_total: restored from the host tier
 
     def count_admit(self, fill_len: int, prefix_len: int, *, resumed: bool) -> None:
         self.admissions_total += 1

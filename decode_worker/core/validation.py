@@ -45,7 +45,7 @@ class CacheCombo:
     page_size: int
     decode_radix_cache: bool
     unified_radix_tree: bool
-    hierarchical_cache: bool
+    hierarchical_cache: bool | None
     num_full_pages: int | None = None
     num_swa_pages: int | None = None
 
@@ -126,15 +126,13 @@ def _check_unified_tree(model: ModelFacts, cache: CacheCombo) -> None:
 
 
 def _check_hierarchical(model: ModelFacts, cache: CacheCombo) -> None:
-    if cache.hierarchical_cache and cache.decode_radix_cache and model.is_swa_hybrid:
+    """The host tier lives under the decode radix tree (SGLang: decode HiCache needs the decode
+    radix cache); with SWA hybrids it holds full-attention KV only (the SWA tail always arrives
+    from the prefill), so unlike SGLang's decode side it is allowed there."""
+    if cache.hierarchical_cache and not cache.decode_radix_cache:
         raise ConfigError(
-            "the SWA decode radix cache is device-resident only and cannot use the hierarchical "
-            "(host-tier) cache: set cache.hierarchical_cache = false"
-        )
-    if cache.hierarchical_cache:
-        raise ConfigError(
-            "cache.hierarchical_cache = true: the host-tier cache is not supported by this daemon; "
-            "set cache.hierarchical_cache = false"
+            "cache.hierarchical_cache = true needs the decode radix cache: set "
+            "cache.decode_radix_cache = true, or cache.hierarchical_cache = false"
         )
 
 

@@ -41,11 +41,14 @@ REQUEST_STATUSES = ("finished", "aborted", "failed")
 ABORT_REASONS = (
     "client_abort", "kv_timeout", "queue_timeout", "too_large", "swa_reclaim_insufficient",
     "transfer_failed", "peer_dead", "drain", "bad_request", "queue_full", "internal",
+    "restore_failed",
 )
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+RESTORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                   1.0)
 DESCRIPTOR_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
 DECODE_ABORT_OUTCOMES = ("answered", "early", "late")  # prefill peer: decode-side room ends
 TRANSFER_FAILURE_REASONS = ("transfer_failed", "peer_dead", "kv_timeout", "bad_request",
@@ -115,6 +118,15 @@ class Metrics:
         self.kv_events_dropped_batches = c(
             "kv_events_dropped_batches", "KV event batches a subscriber lost: its high-water "
             "mark was reached, or the sender fell behind the event log")
+        self.host_hit_tokens = c("prefix_cache_host_hit_tokens",
+                                 "Of the hit tokens, those restored from the host tier")
+        self.host_restored_tokens = c("kv_host_restored_tokens",
+                                      "Tokens of full KV restored host -> device")
+        self.host_restored_bytes = c("kv_host_restored_bytes",
+                                     "Bytes of full KV restored host -> device")
+        self.host_written_bytes = c("kv_host_written_bytes",
+                                    "Bytes of full KV written device -> host (write policy)")
+        self.host_evicted_pages = c("kv_host_evicted_pages", "Host-tier pages evicted (LRU)")
         self._totals: dict[tuple[str, str], float] = {}  # what set_totals has reached
 
     def _build_gauges(self) -> None:
@@ -140,6 +152,8 @@ class Metrics:
         self.ttft = h("time_to_first_token_seconds", "Receipt to first output token", TTFT_BUCKETS)
         self.itl = h("inter_token_latency_seconds", "Time between output tokens", ITL_BUCKETS)
         self.e2e = h("request_e2e_seconds", "Receipt to last output token", E2E_BUCKETS)
+        self.host_restore_duration = h("kv_host_restore_duration_seconds",
+                                       "Host -> device restore time per request", RESTORE_BUCKETS)
 
     def _prefill_labels(self) -> None:
         """Create the known children so that every series is exported from the start (at 0)."""
@@ -174,6 +188,10 @@ class Metrics:
         values = (available, used, evictable, protected, total)
         for gauge, value in zip(self._pool_gauges(), values, strict=True):
             gauge.labels(pool=pool).set(value)
+
+    def observe_host_restores(self, durations_s: Iterable[float]) -> None:
+        for d in durations_s:
+            self.host_restore_duration.observe(d)
 
     def update_queues(self, *, prealloc: int, transfer: int, running: int) -> None:
         for queue, value in zip(QUEUES, (prealloc, transfer, running), strict=True):

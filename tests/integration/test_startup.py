@@ -18,7 +18,9 @@ def _serve(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(("env", "needle"), [
     ({"ENABLE_UNIFIED_RADIX_TREE": "0"}, "set ENABLE_UNIFIED_RADIX_TREE=1"),
-    ({"DECODE_WORKER_CACHE__HIERARCHICAL_CACHE": "true"}, "hierarchical_cache = false"),
+    ({"DECODE_WORKER_CACHE__HIERARCHICAL_CACHE": "true",
+      "DECODE_WORKER_CACHE__DECODE_RADIX_CACHE": "false"}, "hierarchical_cache = true needs"),
+    ({"DECODE_WORKER_CACHE__HICACHE_SIZE_GB": "100000"}, "cache.hicache_size_gb"),
     ({"DECODE_WORKER_CACHE__NUM_SWA_PAGES": "2"}, "raise it to >="),
 ])
 def test_serve_refuses_unsupported_combination(tmp_path: Path, env: dict[str, str],

@@ -18,6 +18,7 @@ from decode_worker.core.pages import PoolStats
 from decode_worker.core.request import RequestState, held_page_ids
 from decode_worker.core.stats import QueueSizes
 from decode_worker.daemon.decode.fetcher import KVFetcher
+from decode_worker.daemon.decode.host_tier import HostTier
 from decode_worker.daemon.decode.requests import RequestTable
 from decode_worker.daemon.decode.stepper import DecodeStepper
 from decode_worker.io.api.backend import FlushResult, Load
@@ -47,6 +48,7 @@ class Books:
                  stepper: DecodeStepper, metrics: Metrics) -> None:
         self.kv_ctx, self.table, self.fetcher, self.stepper = kv_ctx, table, fetcher, stepper
         self.metrics = metrics
+        self.host_tier: HostTier | None = None  # set by the engine when the host tier is on
         self.load = Load()
         self._next_publish = 0.0
 
@@ -67,6 +69,25 @@ class Books:
                                          evictable=st.evictable, protected=st.protected,
                                          total=st.total)
         self.metrics.update_queues(prealloc=q.prealloc, transfer=q.transfer, running=q.running)
+        self._publish_host()
+
+    def _publish_host(self) -> None:
+        """The host tier's pages (pool="host" beside the device pools) and its counters."""
+        ht, tree = self.host_tier, self.kv_ctx.tree
+        if ht is None or tree is None:
+            return
+        st = tree.host_stats_pages()
+        self.metrics.update_pool("host", available=st.available, used=st.total - st.available,
+                                 evictable=st.evictable, protected=st.protected, total=st.total)
+        self.metrics.set_totals({
+            "host_hit_tokens": self.kv_ctx.stats.host_hit_tokens_total,
+            "host_restored_tokens": ht.restored_pages_total * self.kv_ctx.page_size,
+            "host_restored_bytes": ht.restored_bytes_total,
+            "host_written_bytes": ht.pool.written_bytes_total,
+            "host_evicted_pages": tree.host_stats.host_evicted_pages_total,
+        })
+        self.metrics.observe_host_restores(ht.restore_durations_s)
+        ht.restore_durations_s.clear()
 
     def _load(self, stats: dict[str, PoolStats | None], q: QueueSizes) -> Load:
         # tokens in use: pages held by requests or locked for them, not the evictable cache (as
@@ -129,7 +150,7 @@ class Books:
             log.info("cache flush: the decode radix cache is off, nothing cached")
             return FlushResult(True)
         full_free, swa_free = ctx.full.num_free, ctx.swa.num_free if ctx.swa else 0
-        ctx.tree.flush()  # everything evictable; KV events: AllBlocksCleared
+        ctx.tree.flush()  # everything evictable, the host tier too; KV events: AllBlocksCleared
         self.check_integrity()
         n_full = ctx.full.num_free - full_free
         n_swa = ctx.swa.num_free - swa_free if ctx.swa else 0

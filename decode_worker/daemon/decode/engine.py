@@ -17,8 +17,9 @@ import logging
 import threading
 import time
 
-from decode_worker.core.admission import Abort, Decision, PreallocQueue, QueueLimits
+from decode_worker.core.admission import Abort, Admit, Decision, PreallocQueue, QueueLimits
 from decode_worker.core.decode_alloc import DecodeAllocator
+from decode_worker.core.host_tier import WritePolicy
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
@@ -40,12 +41,14 @@ from decode_worker.daemon.decode.bridge import (
     Shutdown,
 )
 from decode_worker.daemon.decode.fetcher import AuxRows, KVFetcher
+from decode_worker.daemon.decode.host_tier import HostTier, host_tier_enabled
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.requests import RequestTable
 from decode_worker.daemon.decode.stepper import DecodeStepper, sample_kind
 from decode_worker.daemon.shared.compat import model_compat, region_layouts
 from decode_worker.daemon.shared.runtime import Runtime, build_runtime
 from decode_worker.device.aux_buffer import AuxBuffer
+from decode_worker.device.host_pool import RestoreFailed
 from decode_worker.device.sampler import Sampler
 from decode_worker.device.sglang_aux import SglangAuxBuffers
 from decode_worker.device.tokenizer import Tokenizer
@@ -75,9 +78,15 @@ class DecodeEngine:
                     if rt.facts.is_swa_hybrid else None)
         self.kv_events_config = parse_kv_events_config(settings.kv_events.config)
         events_on = self.kv_events_config.enabled and c.decode_radix_cache
+        self.host_tier = (HostTier(c, rt.pools, self.full.num_total)
+                          if c.decode_radix_cache and host_tier_enabled(c) else None)
+        ht = self.host_tier
         self.tree = (UnifiedRadixTree(self.page_size, self.window, self.full, self.swa,
-                                      kv_events=events_on)
+                                      kv_events=events_on, host=ht.pages if ht else None,
+                                      write_policy=ht.policy if ht else WritePolicy.WRITE_THROUGH)
                      if c.decode_radix_cache else None)
+        if ht is not None and self.tree is not None:
+            ht.attach(self.tree)
         self.kv_ctx = KVContext(self.tree, self.full, self.swa, page_size=self.page_size,
                                 window=self.window, radix_cache=c.decode_radix_cache)
         self.stats = self.kv_ctx.stats
@@ -110,6 +119,7 @@ class DecodeEngine:
         # the one KV-event log: the ZMQ publisher and in-process (gRPC) subscribers read it
         self.kv_events = (KvEventHub(self.kv_events_config.buffer_steps,
                                      load=lambda: self.books.load) if events_on else None)
+        self.books.host_tier = self.host_tier
         self._eos_ids = frozenset(rt.tokenizer.eos_token_ids)
         self._drain_deadline: float | None = None
         self._stopping = False
@@ -266,6 +276,8 @@ class DecodeEngine:
                 self.table.end_decided(d, now)
                 continue
             live = self.table.lives[d.req.rid]
+            if self.host_tier is not None and not self._restore(live, d, now):
+                continue
             try:
                 self.fetcher.fetch(live, d, now)
             except DecodeWorkerError as exc:  # this request's inputs, not the engine
@@ -274,6 +286,24 @@ class DecodeEngine:
         if self._drain_deadline is not None and now >= self._drain_deadline:
             for live in list(self.table.lives.values()):
                 self.table.end(live, "drain", "aborted: drain", now)
+
+    def _restore(self, live: LiveRequest, d: Admit, now: float) -> bool:
+        """Restore `d`'s host hits into its pages before its transfer is posted (writes the
+        admission queued are made first); False when the restore failed and the request ended
+        (every page returned, the host lock dropped)."""
+        ht = self.host_tier
+        assert ht is not None
+        ht.pool.sync_writes()
+        if d.restore is None:
+            return True
+        try:
+            ht.restore(d.restore)
+        except RestoreFailed as exc:
+            log.warning("rid=%s restore failed: %s", live.rid, exc)
+            self.table.end(live, "restore_failed", f"host tier restore failed: {exc}", now,
+                           failed=True)
+            return False
+        return True
 
     def _maybe_check_integrity(self, now: float) -> None:
         """Between batches, every `integrity_check_interval_s`: pages and locks balance, or

@@ -9,19 +9,25 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant, rule
 
 from decode_worker.core.kv_event_index import KVEventIndex
-from decode_worker.core.radix_events import digest_to_int64, key_tokens
+from decode_worker.core.radix_events import MEDIUM_GPU, digest_to_int64, key_tokens
 from decode_worker.core.radix_node import Node
 from decode_worker.core.radix_tree import MatchMode, UnifiedRadixTree
 from tests.unit.core.test_radix_stateful import BASES, RadixMachine
 
 
-def tree_entries(tree: UnifiedRadixTree) -> set[tuple[int, int | None, tuple[int, ...]]]:
-    """(hash, parent hash, tokens) of every page the tree holds."""
+def tree_entries(
+    tree: UnifiedRadixTree, medium: str = MEDIUM_GPU
+) -> set[tuple[int, int | None, tuple[int, ...]]]:
+    """(hash, parent hash, tokens) of every page the tree holds in `medium` (device pages for
+    `GPU`, host copies for `CPU_PINNED`)."""
     out: set[tuple[int, int | None, tuple[int, ...]]] = set()
     stack: list[Node] = list(tree.root.children.values())
     while stack:
         node = stack.pop()
         assert node.parent is not None
+        stack.extend(node.children.values())
+        if (node.full if medium == MEDIUM_GPU else node.host) is None:
+            continue
         prior = node.parent.hashes[-1] if node.parent.hashes else None
         parent = digest_to_int64(prior) if prior is not None else None
         tokens = key_tokens(node.key, tree.page_size)
@@ -30,7 +36,6 @@ def tree_entries(tree: UnifiedRadixTree) -> set[tuple[int, int | None, tuple[int
             h = digest_to_int64(digest)
             out.add((h, parent, tuple(tokens[i * ps : (i + 1) * ps])))
             parent = h
-        stack.extend(node.children.values())
     return out
 
 

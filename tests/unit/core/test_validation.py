@@ -36,9 +36,13 @@ def test_swa_radix_cache_requires_unified_tree() -> None:
     validate_startup(GPT_OSS, combo(unified_radix_tree=False, decode_radix_cache=False))
 
 
-def test_hierarchical_cache_rejected_with_swa_radix_cache() -> None:
-    with pytest.raises(ConfigError, match="device-resident only.*hierarchical_cache = false"):
-        validate_startup(GPT_OSS, combo(hierarchical_cache=True))
+def test_hierarchical_cache_works_with_the_swa_radix_cache() -> None:
+    validate_startup(GPT_OSS, combo(hierarchical_cache=True))
+
+
+def test_hierarchical_cache_needs_the_decode_radix_cache() -> None:
+    with pytest.raises(ConfigError, match="hierarchical_cache = true needs the decode radix"):
+        validate_startup(GPT_OSS, combo(hierarchical_cache=True, decode_radix_cache=False))
 
 
 @pytest.mark.parametrize(

@@ -165,7 +165,7 @@ def test_replay_answers_as_sglang_and_malformed_requests_get_the_end_marker(
 def test_a_stuck_subscriber_costs_counted_drops_never_a_slow_step() -> None:
     cfg = parse_kv_events_config({"publisher": "zmq", "endpoint": "tcp://127.0.0.1:*",
                                   "hwm": 2, "buffer_steps": 100_000})
-    tree = UnifiedRadixTree(PS, 7, PageAllocator(24, "full"), None, kv_events=True)
+    tree = UnifiedRadixTree(PS, 7, PageAllocator(500, "full"), None, kv_events=True)
     hub = KvEventHub(cfg.buffer_steps)
     pub = ZmqKvEventPublisher.bind(cfg)
     stuck = zmq.Context.instance().socket(zmq.SUB)
@@ -178,11 +178,13 @@ def test_a_stuck_subscriber_costs_counted_drops_never_a_slow_step() -> None:
         stuck.connect(pub.endpoint)
         wait_for(lambda: pub.num_subscriptions > 0)
         worst = 0.0
-        big = list(range(4000))  # ~1000 pages of events per batch: fills socket buffers fast
+        big = list(range(PS * 500))  # 500 pages (~25 KB) per batch: fills socket buffers fast
         steps = 0
-        while steps < 3000 and not (steps >= 300 and pub.num_dropped_batches > 0):
-            tree.flush()  # until the socket buffers are full (how soon depends on the load)
-            tree.insert([steps % 7, *big[: 4 * 20]], tree.full.alloc(20), [], 0)
+        deadline = time.monotonic() + 60.0
+        # until the loopback buffers (several MB, autotuned) are full: how soon depends on the load
+        while time.monotonic() < deadline and not (steps >= 50 and pub.num_dropped_batches > 0):
+            tree.flush()
+            tree.insert([steps % 7, *big], tree.full.alloc(500), [], 0)
             t0 = time.perf_counter()
             hub.publish_step(tree)
             worst = max(worst, time.perf_counter() - t0)

@@ -184,13 +184,16 @@ class DecodeEngine:
         Without a batch to run it blocks on the inbox first: `_WAITING_S` while requests wait
         (a transfer's end is polled, not signalled), `_IDLE_WAIT_S` when idle."""
         table = self.table
-        waiting = self.fetcher.num_in_flight or self.queue.num_queued or self.fetcher.resolving
+        waiting = (self.fetcher.num_in_flight or self.queue.num_queued or self.fetcher.resolving
+                   or self.table.restoring)
         busy = table.running or self.stepper.busy
         wait_s = 0.0 if busy else _WAITING_S if waiting else _IDLE_WAIT_S
         for cmd in self.inbox.get_all(wait_s):
             self.handle(cmd, now)
         now = time.monotonic()  # the inbox wait may have blocked
         self.fetcher.poll(now)
+        if self.host_tier is not None:
+            self.host_tier.poll(now)
         if self.fetcher.resolving:
             self._resolve(now)
         self._admit(now)
@@ -288,16 +291,17 @@ class DecodeEngine:
                 self.table.end(live, "drain", "aborted: drain", now)
 
     def _restore(self, live: LiveRequest, d: Admit, now: float) -> bool:
-        """Restore `d`'s host hits into its pages before its transfer is posted (writes the
-        admission queued are made first); False when the restore failed and the request ended
-        (every page returned, the host lock dropped)."""
+        """Start restoring `d`'s host hits into its pages (after the writes admission queued:
+        a transfer posted next must not land in pages a write still reads). The request keeps
+        the handle and joins the batch once it is done (the fetcher's gate). False when the
+        restore failed and the request ended (every page returned, the host lock dropped)."""
         ht = self.host_tier
         assert ht is not None
         ht.pool.sync_writes()
         if d.restore is None:
             return True
         try:
-            ht.restore(d.restore)
+            live.restore = ht.start_restore(d.restore)
         except RestoreFailed as exc:
             log.warning("rid=%s restore failed: %s", live.rid, exc)
             self.table.end(live, "restore_failed", f"host tier restore failed: {exc}", now,

@@ -1,17 +1,17 @@
 """Wiring of the host tier for the decode engine: size it, build the host page allocator and
-the host KV pool, and run restores for admitted requests (the compute thread owns all of it)."""
+the host KV pool, and start restores for admitted requests and count them as they complete (the
+compute thread owns all of it)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 
 from decode_worker.core.host_tier import HostRestore, WritePolicy
 from decode_worker.core.memory_budget import plan_host_pages
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
-from decode_worker.device.host_pool import HostKVPool, RestoreFailed
+from decode_worker.device.host_pool import HostKVPool, RestoreFailed, RestoreHandle
 from decode_worker.device.kv_pool import KVPools
 from decode_worker.settings import CacheSettings
 
@@ -50,23 +50,41 @@ class HostTier:
         self.restored_bytes_total = 0
         self.restore_failures_total = 0
         self.restore_durations_s: list[float] = []  # drained by the books into the histogram
+        self._in_flight: list[RestoreHandle] = []
         log.info("%s", self.note)
 
     def attach(self, tree: UnifiedRadixTree) -> None:
         tree.write_sink = self.pool.write
 
-    def restore(self, job: HostRestore) -> None:
-        """Copy a request's host hits into its device pages before its transfer is posted.
-        Raises `RestoreFailed` (the caller aborts that request alone; its pages go back with
-        it). On CUDA it waits for the copy's event (the gate on READY is not built yet)."""
-        t0 = time.monotonic()
+    @property
+    def num_restoring(self) -> int:
+        """Restores started and not yet seen done by `poll`."""
+        return len(self._in_flight)
+
+    def start_restore(self, job: HostRestore) -> RestoreHandle:
+        """Start copying a request's host hits into its device pages (on CUDA on the restore
+        stream: the host thread does not wait; on CPU the copy is made now). The request
+        keeps the handle and joins the batch only once it `is_done()`. Raises
+        `RestoreFailed` (the caller aborts that request alone; its pages go back with it)."""
         try:
             handle = self.pool.restore(job)
         except RestoreFailed:
             self.restore_failures_total += 1
             raise
-        if handle.event is not None:
-            handle.event.synchronize()
-        self.restored_pages_total += handle.num_pages
-        self.restored_bytes_total += handle.num_bytes
-        self.restore_durations_s.append(time.monotonic() - t0)
+        self._in_flight.append(handle)
+        return handle
+
+    def poll(self, now: float) -> None:
+        """Count the restores done since the last poll: pages, bytes, and the duration from
+        the start to the poll that saw it done (the histogram's resolution is one step)."""
+        if not self._in_flight:
+            return
+        still = []
+        for h in self._in_flight:
+            if not h.is_done():
+                still.append(h)
+                continue
+            self.restored_pages_total += h.num_pages
+            self.restored_bytes_total += h.num_bytes
+            self.restore_durations_s.append(max(0.0, now - h.started_s))
+        self._in_flight = still

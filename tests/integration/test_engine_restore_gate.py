@@ -47,6 +47,7 @@ class FakeSlowRestore(RestoreHandle):
     """A restore whose copy was made but which reports done only after `finish()`."""
 
     done = False
+    job: HostRestore | None = None
 
     def is_done(self) -> bool:
         return self.done
@@ -118,6 +119,7 @@ def gated(model_dir: Path, loop: asyncio.AbstractEventLoop,
     def slow_restore(pool: HostKVPool, job: HostRestore) -> RestoreHandle:
         h = real(pool, job)
         slow.append(FakeSlowRestore(h.num_pages, h.num_bytes, h.started_s))
+        slow[-1].job = job
         return slow[-1]
 
     monkeypatch.setattr(HostKVPool, "restore", slow_restore)
@@ -187,6 +189,11 @@ def test_a_transferred_request_joins_only_once_its_restore_is_done(
     _steps(engine, 3)
     (tid, posted), = fake.posted.items()
     assert posted["reused_len"] > 0 and len(slow) == 1  # host hits advertised, restore begun
+    # the peer is asked for [reused_len, prompt_len) only: not into the restore's pages
+    ps = engine.page_size
+    assert len(posted["full_page_ids"]) == -(-posted["prompt_len"] // ps) - (
+        posted["reused_len"] // ps)
+    assert not set(posted["full_page_ids"]) & set(slow[0].job.device_page_ids)  # type: ignore[union-attr]
     fake.done(engine, tid, token_id=9)
     _steps(engine, 5)
     live = engine.table.lives["p"]

@@ -12,6 +12,7 @@ and "released" events come when the test says), over the engine's real receiver.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections.abc import Iterator
@@ -234,3 +235,22 @@ def test_an_end_during_a_restore_frees_its_pages_only_once_the_restore_is_done(
     slow[0].done = True
     _steps(engine, 2)
     assert _free_full(engine) > free_before - held and not engine.table.restoring
+
+
+def test_the_kv_backstop_during_a_restore_waits_for_the_copy_before_its_pages_go_back(
+        gated: tuple[DecodeEngine, list[Event], list[FakeSlowRestore]]) -> None:
+    """Admission's `kv_timeout` returns the pages itself: the engine waits for the restore then
+    (a copy that late means a sick device), so no page it writes is handed out again."""
+    engine, events, slow = gated
+    fake = FakePeerReceiver(engine.receiver)
+    engine.fetcher.receiver = engine.table.transfers = fake  # type: ignore[assignment]
+    _add(engine, "late", [*PROMPT, 5, 6, 7], peer=True)
+    _steps(engine, 3)
+    (tid, _), = fake.posted.items()
+    fake.done(engine, tid, token_id=9)  # KV in; the restore never finishes by itself
+    _steps(engine, 2)
+    assert not slow[0].done
+    engine.queue.limits = dataclasses.replace(engine.queue.limits, kv_timeout_s=0.0)
+    ended = _step_until_ended(engine, events, "late")
+    assert ended.reason == "kv_timeout" and slow[0].done  # waited for before the pages went back
+    assert not engine.table.restoring

@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--turns", type=int, default=4, help="chat turns per conversation")
             p.add_argument("--conversations", type=int, default=4, help="parallel conversations")
             p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per answer")
+            p.add_argument("--device-pages", type=int, default=None,
+                           help="the decode worker's full pool in pages (default: small enough "
+                           "that the chats outgrow it, so the host tier shows; 0: its own "
+                           "sizing)")
         if name == "make-model":
             p.add_argument("dir", type=Path, help="output directory (Hugging Face layout)")
         if name == "config":

@@ -29,7 +29,8 @@ class RestoreFailed(TransferError):
 
 @dataclass(slots=True)
 class RestoreHandle:
-    """One restore in flight: `is_done()` polls it (always true on CPU)."""
+    """One restore in flight: `is_done()` polls it without blocking (always true on CPU, where
+    the copy is made before `restore` returns); `wait()` blocks until it is done."""
 
     num_pages: int
     num_bytes: int
@@ -38,6 +39,10 @@ class RestoreHandle:
 
     def is_done(self) -> bool:
         return self.event is None or bool(self.event.query())
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
 
 
 class HostKVPool:

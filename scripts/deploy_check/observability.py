@@ -36,6 +36,11 @@ REQUIRED_PANELS = {
     "aborts by reason": "decode_worker_aborts_total",
     "TTFT": "decode_worker_time_to_first_token_seconds_bucket",
     "ITL": "decode_worker_inter_token_latency_seconds_bucket",
+    "host tier pages": "decode_worker_kv_pages_capacity",
+    "host tier hits": "decode_worker_prefix_cache_host_hit_tokens_total",
+    "host tier restore bytes": "decode_worker_kv_host_restored_bytes_total",
+    "host tier restore duration": "decode_worker_kv_host_restore_duration_seconds_bucket",
+    "host tier written bytes": "decode_worker_kv_host_written_bytes_total",
 }
 # ... and per worker (`by (instance)`): topic -> the series such a query must read
 PER_WORKER_PANELS = {

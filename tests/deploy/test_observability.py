@@ -85,6 +85,18 @@ def test_dashboard_without_a_per_worker_hit_rate_fails(tmp_path: Path) -> None:
                for p in obs.dashboard_problems(path))
 
 
+def test_dashboard_without_the_host_tier_panels_fails(tmp_path: Path) -> None:
+    dash = json.loads(obs.DASHBOARD.read_text())
+    dash["panels"] = [p for p in dash["panels"] if "Host tier" not in p["title"]
+                      and p["title"] != "Restore duration"]
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(dash))
+    problems = obs.dashboard_problems(path)
+    for topic in ("host tier hits", "host tier restore bytes", "host tier restore duration",
+                  "host tier written bytes"):
+        assert any(f"no panel for {topic}" in p for p in problems), (topic, problems)
+
+
 def _rules_with(tmp_path: Path, **change: str) -> Path:
     doc = yaml.safe_load(obs.RULES.read_text())
     doc["groups"][0]["rules"][2].update(change)

@@ -125,6 +125,12 @@ def test_the_workload_shows_on_the_dashboard_series(scraped: Metrics) -> None:
         assert v(f"decode_worker_{hist}_count") > 0, hist
     assert v("decode_worker_http_requests_total", endpoint="generate", code="400") == 1
     assert v("decode_worker_draining") == 0
+    host = scraped.pool("host")  # the host tier is on by default with the radix cache
+    # write_through copies on insert: the cached prompts have host copies (still on the device
+    # too, so not host-evictable: only host-only leaves are)
+    assert host["total"] > 0 and host["used"] > 0 and host["used"] + host["available"] == (
+        host["total"])
+    assert v("decode_worker_kv_host_written_bytes_total") > 0
     for pool in ("full", "swa"):
         p = scraped.pool(pool)
         assert p["total"] == {"full": 512, "swa": 128}[pool]

@@ -210,6 +210,12 @@ def test_info_endpoints(api: Live, e2e_model_dir: Path) -> None:
         assert info["context_length"] == CONTEXT
         assert info["disaggregation_decode_enable_radix_cache"] is True
         assert info["enable_unified_radix_tree"] is True
+        assert info["enable_hierarchical_cache"] is True  # on by default with the radix cache
+        assert info["hicache_write_policy"] == "write_through" and info["hicache_size"] == 0
+        host = info["host_tier"]
+        assert host["enabled"] is True and host["num_pages"] > 0
+        assert host["max_tokens"] == host["num_pages"] * info["page_size"]
+        assert 0 <= host["pages_used"] <= host["num_pages"]
     for path in ("/model_info", "/get_model_info"):
         model = api.get(path).json()
         assert (Path(model["tokenizer_path"]) / "tokenizer.json").is_file()

@@ -84,6 +84,8 @@ class DecodeBackend:
         # the engine's KV-event log (None: events off); in-process subscribers (gRPC) read it
         self.kv_events: KvEventHub | None = None
         self.kv_events_info: dict[str, Any] | None = None  # /server_info `kv_events` (SGLang's)
+        # /server_info `host_tier`: its size and live pages (the engine's last published)
+        self.host_tier_info: Callable[[], dict[str, Any]] = lambda: {"enabled": False}
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -232,6 +234,7 @@ class DecodeBackend:
             "max_running_requests": i.max_running_requests, "status": self.health().status,
             "kv_full_bytes_per_token": i.kv_full_bytes_per_token,
             "context_length": i.context_length, "kv_events": self.kv_events_info,
+            "host_tier": self.host_tier_info(),
         }
 
     def model_info(self) -> dict[str, Any]:

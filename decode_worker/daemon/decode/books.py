@@ -49,6 +49,9 @@ class Books:
         self.kv_ctx, self.table, self.fetcher, self.stepper = kv_ctx, table, fetcher, stepper
         self.metrics = metrics
         self.host_tier: HostTier | None = None  # set by the engine when the host tier is on
+        # the host tier's last published pages and counters (read from the event loop: an
+        # immutable dict swapped whole, as `load`)
+        self.host_live: dict[str, int] = {}
         self.load = Load()
         self._next_publish = 0.0
 
@@ -88,6 +91,15 @@ class Books:
         })
         self.metrics.observe_host_restores(ht.restore_durations_s)
         ht.restore_durations_s.clear()
+        self.host_live = {
+            "pages_used": st.total - st.available, "pages_evictable": st.evictable,
+            "pages_protected": st.protected, "pages_available": st.available,
+            "hit_tokens": self.kv_ctx.stats.host_hit_tokens_total,
+            "restored_tokens": ht.restored_pages_total * self.kv_ctx.page_size,
+            "restores_in_flight": ht.num_restoring,
+            "restore_failures": ht.restore_failures_total,
+            "written_bytes": ht.pool.written_bytes_total,
+        }
 
     def _load(self, stats: dict[str, PoolStats | None], q: QueueSizes) -> Load:
         # tokens in use: pages held by requests or locked for them, not the evictable cache (as

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 from decode_worker.core.admission import Abort, Admit, Decision, PreallocQueue, QueueLimits
 from decode_worker.core.decode_alloc import DecodeAllocator
@@ -41,11 +42,12 @@ from decode_worker.daemon.decode.bridge import (
     Shutdown,
 )
 from decode_worker.daemon.decode.fetcher import AuxRows, KVFetcher
-from decode_worker.daemon.decode.host_tier import HostTier, host_tier_enabled
+from decode_worker.daemon.decode.host_tier import HostTier
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.requests import RequestTable
 from decode_worker.daemon.decode.stepper import DecodeStepper, sample_kind
 from decode_worker.daemon.shared.compat import model_compat, region_layouts
+from decode_worker.daemon.shared.host_plan import HostPlan, host_tier_enabled, plan_host_tier
 from decode_worker.daemon.shared.runtime import Runtime, build_runtime
 from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.host_pool import RestoreFailed
@@ -65,6 +67,16 @@ _WAITING_S = 0.0005  # the same with no batch but requests waiting (KV in flight
 _EXPIRE_EVERY_S = 0.01  # how often the queue's deadlines are checked
 
 
+def _plan(settings: Settings, rt: Runtime) -> HostPlan:
+    """The host tier's size for a runtime built without one (logged here, not in the budget
+    line)."""
+    plan = plan_host_tier(settings.cache, rt.pools.page_bytes("full")
+                          * rt.pools.spec.num_full_layers, rt.layout.num_full_pages,
+                          rt.layout.page_size)
+    log.info("%s", plan.describe())
+    return plan
+
+
 class DecodeEngine:
     """Build with `DecodeEngine.build`, then `start(outbox)`; talk to it through `inbox`."""
 
@@ -78,8 +90,8 @@ class DecodeEngine:
                     if rt.facts.is_swa_hybrid else None)
         self.kv_events_config = parse_kv_events_config(settings.kv_events.config)
         events_on = self.kv_events_config.enabled and c.decode_radix_cache
-        self.host_tier = (HostTier(c, rt.pools, self.full.num_total)
-                          if c.decode_radix_cache and host_tier_enabled(c) else None)
+        self.host_tier = HostTier(rt.host_plan or _plan(settings, rt), rt.pools) if (
+            host_tier_enabled(c)) else None
         ht = self.host_tier
         self.tree = (UnifiedRadixTree(self.page_size, self.window, self.full, self.swa,
                                       kv_events=events_on, host=ht.pages if ht else None,
@@ -129,7 +141,8 @@ class DecodeEngine:
 
     @classmethod
     def build(cls, settings: Settings, metrics: Metrics) -> DecodeEngine:
-        return cls(settings, build_runtime(settings, use_cuda_graph=True), metrics)
+        return cls(settings, build_runtime(settings, use_cuda_graph=True,
+                                           host_tier=host_tier_enabled(settings.cache)), metrics)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -153,6 +166,14 @@ class DecodeEngine:
             kv_full_bytes_per_token=(self.rt.pools.page_bytes("full")
                                      * self.rt.pools.spec.num_full_layers // self.page_size),
             context_length=self.rt.runner.model.cfg.max_position_embeddings)
+
+    def host_tier_info(self) -> dict[str, Any]:
+        """`/server_info`'s `host_tier`: its size and policy, and its pages and counters as the
+        books last published them (safe to call from the event loop)."""
+        ht = self.host_tier
+        if ht is None:
+            return {"enabled": False}
+        return {"enabled": True, **ht.plan.info(), **self.books.host_live}
 
     # -- thread ------------------------------------------------------------------------------
     def start(self, outbox: Outbox) -> None:
@@ -184,13 +205,16 @@ class DecodeEngine:
         Without a batch to run it blocks on the inbox first: `_WAITING_S` while requests wait
         (a transfer's end is polled, not signalled), `_IDLE_WAIT_S` when idle."""
         table = self.table
-        waiting = self.fetcher.num_in_flight or self.queue.num_queued or self.fetcher.resolving
+        waiting = (self.fetcher.num_in_flight or self.queue.num_queued or self.fetcher.resolving
+                   or self.table.restoring)
         busy = table.running or self.stepper.busy
         wait_s = 0.0 if busy else _WAITING_S if waiting else _IDLE_WAIT_S
         for cmd in self.inbox.get_all(wait_s):
             self.handle(cmd, now)
         now = time.monotonic()  # the inbox wait may have blocked
         self.fetcher.poll(now)
+        if self.host_tier is not None:
+            self.host_tier.poll(now)
         if self.fetcher.resolving:
             self._resolve(now)
         self._admit(now)
@@ -288,16 +312,17 @@ class DecodeEngine:
                 self.table.end(live, "drain", "aborted: drain", now)
 
     def _restore(self, live: LiveRequest, d: Admit, now: float) -> bool:
-        """Restore `d`'s host hits into its pages before its transfer is posted (writes the
-        admission queued are made first); False when the restore failed and the request ended
-        (every page returned, the host lock dropped)."""
+        """Start restoring `d`'s host hits into its pages (after the writes admission queued:
+        a transfer posted next must not land in pages a write still reads). The request keeps
+        the handle and joins the batch once it is done (the fetcher's gate). False when the
+        restore failed and the request ended (every page returned, the host lock dropped)."""
         ht = self.host_tier
         assert ht is not None
         ht.pool.sync_writes()
         if d.restore is None:
             return True
         try:
-            ht.restore(d.restore)
+            live.restore = ht.start_restore(d.restore)
         except RestoreFailed as exc:
             log.warning("rid=%s restore failed: %s", live.rid, exc)
             self.table.end(live, "restore_failed", f"host tier restore failed: {exc}", now,

@@ -7,12 +7,16 @@ fetch ──► receiver.submit ──► "done"      aux row checked: READY wit
                           └─► "released"  pages of an ended request go back (table)
       └─► no peer, or a resumed request: prefill on this worker's model -> READY
 ```
+The join gate: a request admitted with a host-tier restore (`live.restore`) becomes READY
+only when its KV is in (transfer done, or ready to prefill locally) AND its restore is done;
+until then it waits in `gated` (still RECEIVING / RESERVED), polled with the transfers.
 Compute thread only (the receiver's NIXL agent has this one owner).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from decode_worker.core.admission import Admit
@@ -50,6 +54,8 @@ class KVFetcher:
         self.page_size = table.kv_ctx.page_size
         self.by_transfer: dict[int, LiveRequest] = {}
         self.resolving: list[tuple[LiveRequest, float]] = []
+        # KV in, restore not yet done: each with what makes it READY once the restore is done
+        self.gated: list[tuple[LiveRequest, Callable[[float], None]]] = []
         self._free_slots = list(range(aux.native.num_rows - 1, -1, -1))
 
     def wait_for_peer(self, live: LiveRequest, now: float) -> None:
@@ -99,7 +105,9 @@ class KVFetcher:
 
     @property
     def num_in_flight(self) -> int:
-        return len(self.by_transfer)
+        """Requests still getting their KV: transfers in flight, and those waiting for their
+        restore (the "transfer" queue)."""
+        return len(self.by_transfer) + len(self.gated)
 
     def fetch(self, live: LiveRequest, admit: Admit, now: float) -> None:
         """The request holds its pages (RESERVED): ask its prefill peer for the missing KV, or
@@ -108,18 +116,21 @@ class KVFetcher:
         req = live.req
         live.cached_tokens = max(live.cached_tokens, admit.prefix_len)
         if not live.has_peer or req.is_resumed:
-            self._compute_locally(live, admit.prefix_len, now)
+            prefix_len = admit.prefix_len
+            self._when_restored(live, lambda t: self._compute_locally(live, prefix_len, t), now)
             return
         slot = self._free_slots.pop()
         (self.aux.sglang if req.sglang_page_size else self.aux.native).clear(slot)
         cmd = live.cmd
+        # the first pages of `full_page_ids` take the host tier's restore; the peer sends
+        # [prefix_len, fill_len) into the rest
+        sent_full = admit.full_page_ids[admit.restore.num_pages if admit.restore else 0:]
         try:
             tid = self.receiver.submit(
                 cmd.bootstrap_host or "", cmd.bootstrap_port or 0, rid=req.rid,
                 room=cmd.bootstrap_room or 0, prompt_len=req.fill_len,
                 reused_len=admit.prefix_len, swa_window_start=admit.swa_start,
-                full_page_ids=admit.full_page_ids, swa_page_ids=admit.swa_page_ids,
-                aux_slot=slot)
+                full_page_ids=sent_full, swa_page_ids=admit.swa_page_ids, aux_slot=slot)
         except BaseException:
             self._free_slots.append(slot)
             raise
@@ -128,7 +139,35 @@ class KVFetcher:
         req.transition(RequestState.RECEIVING, now)
 
     def poll(self, now: float) -> None:
-        """Apply every transfer event the receiver has."""
+        """Apply every transfer event the receiver has; then let the gated requests whose
+        restore is done become READY, and release the pages of ended ones (table)."""
+        self._poll_events(now)
+        if self.gated:
+            self._poll_gated(now)
+        self.table.restores_done(now)
+
+    def _when_restored(self, live: LiveRequest, make_ready: Callable[[float], None],
+                       now: float) -> None:
+        """Run `make_ready` now if `live` has no restore in flight, else once it is done."""
+        if live.is_restoring:
+            self.gated.append((live, make_ready))
+            return
+        live.restore = None
+        make_ready(now)
+
+    def _poll_gated(self, now: float) -> None:
+        still = []
+        for live, make_ready in self.gated:
+            if live.ended is not None:
+                continue  # it ended meanwhile: the table holds its pages until the restore ends
+            if live.is_restoring:
+                still.append((live, make_ready))
+                continue
+            live.restore = None
+            make_ready(now)
+        self.gated = still
+
+    def _poll_events(self, now: float) -> None:
         for event in self.receiver.poll():
             live = self.by_transfer.get(event.transfer_id)
             if live is None:
@@ -161,6 +200,10 @@ class KVFetcher:
             self.table.end(live, "transfer_failed", "first token missing or for another room",
                            now, failed=True)
             return
+        first = row
+        self._when_restored(live, lambda t: self._arrive(live, first, t), now)
+
+    def _arrive(self, live: LiveRequest, row: AuxRow | SglangAuxRow, now: float) -> None:
         live.record_logprobs(row.logprob, row.top_logprobs)
         live.req.arrive(row.token_id, now)
         self.table.arrived(live)

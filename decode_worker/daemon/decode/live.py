@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from decode_worker.core.request import DecodeRequest
 from decode_worker.core.sampling import TopLogprobs
@@ -12,6 +13,15 @@ from decode_worker.device.sampler import SampleRow
 from decode_worker.io.api.backend import FinishReason, OutputChunk
 
 
+class PendingRestore(Protocol):
+    """A host -> device restore into a request's pages (`device.host_pool.RestoreHandle`):
+    `is_done()` polls without blocking; `wait()` blocks until the copy is done."""
+
+    def is_done(self) -> bool: ...
+
+    def wait(self) -> None: ...
+
+
 @dataclass(slots=True, eq=False)
 class LiveRequest:
     """One request the engine knows: its state machine, what the client asked, its transfer.
@@ -19,6 +29,8 @@ class LiveRequest:
     `transfer_id` / `aux_slot` are set while a transfer is in flight. `ended` is set by the
     request table's one exit: the answer went out, and when a transfer was still in flight the
     pages wait for it to stop before they are released (`RequestTable.transfer_over`).
+    `restore` is its host-tier restore from admission until the request saw it done: it joins
+    the batch only then, and pages of a request that ends meanwhile wait for it too.
     """
 
     req: DecodeRequest
@@ -26,6 +38,7 @@ class LiveRequest:
     eos_ids: frozenset[int]
     transfer_id: int | None = None
     aux_slot: int | None = None
+    restore: PendingRestore | None = None
     cached_tokens: int = 0
     ended: Ended | None = None
     emitted: int = 0  # output tokens already sent to the client
@@ -97,3 +110,8 @@ class LiveRequest:
     def ended_event(self, reason: str, message: str, matched_stop: int | None) -> Ended:
         return Ended(self.rid, reason, message, matched_stop, len(self.req.prompt_ids),
                      self.cached_tokens)
+
+    @property
+    def is_restoring(self) -> bool:
+        """A restore still writes into this request's pages."""
+        return self.restore is not None and not self.restore.is_done()

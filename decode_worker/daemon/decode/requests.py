@@ -10,6 +10,8 @@ state at end         released by end
 QUEUED               its place in the prealloc queue (it holds no pages)
 transfer in flight   nothing yet: the peer may still write into its pages; the receiver is
                      told to stop, and `transfer_over` releases them once it has
+restore in flight    nothing yet: the host tier's copy may still write into its pages;
+                     `restores_done` releases them once the copy is done
 RESERVED..RUNNING    its pages and prefix lock (valid KV stays cached in the tree)
 already terminal     nothing (admission aborted it and returned its pages itself)
 ```
@@ -62,6 +64,8 @@ class RequestTable:
         self._ready: list[LiveRequest] = []  # arrived (READY), not yet started
         # transfer id -> an ended request whose pages the transfer still holds, and its status
         self.draining: dict[int, tuple[LiveRequest, str]] = {}
+        # ended requests whose pages a host-tier restore still writes: (request, status)
+        self.restoring: list[tuple[LiveRequest, str]] = []
         # ended requests whose pages launched steps still use: (request, status, steps left)
         self.settling: list[tuple[LiveRequest, str, int]] = []
         self.requests_total: Counter[str] = Counter()  # finished / aborted / failed
@@ -79,6 +83,7 @@ class RequestTable:
         """Every request that may hold pages: the live ones and those a transfer still holds."""
         return ([lv.req for lv in self.lives.values()]
                 + [lv.req for lv, _ in self.draining.values()]
+                + [lv.req for lv, _ in self.restoring]
                 + [lv.req for lv, _, _ in self.settling])
 
     def arrived(self, live: LiveRequest) -> None:
@@ -109,6 +114,9 @@ class RequestTable:
             self.draining[live.transfer_id] = (live, status)
             self.transfers.abort(live.transfer_id)
             return
+        if live.is_restoring:  # the restore stream still writes its pages: wait for it
+            self.restoring.append((live, status))
+            return
         if in_flight:  # a launched step still reads and writes its pages on the device
             self.settling.append((live, status, in_flight))
             return
@@ -128,10 +136,27 @@ class RequestTable:
                 self._release(live, status, now)
         self.settling = waiting
 
+    def restores_done(self, now: float) -> None:
+        """Release the pages of the ended requests whose restore is done (polled each step)."""
+        if not self.restoring:
+            return
+        still = []
+        for live, status in self.restoring:
+            if live.is_restoring:
+                still.append((live, status))
+            else:
+                self._release(live, status, now)
+        self.restoring = still
+
     def settle_all(self, now: float) -> None:
-        """Release every settling request (the device is idle: shutdown)."""
+        """Release every settling request, and those waiting for a restore once it is done
+        (shutdown: the device runs nothing else)."""
         while self.settling:
             self.step_done(now)
+        for live, _ in self.restoring:
+            if live.restore is not None:
+                live.restore.wait()
+        self.restores_done(now)
 
     def refuse(self, cmd: RefuseRequest) -> None:
         """Requests the worker refused before they reached the engine (at the HTTP door: queue
@@ -144,10 +169,19 @@ class RequestTable:
             self._cancel_room(host, port, room, cmd.reason, cmd.message)
 
     def end_decided(self, ab: Abort, now: float) -> None:
-        """Admission aborted `ab.req` (already ABORTED, its pages returned and counted)."""
+        """Admission aborted `ab.req` (already ABORTED, its pages returned and counted). The
+        KV backstop (`kv_timeout`) may abort a request whose restore is still in flight: its
+        pages are already free, so this waits for the copy before any page is handed out again
+        (the compute thread allocates nothing meanwhile; a copy that late means a sick device)."""
         live = self.lives.get(ab.req.rid)
-        if live is not None:
-            self.end(live, ab.reason, ab.message, now)
+        if live is None:
+            return
+        if live.is_restoring:
+            assert live.restore is not None
+            log.warning("rid=%s aborted (%s) with its restore in flight: waiting for the copy",
+                        live.rid, ab.reason)
+            live.restore.wait()
+        self.end(live, ab.reason, ab.message, now)
 
     def transfer_over(self, transfer_id: int, now: float) -> bool:
         """The transfer `transfer_id` stopped (released, or done after all): if it belonged to
@@ -157,7 +191,10 @@ class RequestTable:
             return False
         live, status = entry
         live.transfer_id = None
-        self._release(live, status, now)
+        if live.is_restoring:
+            self.restoring.append((live, status))
+        else:
+            self._release(live, status, now)
         return True
 
     # -- internals ------------------------------------------------------------------------------

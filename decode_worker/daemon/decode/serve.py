@@ -70,6 +70,7 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics,
                             settings.transfer.bootstrap_port, load=lambda: engine.books.load)
     backend.kv_events = engine.kv_events
     backend.kv_events_info = describe(engine.kv_events_config, engine.page_size)
+    backend.host_tier_info = engine.host_tier_info
     engine.start(Outbox(loop, backend.deliver))
     app = ApiApp(backend, ApiConfig.from_settings(settings), metrics)
     sc = settings.server
@@ -84,9 +85,11 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics,
     stop = _install_signals(loop)
     cache = settings.cache
     log.info("decode worker ready on http://%s:%d (page %d, %d full pages, "
-             "disaggregation_decode_enable_radix_cache=%s, enable_unified_radix_tree=%s)",
+             "disaggregation_decode_enable_radix_cache=%s, enable_unified_radix_tree=%s, "
+             "enable_hierarchical_cache=%s)",
              sc.host, server.port, engine.page_size, engine.full.num_total,
-             cache.decode_radix_cache, cache.decode_radix_cache and cache.unified_radix_tree)
+             cache.decode_radix_cache, cache.decode_radix_cache and cache.unified_radix_tree,
+             engine.host_tier is not None)
     stopper = asyncio.ensure_future(stop.wait())
     dead = asyncio.ensure_future(_wait_dead(backend))
     await asyncio.wait({stopper, dead}, return_when=asyncio.FIRST_COMPLETED)

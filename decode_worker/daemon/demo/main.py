@@ -5,6 +5,11 @@ router's part: every request goes to the prefill peer and the decode worker at o
 same `bootstrap_room`, and the answer is the decode worker's. Prints a report: requests,
 tokens/s, the decode-side prefix hit rate per turn, and KV bytes moved against what the same
 traffic would move without the decode radix cache.
+
+The decode worker's device pool is kept small on purpose (`--device-pages`, by default about
+half of what the conversations hold by their last turn, and room for the largest request), so the
+conversations outgrow it: the host tier (on by default) keeps what the device pool evicts, and
+the report says how much of the reuse came from it.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import random
 import sys
 import time
@@ -60,11 +66,14 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
               "--set", f"cache.memory_fraction={share}"]
     if s.model.path is not None:
         common += ["--model", str(s.model.path)]
+    pages = demo_device_pages(args, s.cache.page_size)
+    small = ["--set", f"cache.num_full_pages={pages}"] if pages else []
     print(f"demo: starting a prefill peer, a decode worker and, for comparison, one without "
           f"the decode radix cache on {host}", flush=True)
     with ServerProcess("prefill", ["prefill", "--port", "0", "--bootstrap-port",
                                    str(boot_port), *common]) as pre, \
-         ServerProcess("decode", ["serve", "--port", str(decode_port), *common]) as dec, \
+         ServerProcess("decode", ["serve", "--port", str(decode_port), *common,
+                                  *small]) as dec, \
          ServerProcess("decode-nocache", ["serve", "--port", "0", *common,
                                           "--set", "cache.decode_radix_cache=false"]) as plain:
         for server in (pre, dec, plain):
@@ -77,8 +86,37 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
         _play(args, pre.url, plain.url, host, boot_port, "without it")
         moved = scrape_metric(dec.url, "decode_worker_transfer_bytes_total")
         without = scrape_metric(plain.url, "decode_worker_transfer_bytes_total")
+        report["host"] = _host_tier(dec.url, s.cache.page_size)
         _print_report(report, moved, without)
     return 0
+
+
+def demo_device_pages(args: argparse.Namespace, page_size: int) -> int:
+    """The decode worker's full pool for the demo (0: the worker sizes it itself): room for the
+    largest request (its last turn) with a margin, and about half of what every conversation
+    holds by then, so that they outgrow it. Token counts are bounded by UTF-8 bytes (plus the
+    chat template's), so the pool is never too small for a request whatever the tokenizer."""
+    if args.device_pages is not None:
+        return int(args.device_pages)
+    system = len(SYSTEM.encode()) + 64
+    turn = max(len(q.encode()) for q in QUESTIONS) + 2 * args.max_new_tokens + 32
+    largest = system + args.turns * turn
+    everything = system + args.conversations * args.turns * turn
+    return math.ceil(max(1.25 * largest, everything / 2) / page_size)
+
+
+def _host_tier(url: str, page_size: int) -> dict[str, float]:
+    """What the decode worker's host tier did, from its /metrics."""
+    def m(name: str, labels: str = "") -> float:
+        return scrape_metric(url, f"decode_worker_{name}", labels)
+
+    return {"device_pages": m("kv_pages_capacity", 'pool="full"'),
+            "host_pages": m("kv_pages_capacity", 'pool="host"'),
+            "host_pages_used": m("kv_pages_used", 'pool="host"'),
+            "demoted_pages": m("kv_evicted_pages_total", 'pool="full"'),
+            "host_hit_tokens": m("prefix_cache_host_hit_tokens_total"),
+            "restored_bytes": m("kv_host_restored_bytes_total"),
+            "page_size": page_size}
 
 
 def _play(args: argparse.Namespace, prefill: str, decode: str, boot_host: str,
@@ -148,6 +186,8 @@ def _print_report(report: dict[str, Any], moved_bytes: float, without: float) ->
     print(f"tokens:   {out_tok} generated, {out_tok / elapsed:.1f} tok/s end to end")
     print(f"prefix reuse: {cached} of {prompt} prompt tokens held by the decode worker "
           f"({cached / max(prompt, 1):.1%})")
+    host = report["host"]
+    _print_host(host, cached)
     print("turn  prompt_tokens  cached_tokens  decode-side hit rate")
     for i, t in enumerate(turns, 1):
         rate = t.cached_tokens / t.prompt_tokens if t.prompt_tokens else 0.0
@@ -156,5 +196,25 @@ def _print_report(report: dict[str, Any], moved_bytes: float, without: float) ->
     print(f"KV moved: {moved_bytes / 1e6:.2f} MB with the decode radix cache, "
           f"{without / 1e6:.2f} MB without it ({saved:.1%} saved)")
     print(json.dumps({"requests": reqs, "tokens_per_s": round(out_tok / elapsed, 2),
-                      "kv_bytes_moved": moved_bytes, "kv_bytes_without_cache": without}))
+                      "kv_bytes_moved": moved_bytes, "kv_bytes_without_cache": without,
+                      "device_hit_tokens": cached - int(host["host_hit_tokens"]),
+                      "host_hit_tokens": int(host["host_hit_tokens"]),
+                      "host_restored_bytes": host["restored_bytes"]}))
+
+
+def _print_host(host: dict[str, float], cached: int) -> None:
+    """Where the reuse came from: the device pool, or the host tier (what the device pool
+    evicted and the host tier kept)."""
+    ps = int(host["page_size"])
+    dev, hp = int(host["device_pages"]), int(host["host_pages"])
+    hits = int(host["host_hit_tokens"])
+    print(f"  device pool {dev} pages ({dev * ps} tokens): {cached - hits} reused tokens found "
+          f"there; {int(host['demoted_pages'])} pages evicted from it")
+    if not hp:
+        print("  host tier off (cache.hierarchical_cache=false)")
+        return
+    print(f"  host tier {hp} pages ({hp * ps} tokens), {int(host['host_pages_used'])} in use at "
+          f"the end: {hits} reused tokens restored from it "
+          f"({host['restored_bytes'] / 1e6:.2f} MB host -> device), which the device pool "
+          f"alone had lost")
 

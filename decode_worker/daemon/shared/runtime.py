@@ -22,6 +22,7 @@ from decode_worker.core.validation import (
     model_facts_from_hf_config,
     validate_startup,
 )
+from decode_worker.daemon.shared.host_plan import HostPlan, check_host_size, plan_host_tier
 from decode_worker.device.attention_backend import AttentionBackend, resolve_attention_backend
 from decode_worker.device.default_model import ensure_default_model
 from decode_worker.device.gpu_memory import CudaMemory, DeviceMemory, ShareTracker
@@ -55,6 +56,7 @@ class Runtime:
     model_name: str
     facts: ModelFacts
     layout: CacheLayout
+    host_plan: HostPlan | None = None  # the host tier's size (decode, host tier on)
 
     @property
     def pools(self) -> KVPools:
@@ -81,8 +83,11 @@ def read_model_facts(model_dir: Path) -> ModelFacts:
     return model_facts_from_hf_config(config)
 
 
-def build_runtime(settings: Settings, *, use_cuda_graph: bool) -> Runtime:
-    """Validate the model/cache combination, then load the model and allocate the pools.
+def build_runtime(settings: Settings, *, use_cuda_graph: bool,
+                  host_tier: bool = False) -> Runtime:
+    """Validate the model/cache combination, then load the model and allocate the pools, and
+    with `host_tier` size the host tier (an explicit `cache.hicache_size_gb` is checked against
+    the host's available memory before the model loads).
 
     On CUDA the pools get this process's share of the device (`cache.memory_fraction` of its
     total memory) less the weights, the measured graph memory and activation headroom
@@ -97,6 +102,8 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool) -> Runtime:
         page_size=c.page_size, decode_radix_cache=c.decode_radix_cache,
         unified_radix_tree=c.unified_radix_tree, hierarchical_cache=c.hierarchical_cache,
         num_full_pages=c.num_full_pages, num_swa_pages=c.num_swa_pages))
+    if host_tier:
+        check_host_size(c)
     device, dtype, kv_dtype = _device_and_dtypes(settings)
     attention = resolve_attention_backend(settings.model.attention_backend, device)
     moe = resolve_moe_backend(settings.model.moe_backend, device)
@@ -119,12 +126,14 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool) -> Runtime:
     graph_bytes = _capture(runner, settings, memory)
     if share is not None:
         share.check_graphs(graph_bytes)
-    log.info("%s", describe_budget(share, model, layout, spec, graph_bytes))
+    host_plan = (plan_host_tier(c, pools.page_bytes("full") * spec.num_full_layers,
+                                layout.num_full_pages, layout.page_size) if host_tier else None)
+    log.info("%s", describe_budget(share, model, layout, spec, graph_bytes, host_plan))
     log.info("runtime: %s on %s (%s, %s decode attention, %s MoE), pools %d full / %d swa "
              "pages of %d tokens (%s)", model_dir, device, dtype, attention, moe,
              layout.num_full_pages, layout.num_swa_pages, layout.page_size, layout.source)
     return Runtime(runner, Tokenizer.from_dir(model_dir), model_dir,
-                   settings.model.served_model_name or model_dir.name, facts, layout)
+                   settings.model.served_model_name or model_dir.name, facts, layout, host_plan)
 
 
 def _device_and_dtypes(settings: Settings) -> tuple[torch.device, torch.dtype, torch.dtype]:
@@ -197,14 +206,17 @@ def _capture(runner: ModelRunner, settings: Settings, memory: DeviceMemory | Non
 
 
 def describe_budget(share: ShareTracker | None, model: GptOssModel, layout: CacheLayout,
-                    spec: KVSpec, graph_bytes: int) -> str:
+                    spec: KVSpec, graph_bytes: int, host: HostPlan | None = None) -> str:
     """The start-up budget line: the share's figures on CUDA (the pools as allocated), the
-    weights and pools on CPU (`cache.cpu_pool_bytes`) or with explicit `cache.num_*_pages`."""
+    weights and pools on CPU (`cache.cpu_pool_bytes`) or with explicit `cache.num_*_pages`;
+    then the host tier when there is one (host memory, outside the device share)."""
     pools = sum(layout.pool_bytes(spec))
     if share is not None:
         b = share.budget()
-        return MemoryBudget(b.fraction, b.total_bytes, b.weights_bytes, graph_bytes,
+        line = MemoryBudget(b.fraction, b.total_bytes, b.weights_bytes, graph_bytes,
                             b.headroom_bytes, pools).describe()
-    where = "cache.cpu_pool_bytes" if model.device.type == "cpu" else "cache.num_*_pages"
-    return (f"memory budget ({model.device.type}): weights {gib(model.weights_bytes())}, pools "
-            f"{gib(pools)} ({where}), graphs {gib(graph_bytes)}, headroom not reserved")
+    else:
+        where = "cache.cpu_pool_bytes" if model.device.type == "cpu" else "cache.num_*_pages"
+        line = (f"memory budget ({model.device.type}): weights {gib(model.weights_bytes())}, "
+                f"pools {gib(pools)} ({where}), graphs {gib(graph_bytes)}, headroom not reserved")
+    return line if host is None else f"{line}; {host.describe()}"

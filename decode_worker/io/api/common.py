@@ -76,10 +76,16 @@ class ApiConfig:
 
 def cache_info(settings: Any) -> dict[str, Any]:
     """The decode cache settings under SGLang's server_info keys (`disable_radix_cache`,
-    `disaggregation_decode_enable_radix_cache`) and `enable_unified_radix_tree`."""
-    radix = bool(settings.cache.decode_radix_cache)
+    `disaggregation_decode_enable_radix_cache`, `enable_hierarchical_cache`, `hicache_ratio`,
+    `hicache_size`: GB, 0 = sized by the ratio, as SGLang's `--hicache-size`;
+    `hicache_write_policy`) and `enable_unified_radix_tree`."""
+    c = settings.cache
+    radix = bool(c.decode_radix_cache)
+    hicache = radix and (c.hierarchical_cache is None or bool(c.hierarchical_cache))
     return {"disable_radix_cache": not radix, "disaggregation_decode_enable_radix_cache": radix,
-            "enable_unified_radix_tree": radix and bool(settings.cache.unified_radix_tree)}
+            "enable_unified_radix_tree": radix and bool(c.unified_radix_tree),
+            "enable_hierarchical_cache": hicache, "hicache_ratio": c.hicache_ratio,
+            "hicache_size": c.hicache_size_gb or 0, "hicache_write_policy": c.hicache_write_policy}
 
 
 def check_prompt(

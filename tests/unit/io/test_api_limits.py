@@ -181,5 +181,11 @@ def test_config_from_settings_carries_strictness_and_cache_flags() -> None:
     assert config.strict_model_name is False
     assert config.server_info_defaults == {
         "disable_radix_cache": False, "disaggregation_decode_enable_radix_cache": True,
-        "enable_unified_radix_tree": True}
+        "enable_unified_radix_tree": True, "enable_hierarchical_cache": True,
+        "hicache_ratio": 2.0, "hicache_size": 0, "hicache_write_policy": "write_through"}
+    sized = load_settings(None, {"cache.hicache_size_gb": 4.5,
+                                 "cache.hicache_write_policy": "write_back"}).settings
+    assert ApiConfig.from_settings(sized).server_info_defaults["hicache_size"] == 4.5
+    off = load_settings(None, {"cache.decode_radix_cache": False}).settings
+    assert ApiConfig.from_settings(off).server_info_defaults["enable_hierarchical_cache"] is False
     assert ApiConfig.from_settings(load_settings(None, {}).settings).strict_model_name is True

@@ -113,12 +113,15 @@ class KVFetcher:
         slot = self._free_slots.pop()
         (self.aux.sglang if req.sglang_page_size else self.aux.native).clear(slot)
         cmd = live.cmd
+        # the first pages of `full_page_ids` take the host tier's restore (already in the
+        # prefix the peer is told); the peer fills those of [prefix_len, fill_len) only
+        restored = admit.restore.num_pages if admit.restore is not None else 0
         try:
             tid = self.receiver.submit(
                 cmd.bootstrap_host or "", cmd.bootstrap_port or 0, rid=req.rid,
                 room=cmd.bootstrap_room or 0, prompt_len=req.fill_len,
                 reused_len=admit.prefix_len, swa_window_start=admit.swa_start,
-                full_page_ids=admit.full_page_ids, swa_page_ids=admit.swa_page_ids,
+                full_page_ids=admit.full_page_ids[restored:], swa_page_ids=admit.swa_page_ids,
                 aux_slot=slot)
         except BaseException:
             self._free_slots.append(slot)

@@ -4,12 +4,15 @@ A decode worker whose device pool (32 pages) is smaller than the conversations, 
 peer: a restore that fails (the test fault point `fail_restores`, armed through
 `DW_TEST_FAULTS`) ends that request alone with a 500 naming `restore_failed` while a request
 beside it is answered; a client that leaves, and a prefill peer that dies, while a request's host
-hits are restored and it waits for the rest of its KV lose nothing. On CPU a restore is a
-synchronous copy, so "during a restore" is the span from admission (host pages locked, the
-restore's device pages allocated) to the request running. After each: every device page is free
-or cached, no host page is locked, and the worker keeps serving. A second worker with a host
-pool too small for its conversations skips (and counts) the writes it cannot make and answers
-every turn as the reference does.
+hits are restored and it waits for the rest of its KV lose nothing. The copy itself is made in
+the admission step (the engine waits for it today), so "during a restore" is the span from
+admission (host pages locked, the restore's device pages allocated) to the request running.
+After each: every device page is free or cached, no host page is locked, and the worker keeps
+serving. A second worker with a host pool too small for its conversations skips (and counts) the
+writes it cannot make and answers every turn as the reference does.
+
+The P/D tests share one worker and run in file order: the module's first restore is the one
+that fails; the last test kills the prefill peer.
 """
 
 from __future__ import annotations

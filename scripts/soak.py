@@ -12,12 +12,15 @@ pressure bursts, and a SIGTERM of the decode worker under load (then restart). T
 traffic, waits for the worker to go idle and prints, per fault kind, injected / survived and the
 requests sent / answered with tokens / answered with an error / never answered (the requests
 started while a fault of that kind was being injected, its own and the traffic's; the `traffic`
-row: while none was); the counters that show the tiny pools at work (evictions, retractions);
-the page and queue gauges against their baseline; and last, exactly
+row: while none was); the counters that show the tiny pools at work (evictions, retractions,
+the host tier's hits, restores and skipped writes); the page and queue gauges against their
+baseline; one `host tier:` line (it fails the run when no host hit was restored: the device pool
+is small enough that the host tier must carry prefixes); and last, exactly
 
     soak: seconds=<s> faults=<n> requests=<n> unanswered=<n> leaked_pages=<n>
 
-It exits 1 when `unanswered` or `leaked_pages` is not 0. What counts as answered is decided in
+It exits 1 when `unanswered` or `leaked_pages` (locked host-tier pages included) is not 0, or
+the host tier check failed. What counts as answered is decided in
 `soak_lib/traffic.py` (a refused connection only while the worker was stopped on purpose).
 """
 
@@ -95,11 +98,28 @@ def _soak(cluster: Cluster, duration_s: float, seed: int, threads: int,
     end = _quiesce(cluster)
     leaked = max(0, held_pages(end) - held_pages(base))
     _report(tally, injected, survived, chaos, base, end, stopped)
+    host_ok = _check_host_tier(chaos, end)
     totals = tally.totals()
     unanswered = totals["unanswered"]
     print(f"soak: seconds={seconds:.0f} faults={sum(injected.values())} "
           f"requests={totals['sent']} unanswered={unanswered} leaked_pages={leaked}", flush=True)
-    return 0 if unanswered == 0 and leaked == 0 else 1
+    return 0 if unanswered == 0 and leaked == 0 and host_ok else 1
+
+
+def _check_host_tier(chaos: Chaos, end: Scrape) -> bool:
+    """The host tier worked under the small device pool: prefixes were restored from it (it
+    was not silently off) and every admitted host hit was restored or its restore counted as
+    failed. Prints one `host tier:` line."""
+    names = ("host_hit_tokens", "host_restored_tokens", "host_restore_failures",
+             "host_write_failures", "host_evicted_pages")
+    got = {n: int(chaos.carried.get(n, 0) + value(end, n)) for n in names}
+    ok = got["host_hit_tokens"] > 0 and got["host_restored_tokens"] > 0
+    ok = ok and (got["host_restore_failures"] > 0
+                 or got["host_restored_tokens"] == got["host_hit_tokens"])
+    print("host tier: " + " ".join(f"{k}={v}" for k, v in got.items())
+          + f" pages={value(end, 'pages_capacity', pool='host'):g} "
+          + ("ok" if ok else "FAILED (no host hit restored, or hits and restores disagree)"))
+    return ok
 
 
 def _inject_until(chaos: Chaos, rng: random.Random, end: float, kinds: list[str],

@@ -3,7 +3,9 @@
 `KVEventIndex` applies `BlockStored` / `BlockRemoved` / `AllBlocksCleared` in order, exactly as a
 router that indexes SGLang's events does: pages by published hash, per medium, each with its
 parent link and tokens. `match_len` then predicts how many prompt tokens the worker holds, by
-recomputing SGLang's page chain over the prompt (as the experimental sgl-router does).
+recomputing SGLang's page chain over the prompt (as the experimental sgl-router does);
+`match_len_across` does the same over several media in order (device pages, then host pages:
+what a worker with a host tier reports as cached, since it restores host hits itself).
 
 Used by the tests (the event log must let this index agree with the tree after every step) and
 by tools that route on events. It counts, never raises on, what a faithful log never does (a
@@ -16,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from decode_worker.core.radix_events import (
+    MEDIUM_CPU_PINNED,
     MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
@@ -78,14 +81,26 @@ class KVEventIndex:
     def match_len(self, token_ids: Sequence[int], medium: str = MEDIUM_GPU) -> int:
         """Tokens of the longest prefix of `token_ids` whose full pages are all held in
         `medium` (0 before the first store tells the block size)."""
-        bs, held = self.block_size, self.pages.get(medium, {})
-        if bs <= 0:
+        return self.match_len_across(token_ids, (medium,))
+
+    def match_len_across(
+        self, token_ids: Sequence[int], media: Sequence[str] = (MEDIUM_GPU, MEDIUM_CPU_PINNED)
+    ) -> int:
+        """Tokens of the longest prefix of `token_ids` made of a run of pages held in
+        `media[0]`, then a run held in `media[1]`, and so on (a page held in an earlier
+        medium counts there; the walk never goes back to one). With the default, the
+        device hits then the host hits of a worker with a host tier."""
+        bs = self.block_size
+        if bs <= 0 or not media:
             return 0
-        prior: bytes | None = None
-        n = 0
+        tiers = [self.pages.get(m, {}) for m in media]
+        tier, prior, n = 0, None, 0
         for i in range(0, len(token_ids) - len(token_ids) % bs, bs):
             prior = page_digest(prior, token_bytes(token_ids[i : i + bs]))
-            if digest_to_int64(prior) not in held:
+            h = digest_to_int64(prior)
+            while tier < len(tiers) and h not in tiers[tier]:
+                tier += 1
+            if tier == len(tiers):
                 break
             n += bs
         return n

@@ -127,6 +127,12 @@ class Metrics:
         self.host_written_bytes = c("kv_host_written_bytes",
                                     "Bytes of full KV written device -> host (write policy)")
         self.host_evicted_pages = c("kv_host_evicted_pages", "Host-tier pages evicted (LRU)")
+        self.host_restore_failures = c(
+            "kv_host_restore_failures", "Host -> device restores that failed (each ended its "
+            "request: restore_failed)")
+        self.host_write_failures = c(
+            "kv_host_write_failures", "Host-tier writes skipped because the host pool stayed "
+            "full (the node stays device-only; nothing fails)")
         self._totals: dict[tuple[str, str], float] = {}  # what set_totals has reached
 
     def _build_gauges(self) -> None:

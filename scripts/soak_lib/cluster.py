@@ -18,9 +18,10 @@ from decode_worker.io.metrics import Metrics
 PAGE_SIZE = 16
 DRAIN_GRACE_S = 4.0
 # small pools force eviction and retraction (48 full pages: the full pool, not the SWA one, is
-# what a burst runs short of, so decode growth retracts); short deadlines bound every failure
+# what a burst runs short of, so decode growth retracts) and demotion to the host tier (on, at
+# its default size: twice the device pool); short deadlines bound every failure
 DECODE_SETTINGS = {
-    "cache.num_full_pages": "48", "cache.num_swa_pages": "64",
+    "cache.num_full_pages": "48", "cache.num_swa_pages": "64", "cache.hierarchical_cache": "true",
     "scheduler.decode_reserve_tokens": "0", "scheduler.integrity_check_interval_s": "0.2",
     "scheduler.kv_timeout_s": "4", "scheduler.queue_timeout_s": "15",
     "transfer.peer_dead_after_s": "2", "transfer.abort_quiesce_s": "2",
@@ -150,9 +151,11 @@ def value(scrape: Scrape, attr: str,
 
 
 def held_pages(scrape: Scrape) -> int:
-    """Pages neither free nor evictable (held by requests, or cached but locked), both pools
-    together: 0 on an idle worker whose books balance."""
-    held = 0.0
+    """Pages neither free nor evictable (held by requests, or cached but locked), both device
+    pools together, and host-tier pages locked (for a restore): 0 on an idle worker whose books
+    balance. (Host copies of device-resident nodes are not evictable from the host tier yet
+    not held either: only the locked ones count.)"""
+    held = value(scrape, "pages_protected", pool="host")
     for pool in ("full", "swa"):
         held += (value(scrape, "pages_capacity", pool=pool) - value(scrape, "pages_available",
                  pool=pool) - value(scrape, "pages_evictable", pool=pool))

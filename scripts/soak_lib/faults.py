@@ -24,7 +24,9 @@ from scripts.soak_lib.cluster import DRAIN_GRACE_S, Cluster, health_ok, value
 from scripts.soak_lib.rogue import RoguePeer
 from scripts.soak_lib.traffic import SYSTEM, Requester, State, Tally, gen_body
 
-COUNTERS = ("evicted_pages", "retractions", "aborts", "transfer_failures", "transfer_bad_frames")
+COUNTERS = ("evicted_pages", "retractions", "aborts", "transfer_failures", "transfer_bad_frames",
+            "host_hit_tokens", "host_restored_tokens", "host_write_failures",
+            "host_restore_failures", "host_evicted_pages")
 
 
 @dataclass

@@ -2,9 +2,12 @@
 
 Run as a script (the router tests run it inside a loopback-only network namespace):
     python -m tests.e2e.driver --model DIR --out result.json [--router [--router-kind K]]
-It writes, per turn, the prompt ids sent, the output ids and meta_info received, the decode
-worker's transfer bytes after the turn, and a final /metrics scrape; with the router, also its
-answer to a /flush_cache after the last turn.
+        [--chats N] [--decode-set SECTION.KEY=VALUE ...]
+It writes, per turn, the chat it belongs to, the prompt ids sent, the output ids and meta_info
+received, the decode worker's transfer bytes after the turn, and the final /metrics scrapes
+(`metrics_idle` once the last turn wound down, `metrics` at the end); with the router, also its
+answer to a /flush_cache after the last turn. `--chats N` interleaves N conversations turn by
+turn (with a small device pool, each chat's earlier turns are evicted before its next one).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from decode_worker.daemon.shared.procs import (
     scrape_metric,
 )
 from decode_worker.daemon.shared.router import SGLANG_ROUTER, SMG, Router, router_argv
+from tests.e2e.live_fixtures import Metrics, pool_is_whole
 
 PAGE_SIZE = 16
 TOP_LOGPROBS = 5  # alternatives asked per token: the first token's come through the aux row
@@ -111,17 +115,20 @@ class RouterProcess(Router):
         super().wait_workers(count, timeout_s)
 
 
-def play(workers: Workers, turns: int, max_new: int) -> list[dict[str, Any]]:
-    history: list[int] = []
+def play(workers: Workers, turns: int, max_new: int, chats: int = 1) -> list[dict[str, Any]]:
+    """`chats` conversations (chat c uses seed c), one turn of each in turn."""
+    users = [conversation(turns, seed=c) for c in range(chats)]
+    history: list[list[int]] = [[] for _ in range(chats)]
     results = []
     with ThreadPoolExecutor(max_workers=2) as pool:
-        for user in conversation(turns):
-            prompt = history + user
-            out = workers.generate(pool, prompt, max_new)
-            moved = scrape_metric(workers.decode.url, "decode_worker_transfer_bytes_total")
-            results.append({"input_ids": prompt, "output_ids": out["output_ids"],
-                            "meta_info": out["meta_info"], "bytes_after": moved})
-            history = prompt + out["output_ids"]
+        for turn in range(turns):
+            for c in range(chats):
+                prompt = history[c] + users[c][turn]
+                out = workers.generate(pool, prompt, max_new)
+                moved = scrape_metric(workers.decode.url, "decode_worker_transfer_bytes_total")
+                results.append({"chat": c, "input_ids": prompt, "output_ids": out["output_ids"],
+                                "meta_info": out["meta_info"], "bytes_after": moved})
+                history[c] = prompt + out["output_ids"]
     return results
 
 
@@ -134,16 +141,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-new", type=int, default=8)
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--decode-set", action="append", default=[],
+                    help="a setting for the decode worker only (e.g. a small device pool)")
+    ap.add_argument("--chats", type=int, default=1, help="conversations, interleaved")
     ap.add_argument("--protocol", default="native", choices=["native", "sglang"],
                     help="the protocol the prefill peer serves (the decode worker finds out)")
     args = ap.parse_args(argv)
     extra = [x for s in args.set for x in ("--set", s)]
-    with Workers(args.model, args.router, extra, args.protocol,
-                 router_kind=args.router_kind) as w:
-        results = play(w, args.turns, args.max_new)
+    decode_extra = [x for s in args.decode_set for x in ("--set", s)]
+    with Workers(args.model, args.router, extra, args.protocol, router_kind=args.router_kind,
+                 decode_extra=decode_extra) as w:
+        results = play(w, args.turns, args.max_new, args.chats)
         out: dict[str, Any] = {"turns": results}
+        wait_idle(w.decode.url)  # a flush is refused while the last turn still winds down
+        out["metrics_idle"] = wait_whole(w.decode.url)
         if w.router is not None:  # the router sends its /flush_cache on to every worker
-            wait_idle(w.decode.url)  # a flush is refused while the last turn still winds down
             out["router_flush"] = http_json(f"{w.router.url}/flush_cache", {})
         out["metrics"] = get_text(f"{w.decode.url}/metrics")
         args.out.write_text(json.dumps(out))
@@ -159,6 +171,17 @@ def wait_idle(url: str, timeout_s: float = 30.0) -> None:
             return
         time.sleep(0.05)
     raise RuntimeError(f"{url} not idle after {timeout_s}s")
+
+
+def wait_whole(url: str, timeout_s: float = 15.0) -> str:
+    """The worker's /metrics once every device page is free or cached and none is held (the
+    gauges follow the engine with a short lag); the last scrape at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = get_text(f"{url}/metrics")
+        if not pool_is_whole(Metrics(text)) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.05)
 
 
 def get_text(url: str) -> str:

@@ -1,8 +1,8 @@
 """A real `decode-worker serve` with `--kv-events-config` behind smg, small pools: an index built
 only from the worker's KV events (fetched over the replay socket, decoded from the wire)
-predicts `cached_tokens` of every later turn exactly, through the router, while the tree
-evicts; `/server_info` reports `kv_events` as SGLang does; `/flush_cache` sends
-`AllBlocksCleared`."""
+predicts `cached_tokens` of every later turn exactly (device pages, then host pages: the host
+tier is on by default), through the router, while the tree evicts to the host tier;
+`/server_info` reports `kv_events` as SGLang does; `/flush_cache` sends `AllBlocksCleared`."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_event_index_predicts_cached_tokens_through_smg_with_eviction(e2e_model_
             dealer.connect(f"tcp://127.0.0.1:{replay_port}")
             index, next_seq = KVEventIndex(), 0
             histories = [list(s) for s in systems]
-            checked = 0
+            checked = from_host = 0
             with stack.routed("round_robin") as router:
                 for turn in range(4):
                     for i in range(convs):
@@ -81,7 +81,9 @@ def test_event_index_predicts_cached_tokens_through_smg_with_eviction(e2e_model_
                             index.apply(events)
                             next_seq += 1
                         prompt = histories[i] + users[i][turn]
-                        predicted = index.match_len(prompt)
+                        # the worker restores host hits itself: cached = device + host hits
+                        predicted = index.match_len_across(prompt)
+                        from_host += predicted > index.match_len(prompt)
                         answer = http_json(f"{router.url}/generate", {
                             "input_ids": prompt, "sampling_params": {
                                 "max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})
@@ -90,7 +92,7 @@ def test_event_index_predicts_cached_tokens_through_smg_with_eviction(e2e_model_
                         histories[i] = prompt + answer["output_ids"]
             evicted = scrape_metric(stack.decodes[0].url, "decode_worker_kv_evicted_pages_total",
                                     'pool="full"')
-            assert evicted > 0 and checked > 0, (evicted, checked)
+            assert evicted > 0 and checked > 0 and from_host > 0, (evicted, checked, from_host)
             assert index.orphan_stores == index.unknown_removals == 0
             stack.flush()
             tail = [e for _, evs in replay(dealer, next_seq) for e in evs]

@@ -21,6 +21,7 @@ import torch
 from decode_worker.daemon.shared.router import SGLANG_ROUTER, SMG, has_router
 from tests.e2e import driver
 from tests.e2e.conftest import assert_top_logprobs_match
+from tests.e2e.live_fixtures import Metrics, pool_is_whole
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +32,11 @@ LOGPROB_TOL = 1e-4  # float32 on both sides; KV corruption moves logprobs well p
 
 
 def check_turns(turns: list[dict[str, Any]], reference: ReferenceRun, max_new: int) -> None:
+    """Every turn against the reference; per chat (turns carry their chat when the driver
+    interleaved several), later turns report cached tokens and move fewer KV bytes than the
+    chat's first turn."""
+    after = [t["bytes_after"] for t in turns]
+    moved = [b - a for a, b in zip([0.0, *after[:-1]], after, strict=True)]
     for i, turn in enumerate(turns):
         want, lp_rows = reference(turn["input_ids"], max_new)
         want_lps = [float(lp[t]) for lp, t in zip(lp_rows, want, strict=True)]
@@ -42,14 +48,15 @@ def check_turns(turns: list[dict[str, Any]], reference: ReferenceRun, max_new: i
         worst = max(abs(lp - ref) for (lp, _, _), ref in zip(got, want_lps, strict=True))
         assert worst < LOGPROB_TOL, f"turn {i}: logprobs off by {worst:.2e}"
         assert turn["meta_info"]["prompt_tokens"] == len(turn["input_ids"])
-    cached = [t["meta_info"]["cached_tokens"] for t in turns]
-    assert cached[0] == 0
-    assert all(c > 0 for c in cached[1:]), f"later turns reuse the cached prefix: {cached}"
-    after = [t["bytes_after"] for t in turns]
-    moved = [b - a for a, b in zip([0.0, *after[:-1]], after, strict=True)]
-    # a later turn is longer than the first, yet moves fewer bytes (only suffix + SWA tail)
-    assert all(m > 0 for m in moved)
-    assert all(m < moved[0] for m in moved[1:]), f"bytes per turn: {moved}"
+    for chat in sorted({t.get("chat", 0) for t in turns}):
+        mine = [i for i, t in enumerate(turns) if t.get("chat", 0) == chat]
+        cached = [turns[i]["meta_info"]["cached_tokens"] for i in mine]
+        assert cached[0] == 0
+        assert all(c > 0 for c in cached[1:]), f"later turns reuse the cached prefix: {cached}"
+        # a later turn is longer than the first, yet moves fewer bytes (only suffix + SWA tail)
+        sent = [moved[i] for i in mine]
+        assert all(m > 0 for m in sent)
+        assert all(m < sent[0] for m in sent[1:]), f"chat {chat}: bytes per turn: {sent}"
 
 
 def _metric(text: str, name: str) -> float:
@@ -84,6 +91,14 @@ def _router_skip_reason(kind: str = SMG) -> str | None:
     return None
 
 
+# behind smg, three chats interleaved on a device pool that holds about two of them: each chat's
+# earlier turns are demoted to the host tier before its next turn, whose prefix comes back
+# host -> device; every answer must still equal the reference (restored KV is bit-exact). The
+# worker checks its pages and locks whenever idle (a broken invariant stops it).
+TIGHT_POOL = ["--chats", "3", "--decode-set", "cache.num_full_pages=32",
+              "--decode-set", "scheduler.integrity_check_interval_s=0.1"]
+
+
 @pytest.mark.router
 @pytest.mark.parametrize(("kind", "protocol"), [
     (SMG, "native"), (SMG, "sglang"),
@@ -96,16 +111,32 @@ def test_multi_turn_through_router(
     if reason:
         pytest.skip(reason)
     out = tmp_path / "result.json"
+    tight = kind == SMG
     script = (f"ip link set lo up && exec {sys.executable} -m tests.e2e.driver --router "
               f"--router-kind {kind} --model {e2e_model_dir} --out {out} --turns 3 "
-              f"--protocol {protocol}")
+              f"--protocol {protocol} " + (" ".join(TIGHT_POOL) if tight else ""))
     proc = subprocess.run(["unshare", "-n", "bash", "-c", script], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     check_turns(result["turns"], reference_run, 8)
     assert _metric(result["metrics"], "decode_worker_prefix_cache_hit_tokens_total") > 0
+    if tight:
+        check_host_tier(result["metrics_idle"])
     # the router's /flush_cache reached the prefill peer and the decode worker; both said 200
     assert result["router_flush"]["workers_flushed"] == 2, result["router_flush"]
     flushed = 'decode_worker_http_requests_total{code="200",endpoint="flush_cache"} 1.0'
     assert flushed in result["metrics"].splitlines()
+
+
+def check_host_tier(text: str) -> None:
+    """The host tier did the work (prefixes restored, so the run cannot pass with it off) and,
+    once idle, every device page is free or cached and no host page is locked."""
+    m = Metrics(text)
+    hits = m.value("decode_worker_prefix_cache_host_hit_tokens_total")
+    restored = m.value("decode_worker_kv_host_restored_tokens_total")
+    assert hits > 0 and restored == hits, (hits, restored)
+    assert m.value("decode_worker_kv_host_written_bytes_total") > 0
+    assert m.value("decode_worker_kv_evicted_pages_total", pool="full") > 0
+    assert not pool_is_whole(m), pool_is_whole(m)
+    assert m.pool("host")["protected"] == 0, m.pool("host")

@@ -11,7 +11,8 @@ out by itself that the peer speaks SGLang's protocol.
 
 Checked: greedy tokens, logprobs and top logprobs equal transformers' own, with prefill TP 1 and
 TP 2 (two registrations; each rank writes its KV head); turns >= 2 of a conversation report
-cached tokens (and the prefill saw a decode prefix); a room the prefill fails ends in 502 naming
+cached tokens (and the prefill saw a decode prefix), also from the host tier of a second worker
+whose device pool is too small for the conversations; a room the prefill fails ends in 502 naming
 the peer's reason; a killed prefill fails its request (502, peer_dead) within seconds; after
 each failure the worker is idle with every page back and keeps serving.
 
@@ -54,8 +55,13 @@ pytestmark = [pytest.mark.slow, needs_sglang_venv]
 
 TP1 = HarnessPorts(18500, 18501, "18510-18519", "18520-18539")
 TP2 = HarnessPorts(18502, 18503, "18540-18549", "18550-18569")
-WORKER_UCX = "18570-18589"
+WORKER_UCX = "18570-18579"
 WORKER_PORT = 18590
+TIGHT_UCX = "18580-18589"
+TIGHT_PORT = 18591
+# a device pool that holds about two of three interleaved chats: the host tier carries the rest
+TIGHT_POOL = ["--set", "cache.num_full_pages=32", "--set",
+              "scheduler.integrity_check_interval_s=0.1"]
 
 
 @dataclass
@@ -63,6 +69,7 @@ class Rig:
     tp1: SglangPrefill  # prefill attention TP 1
     tp2: SglangPrefill  # prefill attention TP 2
     worker: Live
+    tight: Live  # a second worker whose device pool is too small for the conversations
     reference: Any  # transformers' GptOssForCausalLM, float32
 
 
@@ -82,21 +89,27 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     tp2 = SglangPrefill(PYTHON, TP2, [*harness_args, "--tp-size", "2", "--tp-in-process"]).start()
     proc = ServerProcess("decode", worker_args(model_dir, WORKER_PORT), WORKER_PORT,
                          env={"UCX_TCP_PORT_RANGE": WORKER_UCX})
+    tight_proc = ServerProcess("decode-tight", [*worker_args(model_dir, TIGHT_PORT),
+                                                *TIGHT_POOL], TIGHT_PORT,
+                               env={"UCX_TCP_PORT_RANGE": TIGHT_UCX})
     try:
-        with proc:
+        with proc, tight_proc:
             ref = transformers.GptOssForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
             proc.wait_ready(120)
+            tight_proc.wait_ready(120)
             tp1.wait_ready()
             tp2.wait_ready()
-            worker = Live(proc)
+            worker, tight = Live(proc), Live(tight_proc)
             try:
-                yield Rig(tp1, tp2, worker, ref.eval())
+                yield Rig(tp1, tp2, worker, tight, ref.eval())
             finally:
                 worker.close()
+                tight.close()
     finally:
         tp1.kill()
         tp2.kill()
         proc.log.close()
+        tight_proc.log.close()
 
 
 def assert_peers_speak_sglang(worker: Live, at_least: int, timeout_s: float = 5.0) -> None:
@@ -133,6 +146,35 @@ def test_multi_turn_conversation_matches_reference(rig: Rig, tp: int) -> None:
     assert prefixes[0] == 0 and all(p > 0 for p in prefixes[1:]), f"decode prefix: {prefixes}"
     assert_idle_and_whole(rig.worker)
     assert_peers_speak_sglang(rig.worker, tp)
+
+
+def test_conversations_beyond_the_device_pool_restore_host_hits_exactly(rig: Rig) -> None:
+    """Three chats, one turn of each in turn, from SGLang's own sender into a worker whose
+    device pool holds about two: each chat's earlier turns are demoted to the host tier and
+    restored for its next turn (advertised to SGLang as decode prefix); every answer equals
+    transformers' (restored KV is bit-exact), and once idle every page is back."""
+    worker, harness = rig.tight, rig.tp1
+    chats = [conversation(seed=20 + c) for c in range(3)]
+    history: list[list[int]] = [[] for _ in chats]
+    prefixes: dict[int, list[int]] = {c: [] for c in range(len(chats))}
+    for turn in range(3):
+        for c, users in enumerate(chats):
+            prompt = history[c] + users[turn]
+            resp, state = pd_request(harness, worker, prompt)
+            assert resp.status_code == 200, f"chat {c} turn {turn}: {resp.text[:2000]}"
+            assert state["status"] == "success", state
+            out = resp.json()
+            check_against_reference(rig.reference, prompt, out)
+            assert (out["meta_info"]["cached_tokens"] > 0) == (turn > 0), (c, turn)
+            prefixes[c].append(state["ranks"][0]["decode_prefix_len"])
+            history[c] = prompt + out["output_ids"]
+    assert all(p[0] == 0 and all(x > 0 for x in p[1:]) for p in prefixes.values()), prefixes
+    assert_idle_and_whole(worker)
+    m = worker.metrics()
+    hits = m.value("decode_worker_prefix_cache_host_hit_tokens_total")
+    assert hits > 0 and m.value("decode_worker_kv_host_restored_tokens_total") == hits
+    assert m.pool("host")["protected"] == 0, m.pool("host")
+    assert_peers_speak_sglang(worker, 1)
 
 
 def test_failed_room_answers_502_with_the_peer_reason(rig: Rig) -> None:

@@ -88,6 +88,8 @@ class Books:
             "host_restored_bytes": ht.restored_bytes_total,
             "host_written_bytes": ht.pool.written_bytes_total,
             "host_evicted_pages": tree.host_stats.host_evicted_pages_total,
+            "host_write_failures": tree.host_stats.write_failures_total,
+            "host_restore_failures": ht.restore_failures_total,
         })
         self.metrics.observe_host_restores(ht.restore_durations_s)
         ht.restore_durations_s.clear()

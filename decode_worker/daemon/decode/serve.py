@@ -20,6 +20,7 @@ from pathlib import Path
 from decode_worker.daemon.decode.backend import DecodeBackend
 from decode_worker.daemon.decode.bridge import Drain, Outbox, Shutdown
 from decode_worker.daemon.decode.engine import DecodeEngine
+from decode_worker.daemon.decode.faults import arm_test_faults
 from decode_worker.daemon.shared.grpc_server import GrpcServer, start_grpc
 from decode_worker.daemon.shared.http_server import (
     HttpServer,
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
     try:
         publisher = ZmqKvEventPublisher.bind(kv_cfg, metrics) if kv_cfg.enabled else None
         engine = DecodeEngine.build(settings, metrics)
+        arm_test_faults(engine, os.environ)
         if publisher is not None and engine.kv_events is not None:
             publisher.start(engine.kv_events)
         elif publisher is not None:

@@ -125,3 +125,22 @@ def test_a_tree_without_events_records_and_hashes_nothing() -> None:
     finish(tree, list(range(16)))
     tree.flush()
     assert tree.take_events() == [] and tree.snapshot_events() == []
+
+
+def test_match_across_media_takes_device_pages_then_host_pages() -> None:
+    toks = list(range(1, 17))  # 4 pages of 4
+    hashes = chain_hashes(toks, 4)
+    index = KVEventIndex()
+    index.apply([BlockStored(hashes[:2], None, toks[:8], 4, "GPU", None),
+                 BlockStored(hashes, None, toks, 4, "CPU_PINNED", None)])
+    assert index.match_len(toks) == 8 and index.match_len(toks, "CPU_PINNED") == 16
+    assert index.match_len_across(toks) == 16  # 2 device pages, then 2 host pages
+    assert index.match_len_across(toks, ("CPU_PINNED", "GPU")) == 16
+    index.apply([BlockRemoved(hashes[1:3], "CPU_PINNED")])
+    assert index.match_len_across(toks) == 8  # page 2 is nowhere: the match ends there
+    # the walk never goes back to an earlier medium: page 1 only on the device after a host page
+    index.apply([BlockRemoved(hashes[:1], "GPU"), BlockStored(hashes[1:2], hashes[0], toks[4:8],
+                                                             4, "GPU", None)])
+    index.apply([BlockStored(hashes[:1], None, toks[:4], 4, "CPU_PINNED", None)])
+    assert index.match_len_across(toks) == 4
+    assert KVEventIndex().match_len_across(toks) == 0  # no store yet: no block size

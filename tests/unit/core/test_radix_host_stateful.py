@@ -11,7 +11,8 @@ page reused while still in the tree all show up as a wrong content.
 
 The tree records KV events: after every step an index rebuilt from the events alone holds
 exactly the tree's device pages as medium `GPU` and its host copies as `CPU_PINNED` (demotion
-is a removal from one and a store in the other), and so does one rebuilt from a snapshot.
+is a removal from one and a store in the other), and so does one rebuilt from a snapshot; its
+match across media (device pages, then host pages) equals the tree's device + host hits.
 """
 
 from __future__ import annotations
@@ -170,8 +171,11 @@ class HostTierMachine(RuleBasedStateMachine):
     @rule(toks=tokens_st, mode=st.sampled_from(MatchMode), cap=st.integers(0, 48),
           lock=st.booleans())
     def match(self, toks: list[int], mode: MatchMode, cap: int, lock: bool) -> None:
+        self.index.apply(self.tree.take_events())
         res = self.tree.match_prefix(toks, mode, max_len=cap)
         self._drain()
+        if mode is MatchMode.TRANSFER and cap >= len(toks):  # device hits, then host hits
+            assert self.index.match_len_across(toks) == res.total_len
         for i, page in enumerate(res.full_page_ids):
             assert self.dev[page] == self._content(toks, i)
         base = res.prefix_len // self.ps

@@ -6,18 +6,22 @@ Layout mirrors the device full pool, layer first:
 so one copy per direction moves whole pages of every full layer with one indexed copy.
 On CUDA each direction has its own stream: a write waits for the compute stream (the KV it
 reads was written there) and the compute stream waits for the write before it reuses pages
-(GPU-side waits, the host thread never blocks on them); a restore records an event the caller
-polls. On CPU the same calls copy synchronously through numpy views of the two tensors: runs
-of page ids that step by one (up or down, each side its own way, as the LIFO allocators hand
+(GPU-side waits); the write lands in a pinned staging buffer and is scattered into the host
+pages by the host thread once its event says the copy is done (a later write polls, a
+restore and `sync_writes` wait): never before, since a non-blocking device -> host copy
+fills its buffer after the call returns. A restore records an event the caller polls.
+On CPU the same calls copy synchronously through numpy views of the two tensors: runs of
+page ids that step by one (up or down, each side its own way, as the LIFO allocators hand
 them out) as one strided slice copy each, else one gather and one scatter of whole
-(layer, page) rows; torch's advanced indexing measured at under half a plain copy's bandwidth
-for these row sizes (`scripts/bench_host_tier.py`). `fail_restores` is the fault point for tests:
-the next that many restores raise `RestoreFailed` (nothing is copied).
+(layer, page) rows; torch's advanced indexing measured at under half a plain copy's
+bandwidth for these row sizes (`scripts/bench_host_tier.py`). `fail_restores` is the fault
+point for tests: the next that many restores raise `RestoreFailed` (nothing is copied).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +65,8 @@ class HostKVPool:
         self.written_bytes_total = 0
         self._write_stream = torch.cuda.Stream(dev.device) if self.is_cuda else None
         self._restore_stream = torch.cuda.Stream(dev.device) if self.is_cuda else None
+        # CUDA writes copied to pinned staging, not yet in `host`: (done, staging, host ids)
+        self._landing: deque[tuple[torch.cuda.Event, torch.Tensor, torch.Tensor]] = deque()
         if not self.is_cuda:
             num_layers = dev.shape[0]
             # rows: [num_full_layers * (pages + 1), page_bytes_per_layer] u8, views of the pools
@@ -80,14 +86,29 @@ class HostKVPool:
             self._copy_cpu(self._dev_rows, self._dev_base, job.device_page_ids,
                            self._host_rows, self._host_base, job.host_page_ids)
             return
+        full = self.pools.full
         dev_ids = torch.tensor(job.device_page_ids, dtype=torch.long)  # [n]
         host_ids = torch.tensor(job.host_page_ids, dtype=torch.long)  # [n]
-        compute = torch.cuda.current_stream(self.pools.full.device)
+        compute = torch.cuda.current_stream(full.device)
         stream.wait_stream(compute)  # the KV was written on the compute stream
         with torch.cuda.stream(stream):
-            staged = self.pools.full[:, dev_ids.to(self.pools.full.device)]  # [L, n, 2, ps, H, D]
-            self.host[:, host_ids] = staged.to("cpu", non_blocking=True)
+            gathered = full[:, dev_ids.to(full.device, non_blocking=True)]  # [L, n, 2, ps, H, D]
+            staging = torch.empty(gathered.shape, dtype=full.dtype, pin_memory=True)
+            staging.copy_(gathered, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
         compute.wait_stream(stream)  # freed pages are reused only after the copy
+        self._landing.append((done, staging, host_ids))
+        self._land_writes(wait=False)
+
+    def _land_writes(self, *, wait: bool) -> None:
+        """Scatter finished CUDA writes into the host pages, oldest first (a later write of a
+        host page lands after an earlier one); `wait`: all of them, blocking until done."""
+        landing = self._landing
+        while landing and (wait or landing[0][0].query()):
+            done, staging, host_ids = landing.popleft()
+            done.synchronize()
+            self.host[:, host_ids] = staging  # [L, n, 2, ps, H, D]
 
     def restore(self, job: HostRestore) -> RestoreHandle:
         """Start copying host pages into the request's device pages; raises `RestoreFailed`
@@ -104,8 +125,7 @@ class HostKVPool:
         host_ids = torch.tensor(job.host_page_ids, dtype=torch.long)  # [n]
         dev_ids = torch.tensor(job.device_page_ids, dtype=torch.long)  # [n]
         dev = self.pools.full.device
-        if self._write_stream is not None:
-            stream.wait_stream(self._write_stream)  # a host page may still be being written
+        self._land_writes(wait=True)  # a host page read below may still be on its way
         with torch.cuda.stream(stream):
             staged = self.host[:, host_ids].pin_memory()  # [L, n, 2, ps, H, D]
             self.pools.full[:, dev_ids.to(dev, non_blocking=True)] = staged.to(
@@ -136,6 +156,7 @@ class HostKVPool:
         orders, may land in pages a write still reads)."""
         if self._write_stream is not None:
             self._write_stream.synchronize()
+            self._land_writes(wait=True)
 
 
 def _rows(pool: torch.Tensor) -> np.ndarray:

@@ -191,20 +191,37 @@ def _drain(sock: Any, stop: Any) -> None:
 # -- host tier: off vs on without host traffic (issue 29) ------------------------------------
 def measure_host_tier(bs: int, ctx: int, steps: int, repeats: int) -> tuple[float, float, float]:
     """Host ms per step with the decode radix cache on, the host tier off and on (the default
-    write policy; nothing is evicted, so nothing is copied while the steps are measured), runs
-    back to back with their order alternating. Returns (median off, median on, median of the
-    pairs' on/off ratios)."""
+    write policy; nothing is evicted, so nothing is copied while the steps are measured): two
+    steppers stepped in turn, the order alternating, so that the machine's drift hits both.
+    Returns (median off, median on, median over `repeats` of the on/off ratio)."""
     off, on = [], []
-    for rep in range(repeats):
-        sides = (False, True) if rep % 2 == 0 else (True, False)
-        got = {host: _measure_host_tier(host, bs, ctx, steps) for host in sides}
-        off.append(got[False])
-        on.append(got[True])
+    for _ in range(repeats):
+        sides = [_host_tier_stepper(False, bs, ctx), _host_tier_stepper(True, bs, ctx)]
+        radix = sides[1][1].decode_alloc.ctx.tree
+        written = radix.host_stats.written_pages_total
+        hosts: list[list[float]] = [[], []]
+        for i in range(steps + 3):
+            for side in (0, 1) if i % 2 == 0 else (1, 0):
+                runner, stepper = sides[side]
+                runner.wait_s = runner.wait_cpu_s = runner.compute_cpu_s = 0.0
+                cpu0 = time.thread_time()
+                stepper.step(time.monotonic())
+                stepper.table.outbox.flush()
+                if i >= 3:  # warm-up steps are not counted
+                    hosts[side].append((time.thread_time() - cpu0 - runner.wait_cpu_s
+                                        - runner.compute_cpu_s) * 1e3)
+        host_stats = radix.host_stats
+        if host_stats.written_pages_total != written or host_stats.demoted_pages_total:
+            raise SystemExit("bench_step: host traffic while the no-traffic steps ran")
+        off.append(statistics.median(hosts[0]))
+        on.append(statistics.median(hosts[1]))
     ratio = statistics.median(b / a for a, b in zip(off, on, strict=True))
     return statistics.median(off), statistics.median(on), ratio
 
 
-def _measure_host_tier(host: bool, bs: int, ctx: int, steps: int) -> float:
+def _host_tier_stepper(host: bool, bs: int, ctx: int) -> tuple[Any, Any]:
+    """A stand-in runner (2 ms, overlap) and its stepper over a radix tree with a host tier
+    (`host`) or without; the prompts' host copies are made at start (not timed)."""
     from decode_worker.core.host_tier import WritePolicy
     from decode_worker.core.pages import PageAllocator
     from decode_worker.core.radix_tree import UnifiedRadixTree
@@ -219,23 +236,8 @@ def _measure_host_tier(host: bool, bs: int, ctx: int, steps: int) -> float:
     stepper = running_stepper(runner, bs, ctx, True, tree=tree)
     radix = stepper.decode_alloc.ctx.tree
     assert radix is not None
-    radix.take_host_writes()  # the prompts' copies at start (the shell's, not timed here)
-    for _ in range(3):
-        stepper.step(time.monotonic())
-    written = radix.host_stats.written_pages_total
-    hosts = []
-    for _ in range(steps):
-        runner.wait_s = runner.wait_cpu_s = runner.compute_cpu_s = 0.0
-        cpu0 = time.thread_time()
-        stepper.step(time.monotonic())
-        stepper.table.outbox.flush()
-        hosts.append((time.thread_time() - cpu0 - runner.wait_cpu_s - runner.compute_cpu_s)
-                     * 1e3)
-    if radix.host_stats.written_pages_total != written or radix.host_stats.demoted_pages_total:
-        raise SystemExit("bench_step: host traffic while the no-traffic steps ran")
-    if stepper.busy:
-        stepper.step(time.monotonic())
-    return statistics.median(hosts)
+    radix.take_host_writes()
+    return runner, stepper
 
 
 def print_host_tier(sizes: list[int], ctxs: list[int], steps: int, repeats: int) -> None:

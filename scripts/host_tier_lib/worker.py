@@ -23,7 +23,7 @@ import torch
 
 from decode_worker.core.admission import Admit, PreallocQueue, QueueLimits
 from decode_worker.core.decode_alloc import DecodeAllocator
-from decode_worker.core.host_tier import HostRestore, WritePolicy
+from decode_worker.core.host_tier import HostRestore, HostWrite, WritePolicy
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
@@ -94,7 +94,8 @@ class Worker:
                              radix_cache=True)
         self.queue = PreallocQueue(self.ctx, QueueLimits(max_active=concurrency))
         self.dec = DecodeAllocator(self.ctx)
-        self.pools = self.host = None
+        self.pools: KVPools | None = None
+        self.host: HostKVPool | None = None
         if host is not None:
             self.pools = KVPools(spec, setup.device_pages, 0, page_size, "cpu", dtype)
             self.host = HostKVPool(self.pools, setup.host_pages)
@@ -122,7 +123,7 @@ class Worker:
         self.res = Result(setup)
 
     # -- copies ------------------------------------------------------------------------------
-    def _timed_write(self, job):  # type: ignore[no-untyped-def]
+    def _timed_write(self, job: HostWrite) -> None:
         assert self.host is not None
         t0 = time.process_time()
         self.host.write(job)

@@ -19,6 +19,8 @@ Reports per page size:
   window, capped at S);
 - memory (`--memory-scale`): tracemalloc of the tree and pools at the end, and the peak.
 `--compare-sglang` runs only the side-by-side run against SGLang (`bench_radix_sglang.py`).
+`--compare-host-tier` runs only the tree without and with a host tier that sees no traffic
+(write_back, no eviction), interleaved in one run: the host tier must cost nothing unused.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from __future__ import annotations
 import argparse
 import gc
 import random
+import statistics
 import time
 import tracemalloc
 from array import array
 from dataclasses import dataclass, field
 
+from decode_worker.core.host_tier import HostWrite, WritePolicy
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_node import page_keys
 from decode_worker.core.radix_tree import MatchMode, UnifiedRadixTree
@@ -140,13 +144,15 @@ def measure_reuse(tree: UnifiedRadixTree, prompt: list[int], st: Stats) -> None:
 
 
 def run_trace(
-    args: argparse.Namespace, ps: int, n_convs: int, pool_frac: float | None
+    args: argparse.Namespace, ps: int, n_convs: int, pool_frac: float | None,
+    host_policy: WritePolicy | None = None,
 ) -> tuple[Stats, Stats, int]:
     """Run the trace turn by turn (conversations shuffled within a turn).
 
     Returns (stats over all requests, stats over the last quarter, cached tokens at the end);
     `pool_frac` sizes the full pool as a share of the pages the whole trace needs (None: no
-    eviction). The SWA pool gets a quarter of the full pool."""
+    eviction). The SWA pool gets a quarter of the full pool. `host_policy`: with a host tier
+    of that write policy (twice the full pool; its copies are dropped: the shell makes them)."""
     convs = make_trace(args, n_convs, args.seed)
     gc.collect()
     gc.freeze()  # the trace is not the tree's garbage to scan
@@ -155,7 +161,11 @@ def run_trace(
     need = sum(cdiv(sum(map(len, c)), ps) + 1 for c in convs) + 64
     n_full = need if pool_frac is None else max(64, int(need * pool_frac))
     full, swa = PageAllocator(n_full, "full"), PageAllocator(max(64, n_full // 4), "swa")
-    tree = UnifiedRadixTree(ps, args.window, full, swa)
+    host = PageAllocator(2 * n_full, "host") if host_policy is not None else None
+    tree = UnifiedRadixTree(ps, args.window, full, swa, host=host,
+                            write_policy=host_policy or WritePolicy.WRITE_THROUGH)
+    if host is not None:
+        tree.write_sink = _count_write
     whole, tail = Stats(), Stats()
     order = list(range(n_convs))
     rng = random.Random(args.seed + 1)
@@ -182,6 +192,59 @@ def run_trace(
     gc.unfreeze()
     fs = tree.full_stats()
     return whole, tail, (fs.evictable + fs.protected) * ps
+
+
+_HOST_WRITES = [0]  # pages the tree asked to copy to the host (the bench drops the copies)
+
+
+def _count_write(job: HostWrite) -> None:
+    _HOST_WRITES[0] += len(job.host_page_ids)
+
+
+def compare_host_tier(args: argparse.Namespace) -> None:
+    """Tree cost with the host tier off and on without host traffic (write_back, no eviction:
+    nothing is ever copied), in the same run: `--host-reps` pairs of runs back to back, the
+    pair's order alternating, and the median of the pairs' ratios (this machine's speed
+    drifts more than 3 % over seconds). Then write_through for reference (every insert
+    queues a copy: traffic)."""
+    for ps in args.page_sizes:
+        n_convs = max(1, round(args.reuse_scale / conv_tokens(args)))
+        args.reuse = False
+        sides: dict[str, list[Stats]] = {"off": [], "on": [], "write_through": []}
+        for rep in range(args.host_reps):
+            runs = [("off", None), ("on", WritePolicy.WRITE_BACK),
+                    ("write_through", WritePolicy.WRITE_THROUGH)]
+            for label, policy in runs if rep % 2 == 0 else runs[::-1]:
+                _HOST_WRITES[0] = 0
+                whole, _, _ = run_trace(args, ps, n_convs, None, policy)
+                if label == "on" and _HOST_WRITES[0]:
+                    raise SystemExit("bench_radix: host traffic in the no-traffic run")
+                sides[label].append(whole)
+        med = {k: _median_cost(v) for k, v in sides.items()}
+        for label in ("off", "on", "write_through"):
+            m = med[label]
+            ratio = "" if label == "off" else f"  (x{_paired(sides[label], sides['off']):.3f})"
+            print(f"host tier {label:<13} page {ps:>2}: match {m[0]:>6.2f} insert {m[1]:>6.2f} "
+                  f"finish {m[2]:>6.2f} total {m[3]:>6.2f} us/req{ratio}")
+        print(f"bench_radix host tier: page {ps} no-traffic cost ratio "
+              f"{_paired(sides['on'], sides['off']):.3f} (median of {args.host_reps} pairs; "
+              "goal <= 1.03)")
+
+
+def _paired(on: list[Stats], off: list[Stats]) -> float:
+    """Median over the pairs of on's total cost / off's."""
+    return statistics.median(_median_cost([a])[3] / _median_cost([b])[3]
+                             for a, b in zip(on, off, strict=True))
+
+
+def _median_cost(runs: list[Stats]) -> tuple[float, float, float, float]:
+    """Median us per request of match, insert, finish and their sum."""
+    def us(st: Stats, s: float) -> float:
+        return s / max(1, st.n_req) * 1e6
+
+    rows = [(us(st, st.match_s), us(st, st.insert_s), us(st, st.finish_s),
+             us(st, st.match_s + st.insert_s + st.finish_s + st.keys_s)) for st in runs]
+    return tuple(statistics.median(col) for col in zip(*rows, strict=True))  # type: ignore[return-value]
 
 
 def merge(into: Stats, one: Stats) -> None:
@@ -246,10 +309,16 @@ def main() -> None:
     ap.add_argument("--sglang-pool", type=float, default=0.6,
                     help="full pool as a share of what that trace needs (eviction)")
     ap.add_argument("--sglang-reps", type=int, default=2, help="alternating runs of each")
+    ap.add_argument("--compare-host-tier", action="store_true",
+                    help="only the host tier off vs on without host traffic, at --reuse-scale")
+    ap.add_argument("--host-reps", type=int, default=9, help="interleaved runs of each side")
     args = ap.parse_args()
     args.memory = False
     if args.compare_sglang:
         compare(args)
+        return
+    if args.compare_host_tier:
+        compare_host_tier(args)
         return
     for ps in args.page_sizes:
         print(f"--- page size {ps}, window {args.window} ---")

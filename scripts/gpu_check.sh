@@ -11,8 +11,9 @@
 #             protocols, token-exact against transformers in float32
 #   demo      `decode-worker demo` on the GPU (three processes sharing the card)
 #   bench     scripts/bench_gpu_decode.py (gpt-oss-20b's shape), or bench_decode.py on CUDA
+#   hosttier  scripts/gpu_host_tier.py: host-tier restore bandwidth vs pinned host-to-device
 # Logs go to $OUT (default /tmp/gpu_check), one file a part; the last lines are a table of the
-# parts and the benchmark's contract line. Without CUDA the CUDA parts are skipped, saying why
+# parts, the host tier's line and the benchmark's contract line. Without CUDA the CUDA parts are skipped, saying why
 # (exit 0); a failed part makes the exit status 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -84,9 +85,12 @@ if [ -f scripts/bench_gpu_decode.py ]; then
 else
   part bench 150 1 "$PY" scripts/bench_decode.py --device cuda --steps 16 --batch-sizes 1,8,32
 fi
+part hosttier 90 1 "$PY" scripts/gpu_host_tier.py
 
 echo "gpu_check: part       result   time"
 printf '%s\n' "${rows[@]}"
+hosttier=$(grep -h '^gpu_host_tier: restore_gbps=' "$OUT/hosttier.log" 2>/dev/null | tail -n 1)
+echo "${hosttier:-gpu_host_tier: not run}"
 contract=$(grep -h '^bench_gpu_decode:' "$OUT/bench.log" 2>/dev/null | tail -n 1)
 echo "${contract:-bench_gpu_decode: not run}"
 for row in "${rows[@]}"; do

@@ -46,7 +46,7 @@ class TreeBase:
         self.ledger = RadixLedger()
         self.events = KVEventRecorder(page_size, enabled=kv_events)
         self.host = host
-        self.write_policy = write_policy
+        self.write_policy = write_policy  # a property: keeps `_hit_threshold` in step
         self.host_stats = HostTierStats()
         # device -> host copies the shell has not made yet (see `core/host_tier.py`), or, when
         # the shell sets `write_sink`, none: each copy is handed to it the moment it is decided
@@ -62,6 +62,15 @@ class TreeBase:
         self.version = 0
         # pages of one page-aligned window: the leaf size when insert caps a long live run
         self._window_pages = max(1, cdiv(window, page_size))
+
+    @property
+    def write_policy(self) -> WritePolicy:
+        return self._write_policy
+
+    @write_policy.setter
+    def write_policy(self, policy: WritePolicy) -> None:
+        self._write_policy = policy
+        self._hit_threshold = policy.hit_threshold  # read on every match and insert
 
     def _keys(self, token_ids: Sequence[int], keys: Sequence[PageKey] | None) -> list[PageKey]:
         if keys is None:
@@ -130,9 +139,17 @@ class TreeBase:
                 return node
         return None
 
+    def _has_host_only(self) -> bool:
+        """Some node of the tree is host-only (O(1): from the ledger's host page counts, which
+        count exactly the host-only nodes' pages)."""
+        ledger = self.ledger
+        return bool(ledger.host_evictable or ledger.host_protected)
+
     def _has_device_child(self, node: Node) -> bool:
-        """Some child of `node` is on the device (without a host tier: any child)."""
-        if self.host is None:
+        """Some child of `node` is on the device (without a host-only node anywhere: any
+        child). Called on every node an unlock walks: the O(1) case keeps an unused host
+        tier free (`scripts/bench_radix.py --compare-host-tier`)."""
+        if self.host is None or not self._has_host_only():
             return bool(node.children)
         return any(c.full is not None for c in node.children.values())
 

@@ -42,7 +42,7 @@ class HostOps(TreeBase):
     def _count_hits(self, path: list[Node]) -> None:
         """A match used the device nodes of `path`: count a hit on each and back up the deepest
         one that reached the policy's threshold (with its ancestors)."""
-        threshold = self.write_policy.hit_threshold
+        threshold = self._hit_threshold
         if self.host is None or threshold is None:
             return
         due: Node | None = None
@@ -57,7 +57,7 @@ class HostOps(TreeBase):
 
     def _write_on_insert(self, node: Node) -> None:
         """After an insert ending at `node`: `write_through` backs up the path at once."""
-        if (self.host is not None and self.write_policy.hit_threshold == 1
+        if (self.host is not None and self._hit_threshold == 1
                 and node.host is None and node is not self.root):
             self._write(node)
 

@@ -97,6 +97,9 @@ class LockOps(TreeBase):
         lock.full_held = False
         self.version += 1
         ledger, root = self.ledger, self.root
+        # no host-only node anywhere (kept so by this walk: it only moves host pages between
+        # protected and evictable): every child is on the device, checked in O(1) per node
+        host_only = self.host is not None and self._has_host_only()
         n = lock.node
         while n is not root:
             if n.full_lock <= 0:
@@ -111,7 +114,7 @@ class LockOps(TreeBase):
                 else:
                     ledger.full_protected -= len(n.key)
                     ledger.full_evictable += len(n.key)
-                    if not n.children or not self._has_device_child(n):
+                    if not n.children or (host_only and not self._has_device_child(n)):
                         ledger.add_leaf(n)
             n = n.parent  # type: ignore[assignment]
 

@@ -89,7 +89,7 @@ class UnifiedRadixTree(InsertOps, EvictOps, LockOps, ReportOps):
         self._tick += 1
         path = self._walk(ks, limit)
         hpath: list[Node] = []
-        if self.host is not None:
+        if self.host is not None and self._has_host_only():  # else every node is on the device
             dev = 0
             while dev < len(path) and path[dev].full is not None:
                 dev += 1

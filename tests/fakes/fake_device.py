@@ -129,16 +129,21 @@ def running_stepper(runner: Any, bs: int, ctx: int, overlap: bool, *, page_size:
                     window: int = 127,
                     params: SamplingParams | list[SamplingParams] | None = None,
                     keep_events: bool = False, stagger: bool = True,
-                    logprobs: list[tuple[bool, int]] | None = None) -> DecodeStepper:
+                    logprobs: list[tuple[bool, int]] | None = None,
+                    tree: Any = None) -> DecodeStepper:
     """The daemon's `DecodeStepper` over `runner` with `bs` RUNNING requests of `ctx` prompt
     tokens each (pages from real allocators, no radix tree, no transfer): what the step costs
     without admission and KV transfer in the way. With `stagger` request i's prompt is
     `i % page_size` tokens shorter, so page edges spread over the steps as in a real batch
     (not every request at an edge on the same step). `logprobs`: per request, whether it
-    wants its tokens' logprobs and how many alternatives."""
+    wants its tokens' logprobs and how many alternatives. `tree`: a callable
+    `(full, swa) -> UnifiedRadixTree` to run with the decode radix cache on (each prompt is
+    inserted as its request starts)."""
     num_full = bs * (cdiv(ctx, page_size) + 64) + 8
     full, swa = PageAllocator(num_full, "full"), PageAllocator(bs * 16 + 8, "swa")
-    kv_ctx = KVContext(None, full, swa, page_size=page_size, window=window, radix_cache=False)
+    radix = tree(full, swa) if tree is not None else None
+    kv_ctx = KVContext(radix, full, swa, page_size=page_size, window=window,
+                       radix_cache=radix is not None)
     queue = PreallocQueue(kv_ctx, QueueLimits(max_queued=bs, queue_timeout_s=1e9,
                                               kv_timeout_s=1e9, max_active=bs,
                                               decode_reserve_tokens=0))

@@ -1,10 +1,12 @@
 """`scripts/gpu_check.sh` on a machine without CUDA: every CUDA part is skipped, saying why,
-and the run ends with its table and the benchmark's contract line (exit 0)."""
+and the run ends with its table, the host tier's line and the benchmark's contract line (exit
+0); `scripts/gpu_host_tier.py` skips cleanly on its own too."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,10 +23,20 @@ def test_gpu_check_skips_its_cuda_parts_cleanly_without_cuda(tmp_path: Path) -> 
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert lines[-1] == "bench_gpu_decode: not run"
-    table = lines[lines.index("gpu_check: part       result   time") + 1:-1]
+    assert lines[-2] == "gpu_host_tier: not run"
+    table = lines[lines.index("gpu_check: part       result   time") + 1:-2]
     assert [row.split()[:2] for row in table] == [
         ["imports", "pass"], ["tests/gpu", "skip"], ["e2e", "skip"], ["demo", "skip"],
-        ["bench", "skip"]]
-    assert out.stdout.count("skipped: no CUDA device") == 4
-    for name in ("imports", "tests_gpu", "e2e", "demo", "bench"):
+        ["bench", "skip"], ["hosttier", "skip"]]
+    assert out.stdout.count("skipped: no CUDA device") == 5
+    for name in ("imports", "tests_gpu", "e2e", "demo", "bench", "hosttier"):
         assert (tmp_path / f"{name}.log").is_file()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA the script measures")
+@pytest.mark.parametrize("how", [["scripts/gpu_host_tier.py"], ["-m", "scripts.gpu_host_tier"]])
+def test_gpu_host_tier_skips_cleanly_without_cuda(how: list[str]) -> None:
+    out = subprocess.run([sys.executable, *how], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "gpu_host_tier: skipped: no CUDA device"

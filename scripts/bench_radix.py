@@ -19,6 +19,8 @@ Reports per page size:
   window, capped at S);
 - memory (`--memory-scale`): tracemalloc of the tree and pools at the end, and the peak.
 `--compare-sglang` runs only the side-by-side run against SGLang (`bench_radix_sglang.py`).
+`--kv-events` builds the tree recording KV events, taken (not read) after each request, as the
+engine's compute thread does; reading them (hashing, encoding) is the publisher thread's work.
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ def run_trace(
     need = sum(cdiv(sum(map(len, c)), ps) + 1 for c in convs) + 64
     n_full = need if pool_frac is None else max(64, int(need * pool_frac))
     full, swa = PageAllocator(n_full, "full"), PageAllocator(max(64, n_full // 4), "swa")
-    tree = UnifiedRadixTree(ps, args.window, full, swa)
+    tree = UnifiedRadixTree(ps, args.window, full, swa, kv_events=args.kv_events)
     whole, tail = Stats(), Stats()
     order = list(range(n_convs))
     rng = random.Random(args.seed + 1)
@@ -170,6 +172,7 @@ def run_trace(
             if args.reuse:
                 measure_reuse(tree, prompt, one)
             run_request(tree, prompt, parts[2 * turn + 2], one)
+            tree.take_events()  # the engine's publish_step (the log keeps them; not here)
             merge(whole, one)
             if done >= n_total * 3 // 4:
                 merge(tail, one)
@@ -238,6 +241,7 @@ def main() -> None:
     ap.add_argument("--reuse-scale", type=int, default=100_000)
     ap.add_argument("--memory-scale", type=int, default=300_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-events", action="store_true", help="the tree records KV events")
     ap.add_argument("--compare-sglang", action="store_true",
                     help="only the side-by-side run against SGLang 0.5.23's tree "
                     "(scripts/bench_radix_sglang.py says how to run it)")

@@ -21,6 +21,8 @@ Reports per page size:
 `--compare-sglang` runs only the side-by-side run against SGLang (`bench_radix_sglang.py`).
 `--compare-host-tier` runs only the tree without and with a host tier that sees no traffic
 (write_back, no eviction), interleaved in one run: the host tier must cost nothing unused.
+`--kv-events` builds the tree recording KV events, taken (not read) after each request, as the
+engine's compute thread does; reading them (hashing, encoding) is the publisher thread's work.
 """
 
 from __future__ import annotations
@@ -162,7 +164,7 @@ def run_trace(
     n_full = need if pool_frac is None else max(64, int(need * pool_frac))
     full, swa = PageAllocator(n_full, "full"), PageAllocator(max(64, n_full // 4), "swa")
     host = PageAllocator(2 * n_full, "host") if host_policy is not None else None
-    tree = UnifiedRadixTree(ps, args.window, full, swa, host=host,
+    tree = UnifiedRadixTree(ps, args.window, full, swa, host=host, kv_events=args.kv_events,
                             write_policy=host_policy or WritePolicy.WRITE_THROUGH)
     if host is not None:
         tree.write_sink = _count_write
@@ -180,6 +182,7 @@ def run_trace(
             if args.reuse:
                 measure_reuse(tree, prompt, one)
             run_request(tree, prompt, parts[2 * turn + 2], one)
+            tree.take_events()  # the engine's publish_step (the log keeps them; not here)
             merge(whole, one)
             if done >= n_total * 3 // 4:
                 merge(tail, one)
@@ -301,6 +304,7 @@ def main() -> None:
     ap.add_argument("--reuse-scale", type=int, default=100_000)
     ap.add_argument("--memory-scale", type=int, default=300_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-events", action="store_true", help="the tree records KV events")
     ap.add_argument("--compare-sglang", action="store_true",
                     help="only the side-by-side run against SGLang 0.5.23's tree "
                     "(scripts/bench_radix_sglang.py says how to run it)")

@@ -119,67 +119,104 @@ def real_runner(bs: int, ctx: int, budget_bytes: int) -> Any | None:
 _MODEL: Any = None
 
 
-def measure_kv_events(bs: int, ctx: int, steps: int, repeats: int) -> tuple[float, float]:
-    """Host ms per step (median of medians) with KV events off and on, runs interleaved.
+def measure_kv_events(bs: int, ctx: int, steps: int,
+                      repeats: int) -> tuple[float, float, float]:
+    """Host ms per step with KV events off and on (medians of medians), and the median of the
+    per-step differences on - off (median over repeats), steps interleaved.
 
     Each step also does what a busy engine's tree does: one request's turn (one of 8 cached
-    1024-token prefixes, then 256 fresh tokens: 16 new pages) goes into a radix tree, and the
-    oldest turn is evicted (16 pages) once the pool is full.
-    With events on the tree hashes and records them, the hub appends the step's batch, and a
-    ZMQ publisher thread encodes and sends it to a subscriber that drains it on another thread."""
-    off, on = [], []
+    1024-token prefixes, then 256 fresh tokens: 16 new pages) goes into a radix tree whose pool
+    is full, so the oldest turn is evicted (16 pages).
+    With events on the tree records them (page references; the hashes are computed by the
+    reader), the hub appends the step's batch, and a ZMQ publisher thread hashes, encodes and
+    sends it to a subscriber that drains it on another thread.
+    Two stacks, one with events off and one with them on, take turns step by step (which goes
+    first alternates), so this shared machine's speed drift, up to 2x over seconds, hits both
+    alike; the publisher and subscriber threads run throughout."""
+    off, on, diff = [], [], []
     for _ in range(repeats):
-        off.append(_measure_events(False, bs, ctx, steps))
-        on.append(_measure_events(True, bs, ctx, steps))
-    return statistics.median(off), statistics.median(on)
+        stacks = (_EventsStack(False, bs, ctx), _EventsStack(True, bs, ctx))
+        try:
+            hosts: tuple[list[float], list[float]] = ([], [])
+            for i in range(steps + 3):
+                for k in ((0, 1) if i % 2 else (1, 0)):
+                    host = stacks[k].step(i)
+                    if i >= 3:  # warm-up steps are not counted
+                        hosts[k].append(host)
+        finally:
+            for stack in stacks:
+                stack.close()
+        off.append(statistics.median(hosts[0]))
+        on.append(statistics.median(hosts[1]))
+        diff.append(statistics.median(b - a for a, b in zip(*hosts, strict=True)))
+    return statistics.median(off), statistics.median(on), statistics.median(diff)
 
 
-def _measure_events(events: bool, bs: int, ctx: int, steps: int) -> float:
-    import threading
+class _EventsStack:
+    """A running stepper and a radix tree, with KV events off or on (then a hub, a ZMQ
+    publisher and a draining subscriber)."""
 
-    import zmq
+    def __init__(self, events: bool, bs: int, ctx: int) -> None:
+        import threading
 
-    from decode_worker.core.pages import PageAllocator
-    from decode_worker.core.radix_tree import UnifiedRadixTree
-    from decode_worker.io.kv_events.config import parse_kv_events_config
-    from decode_worker.io.kv_events.hub import KvEventHub
-    from decode_worker.io.kv_events.publisher import ZmqKvEventPublisher
+        import zmq
 
-    runner = FakeDeviceRunner(2.0)
-    stepper = running_stepper(runner, bs, ctx, True)
-    tree = UnifiedRadixTree(PAGE, 127, PageAllocator(4096, "full"), None, kv_events=events)
-    hub = KvEventHub(10_000)
-    pub = sub = None
-    stop = threading.Event()
-    if events:
-        pub = ZmqKvEventPublisher.bind(parse_kv_events_config(
-            {"publisher": "zmq", "endpoint": "tcp://127.0.0.1:*"}))
-        pub.start(hub)
-        sub = zmq.Context.instance().socket(zmq.SUB)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(pub.endpoint)
-        drain = threading.Thread(target=_drain, args=(sub, stop), daemon=True)
-        drain.start()
-    hosts = []
-    for i in range(steps + 3):
+        from decode_worker.core.pages import PageAllocator
+        from decode_worker.core.radix_tree import UnifiedRadixTree
+        from decode_worker.io.kv_events.config import parse_kv_events_config
+        from decode_worker.io.kv_events.hub import KvEventHub
+        from decode_worker.io.kv_events.publisher import ZmqKvEventPublisher
+
+        self.runner = FakeDeviceRunner(2.0)
+        self.stepper = running_stepper(self.runner, bs, ctx, True)
+        self.tree = UnifiedRadixTree(PAGE, 127, PageAllocator(1024, "full"), None,
+                                     kv_events=events)
+        for i in range(-48, 0):  # fill the pool: every measured turn evicts the oldest one
+            _turn(self.tree, i)
+        self.tree.take_events()
+        self.hub = KvEventHub(10_000) if events else None
+        self.pub: Any = None
+        self.stop = threading.Event()
+        if self.hub is not None:
+            self.pub = ZmqKvEventPublisher.bind(parse_kv_events_config(
+                {"publisher": "zmq", "endpoint": "tcp://127.0.0.1:*"}))
+            self.pub.start(self.hub)
+            self.sub = zmq.Context.instance().socket(zmq.SUB)
+            self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+            self.sub.connect(self.pub.endpoint)
+            self.drain = threading.Thread(target=_drain, args=(self.sub, self.stop), daemon=True)
+            self.drain.start()
+
+    def step(self, i: int) -> float:
+        """One decode step and one turn (published when events are on): its host ms."""
+        runner = self.runner
         runner.wait_s = runner.wait_cpu_s = runner.compute_cpu_s = 0.0
         cpu0 = time.thread_time()
-        stepper.step(time.monotonic())
-        stepper.table.outbox.flush()
-        toks = [i % 8] * 1024 + [(i * 131 + j) % 50_000 for j in range(256)]
-        if tree.full.num_free < 16:  # the oldest turn goes (the 8 prefixes stay hot)
-            tree.evict_full(16 - tree.full.num_free)
-        tree.insert(toks, tree.full.alloc(len(toks) // PAGE), [], 0)
-        if events:
-            hub.publish_step(tree)
-        if i >= 3:  # warm-up steps are not counted
-            hosts.append((time.thread_time() - cpu0 - runner.wait_cpu_s - runner.compute_cpu_s)
-                         * 1e3)
-    stop.set()
-    if pub is not None and sub is not None:
-        pub.close()
-        sub.close(0)
-    return statistics.median(hosts)
+        self.stepper.step(time.monotonic())
+        self.stepper.table.outbox.flush()
+        _turn(self.tree, i)
+        if self.hub is not None:
+            self.hub.publish_step(self.tree)
+        return (time.thread_time() - cpu0 - runner.wait_cpu_s - runner.compute_cpu_s) * 1e3
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.pub is not None:
+            self.drain.join(1.0)
+            self.pub.close()
+            self.sub.close(0)
+        if self.stepper.busy:  # commit the last launched step
+            self.stepper.step(time.monotonic())
+
+
+def _turn(tree: Any, i: int) -> None:
+    """One request's turn into `tree`: one of 8 hot 1024-token prefixes, then 256 new tokens
+    (16 pages); once the pool is full the oldest turn's 16 pages are evicted."""
+    toks = [i % 8] * 1024 + [(i * 131 + j) % 50_000 for j in range(256)]
+    need = len(toks) // PAGE  # the caller's pages; the insert frees the 64 duplicates
+    if tree.full.num_free < need:
+        tree.evict_full(need - tree.full.num_free)
+    tree.insert(toks, tree.full.alloc(need), [], 0)
 
 
 def _drain(sock: Any, stop: Any) -> None:
@@ -305,10 +342,11 @@ def main() -> None:
               f"step/dev {wall / 2.0:.3f}")
     if not args.no_fake:
         bs, ctx = max(sizes), min(max(ctxs), 8192)
-        off, on = measure_kv_events(bs, ctx, args.steps, max(args.repeats, 3))
+        off, on, diff = measure_kv_events(bs, ctx, args.steps, max(args.repeats, 5))
         print(f"kv events (16 pages stored and 16 evicted per step, publisher + "
               f"subscriber running), bs {bs} x {ctx} at 2 ms, overlap: host off {off:.3f} ms, on "
-              f"{on:.3f} ms ({(on / off - 1) * 100:+.1f} %)", flush=True)
+              f"{on:.3f} ms ({(on / off - 1) * 100:+.1f} %; per step on - off: "
+              f"{diff * 1e3:+.1f} us, {diff / off * 100:+.1f} %)", flush=True)
     if not args.no_real_model:
         for bs in sizes:
             for ctx in ctxs:

@@ -180,7 +180,8 @@ class TreeBase:
         if node.host is not None:
             upper.host, node.host = node.host[:m], node.host[m:]
         upper.swa_epoch, upper.swa_uuid = node.swa_epoch, node.swa_uuid
-        upper.hashes, node.hashes = node.hashes[:m], node.hashes[m:]  # a split emits nothing
+        upper.run, upper.run_at = node.run, node.run_at  # a split emits nothing: pages
+        node.run_at += m  # keep their identity
         node.swa_uuid = 0
         if node.swa is not None:
             upper.swa = node.swa[:m]

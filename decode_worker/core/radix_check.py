@@ -3,7 +3,8 @@
 Checked (any failure raises `FatalError` naming the invariant):
 - links: the root has no parent, an empty key and `full_lock == 1`; each child is filed under its
   first page key and points back at its parent; key, full and SWA values have equal page counts
-  (and so do the page hashes while the tree records KV events);
+  while the tree records KV events, each node names its pages in a `PageRun` (the same keys)
+  chained from its parent's last page, so their hashes are the chain of the node's path;
 - locks: `full_lock >= swa_lock >= 0`; tombstones have `swa_lock == 0` and no boundary mark;
 - pages: tree pages are unique, in range and allocated; held pages are allocated and not in the
   tree; per pool `total == available + evictable + protected + held` with the tree's counters
@@ -26,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
+from decode_worker.core.page_chain import page_before
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_node import Node
 from decode_worker.errors import FatalError
@@ -93,12 +95,28 @@ def _check_node(node: Node, *, hashed: bool) -> None:
         (full is not None and parent.full is None) or (host is not None and parent.host is None)
     ):
         raise FatalError(f"tiers: {node!r} is on a tier its parent is not on")
-    if len(node.hashes) != (k if hashed else 0):
-        raise FatalError(f"hashes: {node!r} has {len(node.hashes)} page hashes")
+    _check_pages(node, parent, hashed=hashed)
     if node.swa_lock < 0 or node.full_lock < node.swa_lock:
         raise FatalError(f"locks: {node!r} needs full_lock >= swa_lock >= 0")
     if node.swa is None and (node.swa_lock or node.swa_uuid):
         raise FatalError(f"tombstone: {node!r} is locked or marked")
+
+
+def _check_pages(node: Node, parent: Node, *, hashed: bool) -> None:
+    """KV events on: the node names its pages in a run (the same keys), chained from its
+    parent's last page, so their hashes are the chain of the node's path. Off: no run."""
+    run, at, k = node.run, node.run_at, len(node.key)
+    if run is None or not hashed:
+        if run is not None or hashed:
+            raise FatalError(f"hashes: {node!r} names {'no' if hashed else 'its'} pages")
+        return
+    if at < 0 or run.keys[at : at + k] != node.key:
+        raise FatalError(f"hashes: {node!r} names pages of other keys")
+    before, tail = page_before(run, at), parent.tail_page()
+    if (before is None) != (tail is None) or (
+            before is not None and tail is not None
+            and (before[0] is not tail[0] or before[1] != tail[1])):
+        raise FatalError(f"hashes: {node!r} does not chain from its parent's last page")
 
 
 def _sums(nodes: list[Node], *, swa: bool) -> tuple[int, int, list[int]]:

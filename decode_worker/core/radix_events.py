@@ -11,162 +11,221 @@ events in order holds exactly the pages the worker could reuse:
 SWA-only changes (tombstones) are silent: a tombstone keeps the full KV, which TRANSFER matches
 still reuse. Node splits are silent too: both halves keep their page hashes.
 
-Page identity is SGLang's page chain (its `mem_cache/utils.py::get_hash_str` and
-`hash_str_to_int64`): a page's digest is SHA-256 over the previous page's 32-byte digest (none
-for the first page under the root) followed by the page's token ids as little-endian u32; the
-published hash is the digest's first 8 bytes read big-endian as a signed int64.
+Page identity is SGLang's page chain (`page_chain`). The compute thread only records which
+pages an event names (slices of `PageRun`s, O(1) per event); the hashes, the parent hash and
+the token ids are computed when a reader first asks for them (`block_hashes`, `token_ids`,
+`parent_block_hash`: the publisher's thread, a gRPC stream), and memoised. Pages are immutable,
+so a removal read long after the page left still names it exactly.
 
-The records are plain data; the shell encodes them (msgpack, gRPC). Not thread-safe: the
-compute thread records and takes; what `take` returns is never touched again by the recorder.
+The records are plain data; the shell encodes them (msgpack, gRPC). The recorder is not
+thread-safe: the compute thread records and takes; what `take` returns is never touched again
+by the recorder, and any thread may read it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import struct
-import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
+
+from decode_worker.core.page_chain import (
+    PageRef,
+    PageRun,
+    chain_hashes,
+    digest_to_int64,
+    key_le_u32,
+    key_tokens,
+    page_before,
+    page_digest,
+    ref_digest,
+    token_bytes,
+)
+
+__all__ = [  # the hash helpers stay importable from here
+    "MEDIUM_CPU_PINNED", "MEDIUM_GPU", "AllBlocksCleared", "BlockRemoved", "BlockStored",
+    "KVEvent", "KVEventRecorder", "Pages", "chain_hashes", "digest_to_int64", "key_le_u32",
+    "key_tokens", "page_digest", "token_bytes",
+]
 
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU_PINNED = "CPU_PINNED"
-_NATIVE_LE = sys.byteorder == "little"
+Pages = tuple[PageRun, int, int]  # pages [start, end) of a run
 
 
-@dataclass(frozen=True, slots=True)
+def _int64_of(ref: PageRef | None) -> int | None:
+    digest = ref_digest(ref)
+    return None if digest is None else digest_to_int64(digest)
+
+
 class BlockStored:
     """Pages stored, in chain order: `block_hashes[i]` names `token_ids[i*block_size:
-    (i+1)*block_size]`; the first page chains from `parent_block_hash` (None: under the root)."""
+    (i+1)*block_size]`; the first page chains from `parent_block_hash` (None: under the root).
+    Built with values, or by the recorder from pages (`of_pages`: values computed on first read).
+    Compares by value."""
 
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    medium: str = MEDIUM_GPU
-    lora_id: int | None = None
+    __slots__ = ("_hashes", "_pages", "_parent", "_tokens", "block_size", "lora_id", "medium")
+
+    def __init__(self, block_hashes: list[int], parent_block_hash: int | None,
+                 token_ids: list[int], block_size: int, medium: str = MEDIUM_GPU,
+                 lora_id: int | None = None) -> None:
+        self._parent, self._tokens = parent_block_hash, token_ids
+        self._hashes: list[int] | None = block_hashes
+        self._pages: list[Pages] = []
+        self.block_size, self.medium, self.lora_id = block_size, medium, lora_id
+
+    @classmethod
+    def of_pages(cls, pages: list[Pages], block_size: int, medium: str) -> BlockStored:
+        """The store of `pages` (consecutive in the chain), resolved lazily."""
+        self = cls.__new__(cls)  # the compute thread's path: no values to set yet
+        self._hashes, self._pages, self._parent, self._tokens = None, pages, None, []
+        self.block_size, self.medium, self.lora_id = block_size, medium, None
+        return self
+
+    @property
+    def block_hashes(self) -> list[int]:
+        hashes = self._hashes
+        return hashes if hashes is not None else self._resolve()
+
+    @property
+    def parent_block_hash(self) -> int | None:
+        if self._hashes is None:
+            self._resolve()
+        return self._parent
+
+    @property
+    def token_ids(self) -> list[int]:
+        if self._hashes is None:
+            self._resolve()
+        return self._tokens
+
+    def _resolve(self) -> list[int]:
+        """Compute the values from the pages (any thread; `_hashes` is written last, so a
+        reader that sees it sees the others)."""
+        pages, ps = self._pages, self.block_size
+        hashes: list[int] = []
+        tokens: list[int] = []
+        for run, start, end in pages:
+            hashes += [digest_to_int64(d) for d in run.digests()[start:end]]
+            tokens += key_tokens(run.keys[start:end], ps)
+        self._parent = _int64_of(page_before(pages[0][0], pages[0][1]))
+        self._tokens = tokens
+        self._hashes = hashes
+        return hashes
+
+    def _values(self) -> tuple[Any, ...]:
+        return (self.block_hashes, self.parent_block_hash, self.token_ids, self.block_size,
+                self.medium, self.lora_id)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BlockStored):
+            return NotImplemented
+        return self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable lists inside, as the dataclass was
+
+    def __repr__(self) -> str:
+        h, p, t, bs, m, lora = self._values()
+        return (f"BlockStored(block_hashes={h!r}, parent_block_hash={p!r}, token_ids={t!r}, "
+                f"block_size={bs!r}, medium={m!r}, lora_id={lora!r})")
 
 
-@dataclass(frozen=True, slots=True)
 class BlockRemoved:
-    """Pages gone from `medium` (their descendants in it went before, or in the same event)."""
+    """Pages gone from `medium` (their descendants in it went before, or in the same event).
+    Built with values, or by the recorder from pages (`of_pages`). Compares by value."""
 
-    block_hashes: list[int]
-    medium: str = MEDIUM_GPU
+    __slots__ = ("_hashes", "_pages", "medium")
+
+    def __init__(self, block_hashes: list[int], medium: str = MEDIUM_GPU) -> None:
+        self._hashes: list[int] | None = block_hashes
+        self._pages: list[Pages] = []
+        self.medium = medium
+
+    @classmethod
+    def of_pages(cls, pages: list[Pages], medium: str) -> BlockRemoved:
+        """The removal of `pages`, resolved lazily."""
+        self = cls.__new__(cls)
+        self._hashes, self._pages, self.medium = None, pages, medium
+        return self
+
+    @property
+    def block_hashes(self) -> list[int]:
+        hashes = self._hashes
+        if hashes is None:
+            hashes = [digest_to_int64(d) for run, start, end in self._pages
+                      for d in run.digests()[start:end]]
+            self._hashes = hashes
+        return hashes
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BlockRemoved):
+            return NotImplemented
+        return (self.block_hashes, self.medium) == (other.block_hashes, other.medium)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"BlockRemoved(block_hashes={self.block_hashes!r}, medium={self.medium!r})"
 
 
-@dataclass(frozen=True, slots=True)
 class AllBlocksCleared:
     """Every page of the worker is gone."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AllBlocksCleared)
+
+    def __hash__(self) -> int:
+        return hash(AllBlocksCleared)
+
+    def __repr__(self) -> str:
+        return "AllBlocksCleared()"
 
 
 KVEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]  # noqa: UP007 - runtime alias
 
 
-def page_digest(prior: bytes | None, page_le_u32: bytes) -> bytes:
-    """SGLang's `hash_page`: SHA-256 of the prior digest (if any), then the page's tokens."""
-    return hashlib.sha256(prior + page_le_u32 if prior is not None else page_le_u32).digest()
-
-
-def digest_to_int64(digest: bytes) -> int:
-    """SGLang's `hash_str_to_int64`: the first 8 bytes, big-endian, signed."""
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-def token_bytes(token_ids: Sequence[int]) -> bytes:
-    """Token ids as little-endian u32 (the hash input)."""
-    return struct.pack(f"<{len(token_ids)}I", *token_ids)
-
-
-def chain_hashes(
-    token_ids: Sequence[int], page_size: int, prior: bytes | None = None
-) -> list[int]:
-    """Published hashes of `token_ids` cut into pages of `page_size` (a short last page is hashed
-    as it is, as SGLang's `get_hash_str` does), chained from `prior`."""
-    out: list[int] = []
-    for i in range(0, len(token_ids), page_size):
-        prior = page_digest(prior, token_bytes(token_ids[i : i + page_size]))
-        out.append(digest_to_int64(prior))
-    return out
-
-
-def key_tokens(keys: Sequence[bytes | int], page_size: int) -> list[int]:
-    """Token ids of page keys (`radix_node.page_keys`: native int32 bytes, or bare tokens)."""
-    if page_size == 1:
-        return [int(k) for k in keys]
-    raw = b"".join(k for k in keys if isinstance(k, bytes))
-    return list(struct.unpack(f"={len(raw) // 4}i", raw))
-
-
-def key_le_u32(key: bytes | int) -> bytes:
-    """One page key as the hash input (token ids are non-negative: int32 == u32)."""
-    if isinstance(key, int):
-        return struct.pack("<I", key)
-    if _NATIVE_LE:
-        return key
-    n = len(key) // 4
-    return struct.pack(f"<{n}i", *struct.unpack(f"={n}i", key))
-
-
 class KVEventRecorder:
     """Pending events of one tree, coalesced as SGLang's recorder does: a store chaining from
-    the last store's last page extends it; consecutive removals merge. `enabled` False: every
-    call is a no-op and digests are not computed (`digests` returns [])."""
+    the last store's last page extends it; consecutive removals merge. O(1) per call: pages
+    are named by reference, never hashed here. `enabled` False: every call is a no-op and
+    `new_run` returns None."""
 
     def __init__(self, page_size: int, *, enabled: bool = False) -> None:
         self.page_size = page_size
         self.enabled = enabled
         self._pending: list[KVEvent] = []
 
-    def digests(self, prior: bytes | None, keys: Sequence[bytes | int]) -> list[bytes]:
-        """Chained digests of pages `keys` after `prior` ([] when disabled)."""
+    def new_run(self, keys: list[bytes | int], prior: PageRef | None) -> PageRun | None:
+        """The run of new pages `keys` (a list the caller never mutates) chaining from page
+        `prior` (None: under the root); None when disabled."""
         if not self.enabled:
-            return []
-        out: list[bytes] = []
-        sha = hashlib.sha256
-        if _NATIVE_LE and self.page_size > 1:  # the keys are the hash input already
-            for key in keys:
-                page = key if isinstance(key, bytes) else key.to_bytes(4, "little")
-                prior = sha(prior + page if prior is not None else page).digest()
-                out.append(prior)
-            return out
-        for key in keys:
-            prior = page_digest(prior, key_le_u32(key))
-            out.append(prior)
-        return out
+            return None
+        return PageRun(keys, None, 0) if prior is None else PageRun(keys, prior[0], prior[1])
 
-    def stored(
-        self,
-        parent: bytes | None,
-        digests: Sequence[bytes],
-        keys: Sequence[bytes | int],
-        medium: str = MEDIUM_GPU,
-    ) -> None:
-        """Pages `keys` (with `digests`) stored below the page whose digest is `parent`."""
-        if not self.enabled or not digests:
+    def stored(self, run: PageRun | None, start: int, end: int, medium: str = MEDIUM_GPU) -> None:
+        """Pages `[start, end)` of `run` stored in `medium`."""
+        if run is None or start >= end or not self.enabled:
             return
-        hashes = [digest_to_int64(d) for d in digests]
-        tokens = key_tokens(keys, self.page_size)
-        parent_hash = digest_to_int64(parent) if parent is not None else None
         tail = self._pending[-1] if self._pending else None
-        if (isinstance(tail, BlockStored) and tail.medium == medium and parent_hash is not None
-                and tail.block_hashes[-1] == parent_hash):
-            tail.block_hashes.extend(hashes)
-            tail.token_ids.extend(tokens)
-            return
-        self._pending.append(
-            BlockStored(hashes, parent_hash, tokens, self.page_size, medium))
+        if isinstance(tail, BlockStored) and tail.medium == medium and tail._pages:
+            last_run, last_start, last_end = tail._pages[-1]
+            if run is last_run and start == last_end:  # the same run, continued
+                tail._pages[-1] = (run, last_start, end)
+                return
+            if start == 0 and run.parent is last_run and run.parent_page == last_end - 1:
+                tail._pages.append((run, start, end))  # chains from the tail's last page
+                return
+        self._pending.append(BlockStored.of_pages([(run, start, end)], self.page_size, medium))
 
-    def removed(self, digests: Sequence[bytes], medium: str = MEDIUM_GPU) -> None:
-        """Pages with `digests` left `medium`."""
-        if not self.enabled or not digests:
+    def removed(self, run: PageRun | None, start: int, end: int,
+                medium: str = MEDIUM_GPU) -> None:
+        """Pages `[start, end)` of `run` left `medium`."""
+        if run is None or start >= end or not self.enabled:
             return
-        hashes = [digest_to_int64(d) for d in digests]
         tail = self._pending[-1] if self._pending else None
-        if isinstance(tail, BlockRemoved) and tail.medium == medium:
-            tail.block_hashes.extend(hashes)
+        if isinstance(tail, BlockRemoved) and tail.medium == medium and tail._pages:
+            tail._pages.append((run, start, end))
             return
-        self._pending.append(BlockRemoved(hashes, medium))
+        self._pending.append(BlockRemoved.of_pages([(run, start, end)], medium))
 
     def cleared(self) -> None:
         """Everything is gone: earlier pending events no longer matter."""

@@ -38,7 +38,7 @@ class EvictOps(HostOps):
             if node.host is None and num_pages - len(freed) < k:  # trim the leaf's tail
                 self._trim_leaf(node, num_pages - len(freed), freed, swa_freed)
                 break
-            self.events.removed(node.hashes)
+            self.events.removed(node.run, node.run_at, node.run_at + k)
             freed.extend(full)
             ledger.full_evictable -= k
             if node.swa is not None:
@@ -72,9 +72,10 @@ class EvictOps(HostOps):
         ledger = self.ledger
         full = node.full
         assert full is not None and node.host is None
-        self.events.removed(node.hashes[keep:])
+        at = node.run_at
+        self.events.removed(node.run, at + keep, at + len(node.key))
         freed.extend(full[keep:])
-        node.key, node.full, node.hashes = node.key[:keep], full[:keep], node.hashes[:keep]
+        node.key, node.full = node.key[:keep], full[:keep]
         ledger.full_evictable -= num_pages
         if node.swa is not None:  # unlocked (full_lock == 0 >= swa_lock): evictable SWA pages
             swa_freed.extend(node.swa[keep:])

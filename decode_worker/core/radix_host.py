@@ -28,13 +28,12 @@ class HostOps(TreeBase):
         listener."""
         events = self.events
         if events.enabled:
+            at, end = node.run_at, node.run_at + len(node.key)
             if kind is Transition.WRITE or kind is Transition.PROMOTE:
-                parent = node.parent
-                prior = parent.hashes[-1] if parent is not None and parent.hashes else None
                 medium = MEDIUM_CPU_PINNED if kind is Transition.WRITE else MEDIUM_GPU
-                events.stored(prior, node.hashes, node.key, medium)
+                events.stored(node.run, at, end, medium)
             elif kind is Transition.HOST_EVICT:
-                events.removed(node.hashes, MEDIUM_CPU_PINNED)
+                events.removed(node.run, at, end, MEDIUM_CPU_PINNED)
         listener = self.host_listener
         if listener is not None:
             listener(HostTransition(kind, node, device, host))

@@ -166,16 +166,15 @@ class InsertOps(HostOps):
         cuts.append(n)
         new: list[Node] = []
         ledger, tick, events = self.ledger, self._tick, self.events
-        prior = parent.hashes[-1] if parent.hashes else None
-        digests = events.digests(prior, keys[i:n])
-        events.stored(prior, digests, keys[i:n])
+        run = events.new_run(keys[i:n], parent.tail_page())  # no hashing here (lazy)
+        events.stored(run, 0, n - i)
         ledger.discard_leaf(parent)
         for a, b in pairwise(cuts):
             live = self.swa is not None and a >= live_from
             node = Node(
                 parent, keys[a:b], list(full_ids[a:b]), list(swa_ids[a:b]) if live else None, tick
             )
-            node.hashes = digests[a - i : b - i]
+            node.run, node.run_at = run, a - i
             parent.children[keys[a]] = node
             if live:
                 ledger.swa_add(node)

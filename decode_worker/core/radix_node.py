@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from decode_worker.errors import FatalError
+
+if TYPE_CHECKING:
+    from decode_worker.core.page_chain import PageRef, PageRun
 
 PageKey = Union[bytes, int]  # noqa: UP007 - a runtime alias, kept readable
 _TOKEN_BYTES = 4  # page keys pack token ids as int32
@@ -59,11 +62,12 @@ class Node:
         "children",
         "full",
         "full_lock",
-        "hashes",
         "hits",
         "host",
         "key",
         "parent",
+        "run",
+        "run_at",
         "swa",
         "swa_epoch",
         "swa_lock",
@@ -91,7 +95,20 @@ class Node:
         self.swa_uuid = 0
         self.swa_epoch = tick
         self.tick = tick
-        self.hashes: list[bytes] = []
+        self.run: PageRun | None = None  # pages [run_at, run_at + len(key)) of it (KV events)
+        self.run_at = 0
+
+    @property
+    def hashes(self) -> list[bytes]:
+        """SGLang page digests of this node's pages ([] while the tree records no KV events);
+        computed on first read (see `page_chain`)."""
+        run = self.run
+        return [] if run is None else run.digests()[self.run_at : self.run_at + len(self.key)]
+
+    def tail_page(self) -> PageRef | None:
+        """This node's last page in the hash chain (None for the root or without KV events)."""
+        run = self.run
+        return None if run is None else (run, self.run_at + len(self.key) - 1)
 
     @property
     def num_pages(self) -> int:

@@ -8,14 +8,7 @@ See `radix_events` for the event records and the page-hash recipe.
 from __future__ import annotations
 
 from decode_worker.core.radix_base import TreeBase
-from decode_worker.core.radix_events import (
-    MEDIUM_CPU_PINNED,
-    MEDIUM_GPU,
-    BlockStored,
-    KVEvent,
-    key_tokens,
-)
-from decode_worker.core.radix_events import digest_to_int64 as _int64
+from decode_worker.core.radix_events import MEDIUM_CPU_PINNED, MEDIUM_GPU, BlockStored, KVEvent
 
 
 class ReportOps(TreeBase):
@@ -35,7 +28,9 @@ class ReportOps(TreeBase):
         """Every full-attention page the tree holds now, as `BlockStored` events (medium `GPU`
         for device copies, `CPU_PINNED` for host copies), parents before children: applied to an
         empty index they give exactly the tree's pages (a consumer that fell behind rebuilds from
-        them). [] when the tree records no events. Reads only."""
+        them). [] when the tree records no events. Reads only, and hashes nothing: the events name
+        the pages, whose values are computed when read (on any thread, any time later: pages
+        are immutable)."""
         if not self.events.enabled:
             return []
         out: list[BlockStored] = []
@@ -43,15 +38,12 @@ class ReportOps(TreeBase):
         stack = list(self.root.children.values())
         while stack:
             node = stack.pop()
-            parent = node.parent
-            prior = parent.hashes[-1] if parent is not None and parent.hashes else None
-            parent_hash = _int64(prior) if prior is not None else None
-            hashes = [_int64(d) for d in node.hashes]
-            tokens = key_tokens(node.key, ps)
+            run = node.run
+            assert run is not None  # the tree records events: every node names its pages
+            pages = (run, node.run_at, node.run_at + len(node.key))
             if node.full is not None:
-                out.append(BlockStored(hashes, parent_hash, tokens, ps, MEDIUM_GPU))
+                out.append(BlockStored.of_pages([pages], ps, MEDIUM_GPU))
             if node.host is not None:
-                out.append(BlockStored(list(hashes), parent_hash, list(tokens), ps,
-                                       MEDIUM_CPU_PINNED))
+                out.append(BlockStored.of_pages([pages], ps, MEDIUM_CPU_PINNED))
             stack.extend(node.children.values())
         return out

@@ -3,8 +3,9 @@
 The compute thread ends each step with `KvEventHub.publish_step(tree)`: the tree's events of that
 step become one `KvEventBatch` with the next sequence number (from 0 at process start, as
 SGLang's publisher), appended to a ring of the last `buffer_steps` batches. Nothing here blocks
-the compute thread: appending is O(1) under a short lock, waking async subscribers is one
-`call_soon_threadsafe` each.
+or hashes on the compute thread: the events only name their pages (`radix_events`), appending
+is O(1) under a short lock, a waiting thread is notified only when one waits, and an async
+subscriber gets at most one `call_soon_threadsafe` until it has run (not one per step).
 
 Subscribers read the same log with their own cursor (`subscribe`): replay from a sequence number
 while it is still buffered; a subscriber that is new, asks for a sequence that is gone, or falls
@@ -17,7 +18,6 @@ them instead.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections import deque
@@ -36,9 +36,10 @@ class EventSource(Protocol):
     def snapshot_events(self) -> list[BlockStored]: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per step, and frozen init costs 4x
 class KvEventBatch:
-    """One step's events: `seq` (u64 from 0), wall time `ts`, the publisher's DP rank."""
+    """One step's events: `seq` (u64 from 0), wall time `ts`, the publisher's DP rank. Never
+    changed once appended."""
 
     seq: int
     ts: float
@@ -77,6 +78,8 @@ class KvEventHub:
         self._snap_gen = 0  # generation of `_snapshot`
         self._snap_wanted = 0  # highest generation a subscriber waits for
         self._subs: set[KvSubscription] = set()
+        self._async_subs: tuple[KvSubscription, ...] = ()  # those awaited on an event loop
+        self._num_waiting = 0  # threads in `KvSubscription.get`'s wait (under the lock)
         self.num_events_total = 0
         self.num_batches_total = 0
 
@@ -96,19 +99,21 @@ class KvEventHub:
         return batch
 
     def append(self, events: list[KVEvent]) -> KvEventBatch:
-        """Append one batch; returns it. The caller owns the ordering (one appending thread)."""
+        """Append one batch; returns it. The caller owns the ordering (one appending thread,
+        the only writer of `_next_seq`)."""
+        batch = KvEventBatch(self._next_seq, time.time(), events, self.dp_rank)
         with self._lock:
-            batch = KvEventBatch(self._next_seq, time.time(), events, self.dp_rank)
             self._next_seq += 1
             self._ring.append(batch)
             self.num_batches_total += 1
             self.num_events_total += len(events)
-            self._cond.notify_all()
+            if self._num_waiting:
+                self._cond.notify_all()
         self._wake()
         return batch
 
     def _wake(self) -> None:
-        for sub in list(self._subs):
+        for sub in self._async_subs:  # a tuple, replaced (never mutated) under the lock
             sub._notify()
 
     # -- any thread ---------------------------------------------------------------------------
@@ -179,6 +184,7 @@ class KvSubscription:
         self._want_gen = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event: asyncio.Event | None = None
+        self._wake_pending = False
 
     def get(self, timeout: float | None = None) -> Item | None:
         """The next item, waiting up to `timeout` seconds; None on timeout or once closed."""
@@ -192,7 +198,11 @@ class KvSubscription:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
-                hub._cond.wait(left)
+                hub._num_waiting += 1
+                try:
+                    hub._cond.wait(left)
+                finally:
+                    hub._num_waiting -= 1
         return None
 
     def poll(self) -> Item | None:
@@ -205,6 +215,10 @@ class KvSubscription:
         `asyncio.CancelledError` when cancelled, `EOFError` once closed."""
         if self._event is None:
             self._loop, self._event = asyncio.get_running_loop(), asyncio.Event()
+            hub = self.hub
+            with hub._lock:
+                if not self.closed:
+                    hub._async_subs = (*hub._async_subs, self)
         while True:
             self._event.clear()
             item = self.poll()
@@ -216,13 +230,26 @@ class KvSubscription:
 
     def close(self) -> None:
         """Stop: pending waits return (None / EOFError); the hub forgets the subscriber."""
-        with self.hub._cond:
+        hub = self.hub
+        with hub._cond:
             self.closed = True
-            self.hub._subs.discard(self)
-            self.hub._cond.notify_all()
+            hub._subs.discard(self)
+            hub._async_subs = tuple(s for s in hub._async_subs if s is not self)
+            hub._cond.notify_all()
+        self._wake_pending = False
         self._notify()
 
     def _notify(self) -> None:
-        if self._loop is not None and self._event is not None:
-            with contextlib.suppress(RuntimeError):  # the subscriber's loop is closed
-                self._loop.call_soon_threadsafe(self._event.set)
+        """Wake the awaiting loop, once until it ran: the callback clears the mark before it
+        sets the event, so a batch appended after the clear schedules a new wake."""
+        if self._loop is not None and not self._wake_pending:
+            self._wake_pending = True
+            try:
+                self._loop.call_soon_threadsafe(self._on_wake)
+            except RuntimeError:  # the subscriber's loop is closed
+                self._wake_pending = False
+
+    def _on_wake(self) -> None:
+        self._wake_pending = False
+        if self._event is not None:
+            self._event.set()

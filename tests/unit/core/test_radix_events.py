@@ -4,11 +4,13 @@ what it must not (splits, tombstones)."""
 from __future__ import annotations
 
 from decode_worker.core.kv_event_index import KVEventIndex
+from decode_worker.core.page_chain import PageRun
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    KVEvent,
     chain_hashes,
 )
 from decode_worker.core.radix_tree import MatchMode, UnifiedRadixTree
@@ -65,6 +67,31 @@ def test_page_granular_eviction_removes_only_the_trimmed_pages() -> None:
     assert tree.take_events() == [BlockRemoved(chain_hashes(toks, PS)[3:], "GPU")]
     tree.evict_full(10)
     assert tree.take_events() == [BlockRemoved(chain_hashes(toks, PS)[:3], "GPU")]
+
+
+def test_recording_hashes_nothing_and_late_reads_stay_exact() -> None:
+    # the compute thread only names pages; a reader computes the values, even after the pages
+    # left the tree and their nodes were split, trimmed or freed
+    tree = events_tree()
+    a, b = list(range(16)), [*list(range(8)), 70, 71, 72, 73]
+    finish(tree, a)
+    stored_a = tree.take_events()
+    tree.match_prefix(list(range(8)), MatchMode.TRANSFER)  # split
+    finish(tree, b)
+    stored_b = tree.take_events()
+    tree.evict_full(1)  # trims a's last page
+    trimmed = tree.take_events()
+    tree.flush()
+    tree.take_events()
+    finish(tree, [5] * 16)  # new pages, maybe in the same page ids
+    assert all(run._digests is None for run in _runs(stored_a + stored_b + trimmed))
+    assert stored_a == [BlockStored(chain_hashes(a, PS), None, a, PS, "GPU", None)]
+    assert stored_b == [BlockStored(chain_hashes(b, PS)[2:], chain_hashes(a, PS)[1], b[8:], PS)]
+    assert trimmed == [BlockRemoved(chain_hashes(a, PS)[3:], "GPU")]
+
+
+def _runs(events: list[KVEvent]) -> list[PageRun]:
+    return [run for e in events if not isinstance(e, AllBlocksCleared) for run, _, _ in e._pages]
 
 
 def test_tombstone_keeps_the_full_kv_and_records_nothing() -> None:

@@ -83,3 +83,29 @@ def test_async_subscriber_wakes_on_a_batch_from_another_thread() -> None:
 
     item = asyncio.run(main())
     assert isinstance(item, KvEventBatch) and item.seq == 0 and len(item.events) == 1
+
+
+def test_async_subscriber_reads_every_batch_of_a_fast_appender_in_order() -> None:
+    # the appender schedules one wake until the loop ran it: coalesced wakes lose no batch
+    tree, hub = make_tree(), KvEventHub(buffer_steps=1000)
+    num = 300
+
+    def produce() -> None:
+        for i in range(num):
+            store(tree, [i % 5, i] * 2)
+            hub.publish_step(tree)
+
+    async def main() -> list[int]:
+        sub = hub.subscribe(0)
+        seqs: list[int] = []
+        t = threading.Thread(target=produce)
+        t.start()
+        while len(seqs) < num:
+            item = await asyncio.wait_for(sub.next(), 5.0)
+            assert isinstance(item, KvEventBatch)
+            seqs.append(item.seq)
+        t.join(5.0)
+        sub.close()
+        return seqs
+
+    assert asyncio.run(main()) == list(range(num))

@@ -115,7 +115,7 @@ class ServerProcess:
         for i, arg in enumerate(args[:-1]):
             if arg in names and args[i + 1] == "0" and names[arg] in self.ports:
                 args[i + 1] = str(self.ports[names[arg]])
-        again = ServerProcess(self.name, args, self.port, self.host, self.env)
+        again = ServerProcess(self.name, args, self.port, self.host, self.env, self.grpc_port)
         again.ports = dict(self.ports)  # the same ports, known before it reports them
         return again
 

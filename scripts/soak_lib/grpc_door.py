@@ -7,10 +7,14 @@ restart. The classification:
 - `tokens`: the call ended OK with at least one `GenerateComplete` and an output token;
 - `error`: any status the server sent (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE
   while draining, ...), or OK without a token;
-- `refused`: UNAVAILABLE before anything was sent, the transport's "failed to connect"
-  (the server was not listening);
-- `dropped`: the transport broke after the call was accepted (connection reset, socket
-  closed, the server cancelled the call as it went away);
+- `refused`: the transport's own UNAVAILABLE "failed to connect to all addresses" (the
+  server was not listening);
+- `dropped`: the transport broke after the call was accepted (its own messages: connection
+  reset, socket closed, ...), or CANCELLED (the soak never cancels a call: the server
+  cancelled it as it went away);
+  a server's own UNAVAILABLE (draining, a prefill peer unreachable) is an `error` answer: the
+  transport's phrases are matched at the start of the details, where a server's message
+  (which may quote an errno) does not put them;
 - `cut`: a call that ended OK without a `GenerateComplete` for every sample;
 - `timeout`: DEADLINE_EXCEEDED (the call's deadline is the soak's request deadline).
 """
@@ -27,9 +31,9 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 from scripts.soak_lib.client import Answer
 
 METHOD = "Generate"  # the method `decode_worker_grpc_requests_total` counts these calls under
-_REFUSED = ("failed to connect", "connection refused", "connect failed")
+_REFUSED = "failed to connect to all addresses"  # grpc core's text for a refused connect
 _DROPPED = ("socket closed", "connection reset", "broken pipe", "goaway", "stream removed",
-            "cancelled on the server", "received rst_stream", "end of tcp stream")
+            "received rst_stream", "end of tcp stream", "recvmsg", "sendmsg")
 
 
 def request(ids: Sequence[int], max_new: int, stream: bool,
@@ -77,9 +81,10 @@ def _failed(exc: grpc.RpcError, started: float, tokens: int) -> Answer:
     low = details.lower()
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return Answer("timeout", None, text, started, tokens)
-    if code == grpc.StatusCode.UNAVAILABLE and any(s in low for s in _REFUSED) and not tokens:
+    if code == grpc.StatusCode.UNAVAILABLE and low.startswith(_REFUSED) and not tokens:
         return Answer("refused", None, text, started, ended_at=time.monotonic())
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
-                grpc.StatusCode.INTERNAL) and any(s in low for s in _DROPPED):
+    if code == grpc.StatusCode.CANCELLED or (
+            code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN,
+                     grpc.StatusCode.INTERNAL) and low.startswith(_DROPPED)):
         return Answer("dropped", None, text, started, tokens)
     return Answer("error", code.value[0], text, started, tokens)

@@ -5,23 +5,29 @@
 Starts a prefill peer, a decode worker with tiny pools (its integrity check runs every 0.2 s: a
 broken page or lock invariant stops it) and the SGLang Model Gateway (smg) when installed; runs
 mixed streaming / non-streaming multi-turn traffic (P/D straight, through the router, local
-prefill) for `--duration` seconds while injecting one fault at a time at random moments: prefill
-SIGKILL (then restart), prefill SIGSTOP/SIGCONT, client disconnects mid-stream, malformed HTTP
-bodies, malformed protocol frames, duplicate and late completions from a misbehaving peer, pool
-pressure bursts, and a SIGTERM of the decode worker under load (then restart). Then it stops the
-traffic, waits for the worker to go idle and prints, per fault kind, injected / survived and the
-requests sent / answered with tokens / answered with an error / never answered (the requests
-started while a fault of that kind was being injected, its own and the traffic's; the `traffic`
-row: while none was); the counters that show the tiny pools at work (evictions, retractions,
-the host tier's hits, restores and skipped writes); the page and queue gauges against their
-baseline; one `host tier:` line (it fails the run when no host hit was restored: the device pool
-is small enough that the host tier must carry prefixes); and last, exactly
+prefill; `--grpc-share` of the turns, 0.25 by default, over smg's gRPC worker protocol, which
+both servers then serve on `--grpc-port`) for `--duration` seconds while injecting one fault
+at a time at random moments: prefill SIGKILL (then restart), prefill SIGSTOP/SIGCONT, client
+disconnects mid-stream, malformed HTTP bodies, malformed protocol frames, duplicate and late
+completions from a misbehaving peer, pool pressure bursts, and a SIGTERM of the decode worker
+under load (then restart). Then it stops the traffic, waits for the worker to go idle and
+prints, per fault kind, injected / survived and the requests sent / answered with tokens /
+answered with an error / never answered (the requests started while a fault of that kind was
+being injected, its own and the traffic's; the `traffic` row: while none was); the same per
+door (`http`, `grpc`) and the decode worker's own count of the gRPC Generate calls it answered
+OK (`decode_worker_grpc_requests_total`), which must equal the calls answered with tokens (or
+may fall short after a SIGTERM: a drained worker's last counts go with it); the counters that
+show the tiny pools at work (evictions, retractions, the host tier's hits, restores and skipped
+writes); the page and queue gauges against their baseline; one `host tier:` line (it fails the
+run when no host hit was restored: the device pool is small enough that the host tier must
+carry prefixes); and last, exactly
 
     soak: seconds=<s> faults=<n> requests=<n> unanswered=<n> leaked_pages=<n>
 
-It exits 1 when `unanswered` or `leaked_pages` (locked host-tier pages included) is not 0, or
-the host tier check failed. What counts as answered is decided in
-`soak_lib/traffic.py` (a refused connection only while the worker was stopped on purpose).
+It exits 1 when `unanswered` or `leaked_pages` (locked host-tier pages included) is not 0, the
+gRPC counts disagree or the host tier check failed. What counts
+as answered is decided in `soak_lib/traffic.py` (a refused connection only while the worker was
+stopped on purpose).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from scripts.soak_lib import grpc_door
 from scripts.soak_lib.cluster import (
     Cluster,
     Scrape,
@@ -44,7 +51,15 @@ from scripts.soak_lib.cluster import (
     is_idle,
     value,
 )
-from scripts.soak_lib.faults import COUNTERS, FAULTS, RESTART_NEEDS_S, RESTARTS, Chaos, deck
+from scripts.soak_lib.faults import (
+    COUNTERS,
+    FAULTS,
+    GRPC_OK,
+    RESTART_NEEDS_S,
+    RESTARTS,
+    Chaos,
+    deck,
+)
 from scripts.soak_lib.traffic import NO_FAULT, Requester, State, Tally, Traffic
 
 
@@ -55,17 +70,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, help="HF model dir (default: the built-in tiny one)")
     ap.add_argument("--threads", type=int, default=4, help="concurrent conversations")
     ap.add_argument("--no-router", action="store_true", help="do not start the router (smg)")
+    ap.add_argument("--grpc-share", type=float, default=0.25,
+                    help="fraction of the turns sent over gRPC (0: the servers serve no gRPC)")
     ap.add_argument("--faults", default=",".join(FAULTS),
                     help="comma-separated fault kinds to inject (default: all)")
     args = ap.parse_args(argv)
     kinds = [k for k in args.faults.split(",") if k]
     if unknown := [k for k in kinds if k not in FAULTS]:
         ap.error(f"unknown fault kinds {unknown}; known: {', '.join(FAULTS)}")
+    if not 0.0 <= args.grpc_share <= 1.0:
+        ap.error(f"--grpc-share {args.grpc_share}: must be within [0, 1]")
     model = args.model or _tiny_model()
-    cluster = Cluster(model, with_router=not args.no_router)
+    cluster = Cluster(model, with_router=not args.no_router, grpc=args.grpc_share > 0)
     try:
         cluster.start()
-        return _soak(cluster, args.duration, args.seed, args.threads, kinds)
+        return _soak(cluster, args.duration, args.seed, args.threads, kinds, args.grpc_share)
     finally:
         cluster.stop()
 
@@ -77,18 +96,18 @@ def _tiny_model() -> Path:
 
 
 def _soak(cluster: Cluster, duration_s: float, seed: int, threads: int,
-          kinds: list[str]) -> int:
+          kinds: list[str], grpc_share: float) -> int:
     rng = random.Random(seed)
     base = cluster.decode_metrics()
     state = State()
     tally = Tally(state)
     req = Requester(cluster, state, tally)
     chaos = Chaos(cluster, state, tally, req, random.Random(seed + 1))
-    traffic = Traffic(req, seed, threads)
+    traffic = Traffic(req, seed, threads, grpc_share)
     injected: Counter[str] = Counter()
     survived: Counter[str] = Counter()
     print(f"soak: router={'yes' if cluster.router_url else 'no'} threads={threads} "
-          f"seed={seed} duration={duration_s:g}s", flush=True)
+          f"grpc_share={traffic.grpc_share:g} seed={seed} duration={duration_s:g}s", flush=True)
     t0 = time.monotonic()
     traffic.start()
     _inject_until(chaos, rng, t0 + duration_s, kinds, injected, survived)
@@ -97,13 +116,14 @@ def _soak(cluster: Cluster, duration_s: float, seed: int, threads: int,
     req.close()
     end = _quiesce(cluster)
     leaked = max(0, held_pages(end) - held_pages(base))
+    grpc_ok = _grpc_counts(tally, chaos, end, drained=injected["decode_sigterm"] > 0)
     _report(tally, injected, survived, chaos, base, end, stopped)
     host_ok = _check_host_tier(chaos, end)
     totals = tally.totals()
     unanswered = totals["unanswered"]
     print(f"soak: seconds={seconds:.0f} faults={sum(injected.values())} "
           f"requests={totals['sent']} unanswered={unanswered} leaked_pages={leaked}", flush=True)
-    return 0 if unanswered == 0 and leaked == 0 and host_ok else 1
+    return 0 if unanswered == 0 and leaked == 0 and grpc_ok and host_ok else 1
 
 
 def _check_host_tier(chaos: Chaos, end: Scrape) -> bool:
@@ -119,6 +139,26 @@ def _check_host_tier(chaos: Chaos, end: Scrape) -> bool:
     print("host tier: " + " ".join(f"{k}={v}" for k, v in got.items())
           + f" pages={value(end, 'pages_capacity', pool='host'):g} "
           + ("ok" if ok else "FAILED (no host hit restored, or hits and restores disagree)"))
+    return ok
+
+
+def _grpc_counts(tally: Tally, chaos: Chaos, end: Scrape, drained: bool) -> bool:
+    """Print the doors' rows and the worker's own count of gRPC Generate calls answered OK
+    against the calls answered with tokens; whether they agree. A worker stopped by SIGTERM
+    took its last counts with it (counted before the signal, calls answered while it
+    drained are not): then its count may only fall short."""
+    for door in ("http", "grpc"):
+        row = tally.doors.get(door, Counter())
+        print(f"door {door}: " + " ".join(f"{c}={row[c]}" for c in
+                                          ("sent", "tokens", "error", "unanswered")))
+    if not tally.doors.get("grpc"):
+        return True
+    worker = int(chaos.carried.get(GRPC_OK, 0) + value(end, "grpc_requests",
+                                                        method=grpc_door.METHOD, code="OK"))
+    client = tally.doors["grpc"]["tokens"]
+    ok = worker <= client if drained else worker == client
+    print(f"grpc: worker_ok={worker} client_tokens={client} "
+          f"grpc_ok_checked={'no' if drained else 'yes'} {'agree' if ok else 'DISAGREE'}")
     return ok
 
 

@@ -210,6 +210,12 @@ class ServerSettings(_Section):
     max_body_bytes: int = Field(8 * 2**20, gt=0, description="Larger request bodies get 413")
     api_key: SecretStr | None = Field(None, description="Bearer token required if set")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Logging")
+    grpc_require_api_key: bool = Field(
+        True, description="With `api_key` set, gRPC calls that serve or change work (Generate, "
+        "Abort, FlushCache, SubscribeKvEvents) need metadata `authorization: Bearer <key>`; "
+        "false exempts the gRPC port (smg 1.13 sends no credentials over gRPC: fence the port "
+        "instead)"
+    )
 
 
 class MetricsSettings(_Section):

@@ -1,6 +1,7 @@
 """The soak's real processes on loopback: a prefill peer, a decode worker with tiny pools, and the
-SGLang Model Gateway (smg) in front of them when it is installed. Each can be killed and
-restarted on the same ports. Metric names come from `decode_worker.io.metrics`, not from string
+SGLang Model Gateway (smg) in front of them when it is installed. Both servers also serve smg's
+gRPC worker protocol (`--grpc-port`) unless `grpc=False`. Each can be killed and restarted on
+the same ports. Metric names come from `decode_worker.io.metrics`, not from string
 literals."""
 
 from __future__ import annotations
@@ -43,15 +44,19 @@ def _sets(values: dict[str, str]) -> list[str]:
 class Cluster:
     """Start with `start()`, stop everything with `stop()`; `restart_*` reuse the ports."""
 
-    def __init__(self, model: Path, with_router: bool = True) -> None:
+    def __init__(self, model: Path, with_router: bool = True, grpc: bool = True) -> None:
         self.model = model
         self.with_router = with_router and has_router()
+        # a router cannot report a bound port, nor can --grpc-port: these are picked here
+        pre_grpc, dec_grpc = (free_port(), free_port()) if grpc else (None, None)
         self.prefill = ServerProcess("soak-prefill", [
-            "prefill", "--port", "0", "--bootstrap-port", "0",
-            "--model", str(self.model), "--set", f"cache.page_size={PAGE_SIZE}"])
+            "prefill", "--port", "0", "--bootstrap-port", "0", *_grpc_args(pre_grpc),
+            "--model", str(self.model), "--set", f"cache.page_size={PAGE_SIZE}"],
+            grpc_port=pre_grpc)
         self.decode = ServerProcess("soak-decode", [
-            "serve", "--port", "0", "--model", str(self.model),
-            "--set", f"cache.page_size={PAGE_SIZE}", *_sets(DECODE_SETTINGS)])
+            "serve", "--port", "0", *_grpc_args(dec_grpc), "--model", str(self.model),
+            "--set", f"cache.page_size={PAGE_SIZE}", *_sets(DECODE_SETTINGS)],
+            grpc_port=dec_grpc)
         self.router: Router | None = None
         self.logs: list[str] = []
 
@@ -70,6 +75,15 @@ class Cluster:
     @property
     def prefill_url(self) -> str:
         return self.prefill.url
+
+    @property
+    def decode_grpc(self) -> str | None:
+        """The decode worker's gRPC address (host:port), None without gRPC."""
+        return self.decode.grpc_target
+
+    @property
+    def prefill_grpc(self) -> str | None:
+        return self.prefill.grpc_target
 
     @property
     def router_url(self) -> str | None:
@@ -127,6 +141,10 @@ class Cluster:
             for s in fam.samples:
                 out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
         return out
+
+
+def _grpc_args(port: int | None) -> list[str]:
+    return [] if port is None else ["--grpc-port", str(port)]
 
 
 def has_router() -> bool:

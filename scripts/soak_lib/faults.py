@@ -16,9 +16,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import grpc
 import zmq
 
 from decode_worker.io.kv import protocol as p
+from scripts.soak_lib import grpc_door
 from scripts.soak_lib.client import post
 from scripts.soak_lib.cluster import DRAIN_GRACE_S, Cluster, health_ok, value
 from scripts.soak_lib.rogue import RoguePeer
@@ -27,6 +29,7 @@ from scripts.soak_lib.traffic import SYSTEM, Requester, State, Tally, gen_body
 COUNTERS = ("evicted_pages", "retractions", "aborts", "transfer_failures", "transfer_bad_frames",
             "host_hit_tokens", "host_restored_tokens", "host_write_failures",
             "host_restore_failures", "host_evicted_pages")
+GRPC_OK = "grpc_generate_ok"  # `carried` key: the gRPC Generate calls a stopped worker answered
 
 
 @dataclass
@@ -60,6 +63,8 @@ class Chaos:
         scrape = self.cluster.decode_metrics()
         for name in COUNTERS:
             self.carried[name] = self.carried.get(name, 0.0) + value(scrape, name)
+        self.carried[GRPC_OK] = self.carried.get(GRPC_OK, 0.0) + value(
+            scrape, "grpc_requests", method="Generate", code="OK")
 
 
 def prefill_sigkill(c: Chaos) -> bool:
@@ -112,8 +117,9 @@ def _bad_bodies(rng: random.Random) -> list[bytes]:
 
 
 def malformed_http(c: Chaos) -> bool:
-    """Broken bodies on every generation route of both servers: each a clear 4xx."""
-    ok = True
+    """Broken bodies on every generation route of both servers: each a clear 4xx; and bad
+    gRPC Generate requests to both: each INVALID_ARGUMENT."""
+    ok = _malformed_grpc(c)
     for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
         for raw in _bad_bodies(c.rng):
             ans = post(f"{c.cluster.decode_url}{path}", raw, 10.0)
@@ -123,6 +129,24 @@ def malformed_http(c: Chaos) -> bool:
                 ok = False
             post(f"{c.cluster.prefill_url}{path}", raw, 10.0)  # the peer must survive it too
     return ok and health_ok(c.cluster.prefill_url) and c.probe(pd=True)
+
+
+def _malformed_grpc(c: Chaos) -> bool:
+    if c.cluster.decode_grpc is None or c.cluster.prefill_grpc is None:
+        return True
+    bad = [grpc_door.request([], 4, False), grpc_door.request([1, 10**6], 4, True),
+           grpc_door.request(SYSTEM[:20], 4, False), grpc_door.request(SYSTEM[:9], 10**7, False)]
+    bad[2].sampling_params.top_p = 7.0
+    ok = True
+    for req in bad:
+        for target in (c.cluster.decode_grpc, c.cluster.prefill_grpc):
+            ans = grpc_door.generate(target, req, 10.0)
+            if target == c.cluster.decode_grpc:
+                c.tally.record(c.state.phase, "decode", ans, door="grpc")
+            if ans.kind != "error" or ans.status != grpc.StatusCode.INVALID_ARGUMENT.value[0]:
+                c.notes.append(f"malformed_http: gRPC {target} -> {ans.kind} {ans.detail[:80]}")
+                ok = False
+    return ok
 
 
 def malformed_frames(c: Chaos) -> bool:

@@ -1,6 +1,9 @@
 """The soak's traffic: multi-turn conversations (P/D through the decode worker and the prefill
 peer, through the router when there is one, and local prefill), streaming or not, from a few
-threads; and the tally of every request by the fault that was active when it started.
+threads; and the tally of every request by the fault that was active when it started, and by
+the door it went through (`http`, `grpc`). A `grpc_share` of the turns goes over smg's gRPC
+worker protocol (`grpc_door.py`) instead of HTTP: P/D (the prefill half to the peer's gRPC
+port) or local prefill, as smg in gRPC mode sends them.
 
 Deciding what counts as answered (`Tally.record`): tokens and error answers do; a stream cut
 without `[DONE]` and a request past its deadline never do. A refused connection (never
@@ -22,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from scripts.soak_lib import grpc_door
 from scripts.soak_lib.client import Answer, post
 from scripts.soak_lib.cluster import Cluster
 
@@ -58,11 +62,13 @@ class Tally:
     def __init__(self, state: State) -> None:
         self.state = state
         self.rows: dict[str, Counter[str]] = defaultdict(Counter)
+        self.doors: dict[str, Counter[str]] = defaultdict(Counter)  # http / grpc
         self.lost: list[tuple[str, str, Answer]] = []
         self._lock = threading.Lock()
 
-    def record(self, phase: str, target: str, ans: Answer) -> str:
-        """Count `ans` in `phase`'s row; returns the verdict (tokens / error / unanswered)."""
+    def record(self, phase: str, target: str, ans: Answer, door: str = "http") -> str:
+        """Count `ans` in `phase`'s and `door`'s rows; returns the verdict (tokens / error /
+        unanswered)."""
         verdict = ans.kind
         if verdict in ("refused", "dropped"):
             at = ans.ended_at if verdict == "refused" else ans.started_at
@@ -72,6 +78,8 @@ class Tally:
         with self._lock:
             self.rows[phase]["sent"] += 1
             self.rows[phase][verdict] += 1
+            self.doors[door]["sent"] += 1
+            self.doors[door][verdict] += 1
             if verdict == "unanswered":
                 self.lost.append((phase, target, ans))
         return verdict
@@ -126,15 +134,33 @@ class Requester:
         assert url is not None
         return self.tally.record(phase, "router", post(f"{url}/generate", body, 70.0))
 
+    def grpc(self, body: dict[str, Any], rng: random.Random, pd: bool) -> str:
+        """`body` (a /generate body) as a gRPC Generate to the decode worker: P/D (the prefill
+        half to the peer's gRPC port in the background) or local prefill."""
+        phase, cluster = self.state.phase, self.cluster
+        assert cluster.decode_grpc is not None and cluster.prefill_grpc is not None
+        boot = (cluster.boot_port, rng.getrandbits(31)) if pd else None
+        req = grpc_door.request(body["input_ids"], body["sampling_params"]["max_new_tokens"],
+                                body["stream"], boot)
+        side = (self._side.submit(grpc_door.generate, cluster.prefill_grpc, req, 30.0)
+                if pd else None)
+        ans = grpc_door.generate(cluster.decode_grpc, req)
+        if side is not None:
+            with contextlib.suppress(Exception):
+                side.result(timeout=40)
+        return self.tally.record(phase, "decode", ans, door="grpc")
+
     def close(self) -> None:
         self._side.shutdown(wait=False, cancel_futures=True)
 
 
 class Traffic:
-    """`threads` conversation loops until `stop` is set."""
+    """`threads` conversation loops until `stop` is set; `grpc_share` of the turns over gRPC
+    (0 when the cluster serves no gRPC)."""
 
-    def __init__(self, req: Requester, seed: int, threads: int) -> None:
+    def __init__(self, req: Requester, seed: int, threads: int, grpc_share: float = 0.0) -> None:
         self.req = req
+        self.grpc_share = grpc_share if req.cluster.decode_grpc is not None else 0.0
         self.stop = threading.Event()
         self._threads = [threading.Thread(target=self._loop, args=(seed * 1000 + i,),
                                           name=f"soak-traffic-{i}", daemon=True)
@@ -168,6 +194,9 @@ class Traffic:
             history = prompt + [rng.randrange(3, 250) for _ in range(rng.randrange(2, 20))]
 
     def _send(self, body: dict[str, Any], rng: random.Random) -> None:
+        if rng.random() < self.grpc_share:
+            self.req.grpc(body, rng, pd=rng.random() < 0.7)
+            return
         roll = rng.random()
         if roll < 0.2 and self.req.cluster.router_url is not None:
             self.req.via_router(body)

@@ -39,18 +39,23 @@ class GrpcWorker:
     def call_soon(self, coro: Any, timeout_s: float = 120.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
-    def unary(self, method: str, request: Any, timeout_s: float = 30.0) -> Any:
+    def unary(self, method: str, request: Any, timeout_s: float = 30.0,
+              metadata: Sequence[tuple[str, str]] | None = None) -> Any:
         async def call() -> Any:
-            return await getattr(self.stub, method)(request, timeout=timeout_s)
+            return await getattr(self.stub, method)(request, timeout=timeout_s,
+                                                    metadata=metadata)
         return self.call_soon(call())
 
-    def stream(self, method: str, request: Any, timeout_s: float = 60.0) -> list[Any]:
+    def stream(self, method: str, request: Any, timeout_s: float = 60.0,
+               metadata: Sequence[tuple[str, str]] | None = None) -> list[Any]:
         async def read() -> list[Any]:
-            return [r async for r in getattr(self.stub, method)(request, timeout=timeout_s)]
+            call = getattr(self.stub, method)(request, timeout=timeout_s, metadata=metadata)
+            return [r async for r in call]
         return list(self.call_soon(read(), timeout_s + 10))
 
-    def generate(self, request: pb.GenerateRequest, timeout_s: float = 60.0) -> list[Any]:
-        return self.stream("Generate", request, timeout_s)
+    def generate(self, request: pb.GenerateRequest, timeout_s: float = 60.0,
+                 metadata: Sequence[tuple[str, str]] | None = None) -> list[Any]:
+        return self.stream("Generate", request, timeout_s, metadata)
 
     def start_generate(self, request: pb.GenerateRequest) -> OpenCall:
         """A Generate call left open once its first response (or status) arrived."""

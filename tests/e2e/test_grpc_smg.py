@@ -11,9 +11,8 @@ the decode worker for its KV events.
 
 Chat and Responses: smg renders gpt-oss prompts with its harmony builder, whose token ids are
 the o200k_harmony vocabulary's; the tiny model's vocabulary is 264 byte-level ids, so the
-worker refuses them (INVALID_ARGUMENT naming the id) and smg answers 400. What stays
-unverified here is generation on smg's harmony path, which needs a model with the o200k
-vocabulary (gpt-oss itself).
+worker refuses them (INVALID_ARGUMENT naming the id) and smg answers 400. Generation on
+smg's harmony path runs in `test_grpc_smg_chat.py`, on a tiny model in the o200k id space.
 """
 
 from __future__ import annotations

@@ -68,7 +68,10 @@ async def start_grpc(app: ApiApp, metrics: Metrics | None, settings: Any) -> Grp
     sc = settings.server
     if sc.grpc_port is None:
         return None
-    server = GrpcServer(SchedulerServicer(app, metrics), sc.host, sc.grpc_port,
-                        sc.max_body_bytes)
+    servicer = SchedulerServicer(app, metrics, require_key=sc.grpc_require_api_key)
+    if sc.api_key is not None and not sc.grpc_require_api_key:
+        log.warning("grpc: server.grpc_require_api_key=false: the gRPC port takes calls "
+                    "without the API key (fence it: only the gateway may reach it)")
+    server = GrpcServer(servicer, sc.host, sc.grpc_port, sc.max_body_bytes)
     await server.start()
     return server

@@ -35,9 +35,12 @@ class ServerProcess:
     to these children); `env` or `--set` may give one."""
 
     def __init__(self, name: str, args: list[str], port: int = 0, host: str = "127.0.0.1",
-                 env: dict[str, str] | None = None, grpc_port: int | None = None) -> None:
-        """`grpc_port`: the port its `--grpc-port` serves smg's gRPC protocol on, if any."""
+                 env: dict[str, str] | None = None, grpc_port: int | None = None,
+                 cwd: str | None = None) -> None:
+        """`grpc_port`: the port its `--grpc-port` serves smg's gRPC protocol on, if any;
+        `cwd`: its working directory (default: this process's)."""
         self.name, self.args, self.port, self.host = name, args, port, host
+        self.cwd = cwd
         self.grpc_port = grpc_port
         self.grpc_target = f"{host}:{grpc_port}" if grpc_port else None  # grpc.aio's address
         self.ports: dict[str, int] = {"http": port} if port else {}
@@ -57,7 +60,7 @@ class ServerProcess:
             os.unlink(self.ports_file)  # a restart reports afresh
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "decode_worker", *self.args, "--ports-file", self.ports_file],
-            stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+            stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd)
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
@@ -115,7 +118,8 @@ class ServerProcess:
         for i, arg in enumerate(args[:-1]):
             if arg in names and args[i + 1] == "0" and names[arg] in self.ports:
                 args[i + 1] = str(self.ports[names[arg]])
-        again = ServerProcess(self.name, args, self.port, self.host, self.env)
+        again = ServerProcess(self.name, args, self.port, self.host, self.env, self.grpc_port,
+                              self.cwd)
         again.ports = dict(self.ports)  # the same ports, known before it reports them
         return again
 

@@ -92,15 +92,16 @@ class Router(ServerProcess):
 
     BIND_TRIES = 3
 
-    def __init__(self, argv: list[str], port: int, name: str = "router") -> None:
+    def __init__(self, argv: list[str], port: int, name: str = "router",
+                 cwd: str | None = None) -> None:
         # gRPC workers: smg loads the harmony encoding for gpt-oss before it registers them
         env = harmony_vocab_env() if any(a.startswith("grpc://") for a in argv) else None
-        super().__init__(name, [], port, env=env)
+        super().__init__(name, [], port, env=env, cwd=cwd)
         self.cmd = argv
 
     def __enter__(self) -> Router:
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=self.env)
+                                     env=self.env, cwd=self.cwd)
         return self
 
     def stop(self, sig: int = signal.SIGKILL, timeout_s: float = 30.0) -> int | None:

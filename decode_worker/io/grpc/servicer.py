@@ -16,6 +16,14 @@ the LoRA adapter calls (no adapters), `StartProfile` / `StopProfile` (no profile
 (the backend's `kv_events` hub, `kv_stream.py`), else it is UNIMPLEMENTED (smg then stops
 asking that worker).
 
+API key: with `server.api_key` set (and `server.grpc_require_api_key`, the default), the
+calls that serve or change work (`Generate`, `Abort`, `FlushCache`, `SubscribeKvEvents`, which
+streams prompt token ids) need the metadata `authorization: Bearer <key>`, as HTTP's
+generation and admin routes need the header; else UNAUTHENTICATED with a message. The reports
+stay open as HTTP's /health, /server_info, /model_info and /v1/loads do: `HealthCheck`,
+`GetModelInfo`, `GetServerInfo`, `GetLoads`, and `GetTokenizer` (the model's tokenizer files,
+which a gateway fetches when it registers the worker).
+
 Every call is counted in `decode_worker_grpc_requests_total{method, code}`.
 """
 
@@ -68,9 +76,11 @@ class GrpcApp(ApiContext, Protocol):
 class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
     """smg's worker service over `app`. Event loop only (grpc.aio runs the handlers there)."""
 
-    def __init__(self, app: GrpcApp, metrics: Metrics | None = None) -> None:
+    def __init__(self, app: GrpcApp, metrics: Metrics | None = None,
+                 require_key: bool = True) -> None:
         self.app = app
         self.metrics = metrics
+        self.require_key = require_key
         self._calls: dict[str, list[list[str]]] = {}  # request_id -> per call, sample rids
         self._started_at = time.time()
         self._bundle: info.TokenizerBundle | None = None
@@ -169,6 +179,11 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
     async def Abort(
         self, request: pb.AbortRequest, context: Context
     ) -> pb.AbortResponse:
+        try:
+            self._check_key(context)
+        except AuthError as exc:
+            self._count("Abort", StatusCode.UNAUTHENTICATED)
+            await _abort(context, StatusCode.UNAUTHENTICATED, exc)
         rids = [r for call in self._calls.get(request.request_id, []) for r in call]
         for rid in rids:
             log.info("rid=%s: aborted by gRPC Abort (%s)", rid, request.reason or "-")
@@ -261,6 +276,11 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
         """The decode tree's KV events from the worker's event log (`kv_stream.py`);
         UNIMPLEMENTED where there is none (the prefill peer, events off), as SGLang's
         servicer answers without a ZMQ publisher."""
+        try:
+            self._check_key(context)
+        except AuthError as exc:
+            self._count("SubscribeKvEvents", StatusCode.UNAUTHENTICATED)
+            await _abort(context, StatusCode.UNAUTHENTICATED, exc)
         hub = getattr(self.app.backend, "kv_events", None)
         if not isinstance(hub, KvEventHub):
             await self._unimplemented(
@@ -303,10 +323,19 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
     # -- helpers ---------------------------------------------------------------------------
 
     def _check_key(self, context: Context) -> None:
-        """The HTTP routes' API-key check on the call's `authorization` metadata."""
+        """The HTTP routes' API-key check on the call's `authorization` metadata (none when
+        `require_key` is off). Raises AuthError (UNAUTHENTICATED) saying what to send."""
+        if not self.require_key:
+            return
         metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
         value = metadata.get("authorization")
-        self.app.check_api_key(value if isinstance(value, str) else None)
+        try:
+            self.app.check_api_key(value if isinstance(value, str) else None)
+        except AuthError:
+            raise AuthError(
+                f"{'wrong' if value else 'missing'} API key: this worker needs gRPC metadata "
+                "'authorization: Bearer <server.api_key>' (smg 1.13 sends none over gRPC: "
+                "set server.grpc_require_api_key=false and fence the gRPC port)") from None
 
     def _num_active(self) -> int:
         return sum(len(rids) for calls in self._calls.values() for rids in calls)

@@ -432,3 +432,53 @@ def test_only_the_ranks_that_have_not_reported_get_an_abort(
     ranks = harnesses["B"].room(r.room)["ranks"]  # type: ignore[index]
     assert ranks[0].get("decode_aborts", 0) == 0 and reason in ranks[0]["reason"], ranks
     assert ranks[1].get("decode_aborts", 0) == 1, ranks
+
+
+class HeldInbox:
+    """Stands for the status inbox's `recv_all`: what `fill` took from the socket is handed
+    to the receiver first, as if it had waited in the socket until the receiver read it."""
+
+    def __init__(self, recv_all: Callable[[], list[Any]]) -> None:
+        self.recv_all = recv_all
+        self.held: list[Any] = []
+
+    def fill(self, n: int) -> bool | None:
+        self.held += self.recv_all()
+        return len(self.held) >= n or None
+
+    def __call__(self) -> list[Any]:
+        out, self.held = [*self.held, *self.recv_all()], []
+        return out
+
+
+def test_a_request_ended_before_the_failure_was_polled_aborts_no_rank(
+    harnesses: dict[str, SglangPrefill], decode16: Decode
+) -> None:
+    """Prefill TP 2: both ranks fail the room themselves and report it, and the request ends
+    (a client disconnect or a drain: the request table's `cancel_room`, then `abort` of its
+    transfer) after both reports arrived but before a `poll` read them. The reports are read
+    first, so no rank gets an ABORT and both keep their own cause; the failure and the release
+    still come out of the next poll, without waiting for the quiesce bound."""
+    reason = "synthetic NIXL error on every rank"
+    rx, inbox = decode16.rx, decode16.rx._inbox  # type: ignore[attr-defined]
+    r = submit(decode16, harnesses["B"], B.bootstrap, 3511, 200, fail="status",
+               fail_reason=reason)
+
+    def info_sent() -> bool | None:  # no poll after our TransferInfo went out
+        decode16.seen += rx.poll()
+        return rx._book.get(r.tid).phase == "sent" or None  # type: ignore[attr-defined]
+
+    _until(info_sent, 10.0)
+    held = HeldInbox(inbox.recv_all)
+    _until(lambda: held.fill(2), 10.0)  # both ranks' reports arrived; the receiver read none
+    inbox.recv_all = held
+    rx.cancel_room("127.0.0.1", B.bootstrap, r.room, "client_abort", "the client left")
+    rx.abort(r.tid)
+    failed, released = decode16.wait(r.tid, "released", timeout_s=SETTINGS.abort_quiesce_s - 1)
+    assert failed.kind == "failed" and reason in failed.detail and released.kind == "released"
+    assert rx.stats.quiesce_expired == 0
+    # the same PUSH links, in order: an ABORT for 3511 would reach each rank before this room
+    check_room(decode16, submit(decode16, harnesses["B"], B.bootstrap, 3512, 64))
+    ranks = harnesses["B"].room(r.room)["ranks"]  # type: ignore[index]
+    assert [x.get("decode_aborts", 0) for x in ranks] == [0, 0], ranks
+    assert all(reason in x["reason"] for x in ranks), ranks

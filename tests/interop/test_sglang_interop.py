@@ -250,36 +250,62 @@ def _post_then_leave(worker: Live, body: dict[str, Any], leave: Any) -> None:
         leave()
 
 
-@pytest.mark.parametrize("disconnect", [False, True], ids=["answered", "client-left"])
-def test_a_room_the_prefill_failed_keeps_the_prefills_cause(rig: Rig, disconnect: bool) -> None:
+def _wait_rank_failed(harness: SglangPrefill, room: int, timeout_s: float = 15.0) -> None:
+    """Return once prefill rank 0 has failed `room` itself (its sender concluded Failed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = harness.room(room)
+        if state is not None and state["ranks"][0] and state["ranks"][0]["status"] == "failed":
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"room {room}: rank 0 did not fail within {timeout_s} s")
+
+
+@pytest.mark.parametrize("tp, disconnect", [(1, False), (1, True), (2, False), (2, True)],
+                         ids=["tp1-answered", "tp1-client-left", "tp2-answered",
+                              "tp2-client-left"])
+def test_a_room_the_prefill_failed_keeps_the_prefills_cause(rig: Rig, tp: int,
+                                                            disconnect: bool) -> None:
     """SGLang's transfer worker fails the room itself (a status failure with its reason, or
-    its own "State index length mismatch"), eight times in a row: the worker answers 502 with
-    that reason (or the client leaves once the prefill has failed the room), and sends SGLang
-    no ABORT for it (SGLang's manager counts none), so SGLang's recorded cause stays the
-    prefill's own every time. A
-    successful request over the same links afterwards orders the check: an ABORT sent for an
-    earlier room would have arrived before its TransferInfo."""
-    harness, prompt = rig.tp1, conversation(seed=13, turns=1)[0]
-    rooms: dict[int, str] = {}
-    for i in range(8):
+    its own "State index length mismatch"), several times in a row: the worker answers 502 with
+    that reason (or the client leaves once the prefill has failed the room), and sends the rank
+    that failed no ABORT (SGLang's manager counts none), so the cause SGLang's manager records
+    for the room, read afterwards, stays the prefill's own every time. TP 2: rank 0 fails, rank
+    1 serves after a delay; rank 1, which had not reported, gets at most the one ABORT of the
+    failed transfer (exactly one when rank 0 failed before any send), never one more from the
+    request's end. A successful request over the same links afterwards orders the check: an
+    ABORT sent for an earlier room would have arrived before its TransferInfo."""
+    harness = rig.tp1 if tp == 1 else rig.tp2
+    prompt = conversation(seed=13, turns=1)[0]
+    rooms: dict[int, tuple[str, str]] = {}  # room -> (fail mode, the prefill's own cause)
+    for i in range(8 if tp == 1 else 4):
         room = random.getrandbits(63)
         tag = f"interop: NIXL write failed, room tag {room & 0xFFFFFFFF:08x}"
         fail = {"fail": "status", "fail_reason": tag} if i % 2 else {"fail": "state_mismatch"}
-        rooms[room] = tag if i % 2 else "State index length mismatch"
-        harness.prefill({"room": room, "input_ids": prompt, "kv": "model", "timeout_s": 30,
-                         **fail})
+        rooms[room] = (fail["fail"], tag if i % 2 else "State index length mismatch")
+        spec = {"room": room, "input_ids": prompt, "kv": "model", "timeout_s": 30, **fail}
+        harness.prefill({**spec, "fail_ranks": [0], "delay_s": 1.0} if tp == 2 else spec)
         body = pd_body(harness, prompt, room)
         if disconnect:
-            _post_then_leave(rig.worker, body,
-                             lambda r=room: harness.wait_room(r, ("failed",), 15))
+            _post_then_leave(rig.worker, body, lambda r=room: _wait_rank_failed(harness, r))
         else:
             resp = rig.worker.post("/generate", body, timeout_s=40)
-            assert resp.status_code == 502 and rooms[room] in resp.text, resp.text[:2000]
+            assert resp.status_code == 502 and rooms[room][1] in resp.text, resp.text[:2000]
     resp, _ = pd_request(harness, rig.worker, prompt)
     assert resp.status_code == 200, resp.text[:2000]
-    for room, cause in rooms.items():
+    causes = []
+    for room, (mode, cause) in rooms.items():
         state = harness.wait_room(room, ("failed",), 15)
-        (rank,) = state["ranks"]
-        assert rank.get("decode_aborts", 0) == 0, (room, rank)
-        assert cause in (rank["reason"] or ""), (room, rank)
+        first, *others = state["ranks"]
+        causes.append(str(first["reason"]))  # SGLang's KVTransferError for the room
+        assert first.get("decode_aborts", 0) == 0, (room, first)
+        assert cause in causes[-1], (room, first)
+        for other in others:  # not failing: ABORTed by the failed transfer, or it succeeded
+            aborts = other.get("decode_aborts", 0)
+            assert aborts == 1 if mode == "status" else aborts <= 1, (room, other)
+    decode_side = sum("decode-side abort" in c for c in causes)
+    print(f"\ntp {tp} {'client-left' if disconnect else 'answered'}: {len(rooms)} rooms the "
+          f"prefill failed in a row; SGLang's recorded cause (rank 0): {decode_side} 'Aborted "
+          f"by decode-side abort notification', {len(causes) - decode_side} the prefill's own: "
+          + "; ".join(c[:80] for c in causes))
     assert_idle_and_whole(rig.worker)

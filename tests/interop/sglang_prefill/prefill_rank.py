@@ -159,7 +159,7 @@ class PrefillRank:
                 failure_reason=spec.get("fail_reason") or "synthetic prefill failure")
             return self._conclude(room, sender, self._wait(sender, set(), timeout_s))
         time.sleep(float(spec.get("delay_s", 0.0)))
-        self._send_chunks(sender, spec, slots, aux)
+        self._send_chunks(sender, spec, slots, aux, mismatch=fail == "state_mismatch")
         self._conclude(room, sender, self._wait(sender, set(), timeout_s))
 
     def _wait(self, sender: Any, until: set[int], timeout_s: float) -> int:
@@ -220,7 +220,9 @@ class PrefillRank:
         return seeded_aux(spec)
 
     def _send_chunks(self, sender: Any, spec: dict[str, Any], slots: Slots,
-                     aux: dict[str, Any]) -> None:
+                     aux: dict[str, Any], mismatch: bool = False) -> None:
+        """Send the room's KV in chunks; `mismatch`: one SWA page more than the decode asked
+        for (SGLang's transfer worker then fails the room itself)."""
         from sglang.srt.disaggregation.base.conn import StateType
         from sglang.srt.mem_cache.common import kv_to_page_indices, kv_to_page_num
 
@@ -245,7 +247,7 @@ class PrefillRank:
         self.metadata.set_buf(sglang_cpu.aux_request(room, row, **aux))
         window_start = max(prefix_len, seq_len - self.layout.swa_window) // ps * ps
         swa_pages = kv_to_page_indices(swa_slots[window_start:seq_len], ps)
-        if spec.get("fail") == "state_mismatch":  # one page more than the decode asked for
+        if mismatch:
             swa_pages = np.append(swa_pages, swa_pages[-1:])
         state_indices = [swa_pages if st == StateType.SWA else None
                          for st in self.kv_args.state_types]

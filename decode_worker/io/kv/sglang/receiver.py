@@ -175,10 +175,16 @@ class SglangReceiver:
         return events
 
     def _read_inbox(self, now: float) -> None:
-        """Account every KV_STATUS / ABORT_ACK received so far (events wait for `poll`)."""
+        """Account every KV_STATUS / ABORT_ACK received so far (events wait for `poll`): all of
+        them first, then each transfer they touched settles once. A failure and another rank's
+        report in the same read: the ABORT that failure sends skips both reporting ranks."""
+        touched: dict[int, tuple[Transfer, SglangTransfer]] = {}
         for msg in self._inbox.recv_all():
-            self._on_message(msg, now)
+            if (hit := self._record(msg)) is not None:
+                touched[hit[0].req.transfer_id] = hit
         self.stats.bad_frames += self._inbox.take_bad_frames()
+        for xfer, sg in touched.values():
+            self._settle(xfer, sg, now)
 
     @property
     def num_in_flight(self) -> int:
@@ -237,7 +243,9 @@ class SglangReceiver:
         except TransferError as exc:
             self._book.fail(xfer, "transfer_failed", str(exc), now)
 
-    def _on_message(self, msg: f.KVStatus | f.AbortAck, now: float) -> None:
+    def _record(self, msg: f.KVStatus | f.AbortAck) -> tuple[Transfer, SglangTransfer] | None:
+        """Account one message on its transfer (not settled yet: `_read_inbox` does); None for
+        a late, unknown or bad one (counted)."""
         tid = self._rooms.get(msg.room)
         xfer, sg = self._book.get(tid), self._xfers.get(tid)
         if xfer is None or sg is None or xfer.phase == "queued":
@@ -250,7 +258,8 @@ class SglangReceiver:
             log.warning("room %d: prefill rank %d is not one of its %d ranks", msg.room,
                         msg.prefill_rank, len(sg.ranks))  # fmt: skip
         else:
-            self._settle(xfer, sg, now)
+            return xfer, sg
+        return None
 
     def _settle(self, xfer: Transfer, sg: SglangTransfer, now: float) -> None:
         if xfer.phase == "aborting":

@@ -13,8 +13,9 @@ Checked: greedy tokens, logprobs and top logprobs equal transformers' own, with 
 TP 2 (two registrations; each rank writes its KV head); turns >= 2 of a conversation report
 cached tokens (and the prefill saw a decode prefix), also from the host tier of a second worker
 whose device pool is too small for the conversations; a room the prefill fails ends in 502 naming
-the peer's reason; a killed prefill fails its request (502, peer_dead) within seconds; after
-each failure the worker is idle with every page back and keeps serving.
+the peer's reason, and the rank that failed it gets no ABORT, so SGLang keeps its own cause (TP 1
+and TP 2, the client answered or gone); a killed prefill fails its request (502, peer_dead)
+within seconds; after each failure the worker is idle with every page back and keeps serving.
 
 Ports: 18500-18599 only (both harnesses' HTTP, ZMQ and UCX ranges, and the worker's).
 """
@@ -267,7 +268,7 @@ def _wait_rank_failed(harness: SglangPrefill, room: int, timeout_s: float = 15.0
 def test_a_room_the_prefill_failed_keeps_the_prefills_cause(rig: Rig, tp: int,
                                                             disconnect: bool) -> None:
     """SGLang's transfer worker fails the room itself (a status failure with its reason, or
-    its own "State index length mismatch"), several times in a row: the worker answers 502 with
+    its own state / page count mismatch), several times in a row: the worker answers 502 with
     that reason (or the client leaves once the prefill has failed the room), and sends the rank
     that failed no ABORT (SGLang's manager counts none), so the cause SGLang's manager records
     for the room, read afterwards, stays the prefill's own every time. TP 2: rank 0 fails, rank
@@ -277,12 +278,15 @@ def test_a_room_the_prefill_failed_keeps_the_prefills_cause(rig: Rig, tp: int,
     ABORT sent for an earlier room would have arrived before its TransferInfo."""
     harness = rig.tp1 if tp == 1 else rig.tp2
     prompt = conversation(seed=13, turns=1)[0]
+    # SGLang's own words for the extra SWA page (TP 2 to our TP 1 is its head-sliced path)
+    mismatch = ("State index length mismatch" if tp == 1 else
+                "Head-sliced PD transfer page count mismatch")
     rooms: dict[int, tuple[str, str]] = {}  # room -> (fail mode, the prefill's own cause)
     for i in range(8 if tp == 1 else 4):
         room = random.getrandbits(63)
         tag = f"interop: NIXL write failed, room tag {room & 0xFFFFFFFF:08x}"
         fail = {"fail": "status", "fail_reason": tag} if i % 2 else {"fail": "state_mismatch"}
-        rooms[room] = (fail["fail"], tag if i % 2 else "State index length mismatch")
+        rooms[room] = (fail["fail"], tag if i % 2 else mismatch)
         spec = {"room": room, "input_ids": prompt, "kv": "model", "timeout_s": 30, **fail}
         harness.prefill({**spec, "fail_ranks": [0], "delay_s": 1.0} if tp == 2 else spec)
         body = pd_body(harness, prompt, room)
@@ -307,5 +311,5 @@ def test_a_room_the_prefill_failed_keeps_the_prefills_cause(rig: Rig, tp: int,
     print(f"\ntp {tp} {'client-left' if disconnect else 'answered'}: {len(rooms)} rooms the "
           f"prefill failed in a row; SGLang's recorded cause (rank 0): {decode_side} 'Aborted "
           f"by decode-side abort notification', {len(causes) - decode_side} the prefill's own: "
-          + "; ".join(c[:80] for c in causes))
+          + "; ".join(c.split("): ", 1)[-1][:48] for c in causes))
     assert_idle_and_whole(rig.worker)

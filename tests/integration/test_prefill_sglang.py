@@ -35,10 +35,11 @@ from decode_worker.device.runner import ModelRunner
 from decode_worker.settings import load_settings
 from decode_worker.utils.mathx import cdiv
 from tests.integration.conftest import PeerLaunch, stop
+from tests.interop.sglang_peer import venv_python
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-VENV_PY = ROOT / ".venv-sglang" / "bin" / "python"
+VENV_PY = venv_python()  # SGLANG_VENV, default .venv-sglang
 PROBE = ROOT / "tests" / "interop" / "sglang_prefill" / "decode_probe.py"
 GOLDEN = ROOT / "tests" / "data" / "sglang_frames"
 HTTP_PORT, BOOT_PORT, RANK_PORT, PROBE_PORT = 18400, 18401, 18402, 18403
@@ -47,7 +48,7 @@ PREFILL_ENV = {"UCX_TCP_PORT_RANGE": "18460-18489", "UCX_NET_DEVICES": "lo"}
 PS, WINDOW, SENTINEL = 16, 127, 12345.0
 STATE_MISMATCH = "State index length mismatch at component 0: prefill={}, dst={}"
 
-if not VENV_PY.exists():
+if VENV_PY is None:
     pytest.skip("no SGLang venv (bash scripts/setup_sglang.sh)", allow_module_level=True)
 
 

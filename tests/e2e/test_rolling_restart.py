@@ -96,18 +96,20 @@ def stack(e2e_model_dir: Path) -> Iterator[tuple[PdServers, Router]]:
         port = free_port()  # a taken one makes wait_workers retry on another
         argv = router_argv(SMG, [(servers.prefill.url, servers.boot_port)],
                            [d.url for d in servers.decodes], port, policy="round_robin",
-                           circuit_breaker=True, extra=[*EXAMPLE_FLAGS, *ROLLING_RESTART_FLAGS])
+                           request_timeout_s=180, circuit_breaker=True,
+                           extra=[*EXAMPLE_FLAGS, *ROLLING_RESTART_FLAGS])
         with Router(argv, port) as router:
             router.wait_workers(3, 60)
             yield servers, router
 
 
 def _long_request(url: str) -> tuple[int, str]:
-    """A long /generate through the router; its status and body head (0: no answer)."""
+    """A long /generate through the router; its status and body head (0: no answer). smg
+    retries the drain's 503 on the other worker, so the answer may take two runs of it."""
     body = {"input_ids": [5, *range(50, 90)], "sampling_params": {
         "max_new_tokens": LONG_NEW, "temperature": 0, "ignore_eos": True}}
     try:
-        resp = httpx.post(f"{url}/generate", json=body, timeout=120)
+        resp = httpx.post(f"{url}/generate", json=body, timeout=200)
         return resp.status_code, resp.text[:300]
     except httpx.HTTPError as exc:
         return 0, repr(exc)
@@ -162,7 +164,7 @@ def test_rolling_restart_of_a_decode_worker_behind_smg_fails_no_request(
             _wait_healthy_in_router(router, new.url, 30)
             back = time.monotonic()
             _wait_served(traffic, back, 4 * CLIENTS, 60)
-        long_status, long_text = long.result(timeout=120)
+        long_status, long_text = long.result(timeout=210)
     failed = [a for a in traffic.answers if a[1] != 200]
     log = ANSI.sub("", router.output())
     assert not failed, f"{len(failed)} of {len(traffic.answers)} failed: {failed[:5]}\n" \

@@ -48,8 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("serve", "prefill"):
             p.add_argument("--ports-file", type=Path, metavar="PATH",
                            help="once serving, write the bound ports to PATH as JSON (http; "
-                           "prefill: bootstrap, and rank with --protocol sglang): for "
-                           "supervisors and tests that start it with port 0")
+                           "grpc with --grpc-port; prefill: bootstrap, and rank with "
+                           "--protocol sglang; serve: kv_events, kv_events_replay when bound): "
+                           "for supervisors and tests that start it with port 0")
         if name in ("serve", "prefill"):
             p.add_argument("--grpc-port", type=int,
                            help="smg's gRPC worker protocol (SglangScheduler) on this port beside "

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import sys
 import time
 from array import array
 from dataclasses import dataclass
@@ -251,3 +252,11 @@ def _report(name: str, t: Times) -> None:
           f"{t.match_s / n * 1e6:6.1f} us ({n / t.match_s:7.0f}/s){extra} | insert "
           f"{t.insert_s / n * 1e6:7.1f} us ({n / t.insert_s:6.0f}/s) | reuse "
           f"{t.reused / t.prompt_tokens:.1%}")
+
+
+if __name__ == "__main__":  # a part of bench_radix, not a benchmark of its own
+    asked = bool({"-h", "--help"} & set(sys.argv[1:]))
+    print("bench_radix_sglang is run by bench_radix: PYTHONPATH=. .venv-sglang/bin/python -m "
+          "scripts.bench_radix --compare-sglang (see scripts/bench_radix.py --help)",
+          file=sys.stdout if asked else sys.stderr)
+    raise SystemExit(0 if asked else 2)

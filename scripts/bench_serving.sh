@@ -22,21 +22,33 @@
 # (scripts/setup_sglang.sh, linked in by a .pth file) plus the `datasets` package that
 # sglang.bench_serving imports. Servers run from this checkout's python ($PYTHON).
 set -euo pipefail
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+usage() {
   cat <<'USAGE'
 usage: bash scripts/bench_serving.sh            (settings are environment variables)
 
 SGLang's bench_serving through smg (PD mode) in front of the reference prefill peer and a decode
 worker, the decode radix cache on, then off; prints bench_serving's tables and the KV bytes the
 decode worker received. The first run builds .venv-sglang (scripts/setup_sglang.sh, about 3 GB)
-and .venv-bench; nothing is installed or started for --help.
+and .venv-bench; nothing is installed or started for --help or a wrong argument.
 
   MODEL=DIR            model directory (default: the built-in tiny gpt-oss)
   NUM_PROMPTS=N        prompts per run (16)
-  CONCURRENCY=N        concurrent requests (4) (see the script header for the rest:
-                       BACKENDS, ROUTER_MODULE, ROUTER_POLICY, BENCH_VENV, BENCH_OUT, PYTHON)
+  OUTPUT_LEN=N         output tokens per request (24)
+  CONCURRENCY=N        concurrent requests (4)
+  BACKENDS=".."        bench_serving backends ("sglang sglang-oai sglang-oai-chat")
+  DATASETS=".."        data sets ("sharegpt generated-shared-prefix")
+  CACHES=".."          decode radix cache settings to run ("on off")
+  ROUTER_MODULE=M      router module (smg.launch_router; sglang_router.launch_router)
+  ROUTER_POLICY=P      router policy (round_robin)
+  SGLANG_VENV, BENCH_VENV, BENCH_OUT, PYTHON, SERVER_TIMEOUT_S: see the script header
 USAGE
-  exit 0
+}
+if [ $# -gt 0 ]; then
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    *) echo "bench_serving: unknown argument '$1' (settings are environment variables)" >&2
+       usage >&2; exit 2 ;;
+  esac
 fi
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -98,9 +110,13 @@ ported() {  # ported FILE NAME SECONDS: the port NAME from a server's --ports-fi
   echo "bench_serving: no ports in $1 after $3 s (logs in $OUT)" >&2
   return 1
 }
-wait_url() {  # wait_url URL SECONDS [PYTHON-CHECK-ON-BODY]
+wait_url() {  # wait_url URL SECONDS [PYTHON-CHECK-ON-BODY [PID]]: fails at once if PID exits
   local deadline=$((SECONDS + $2)) body
   while [ "$SECONDS" -lt "$deadline" ]; do
+    if [ -n "${4:-}" ] && ! kill -0 "$4" 2>/dev/null; then
+      echo "bench_serving: the server for $1 exited (logs in $OUT)" >&2
+      return 1
+    fi
     if body=$(curl -sf --max-time 2 "$1" 2>/dev/null) \
         && { [ -z "${3:-}" ] || echo "$body" | "$PY" -c "$3" 2>/dev/null; }; then
       return 0
@@ -127,19 +143,30 @@ start_stack() {  # start_stack on|off: prefill peer, decode worker, router; sets
     --ports-file "$OUT/decode-$cache.ports" \
     --set "cache.decode_radix_cache=$radix" > "$OUT/decode-$cache.log" 2>&1 & PIDS+=($!)
   pp=$(ported "$OUT/prefill-$cache.ports" http 300); bp=$(ported "$OUT/prefill-$cache.ports" bootstrap 5)
-  dp=$(ported "$OUT/decode-$cache.ports" http 300); rp=$(port)
-  PREFILL="http://127.0.0.1:$pp" DECODE="http://127.0.0.1:$dp" ROUTER="http://127.0.0.1:$rp"
+  dp=$(ported "$OUT/decode-$cache.ports" http 300)
+  PREFILL="http://127.0.0.1:$pp" DECODE="http://127.0.0.1:$dp"
   wait_url "$PREFILL/health" 300
   wait_url "$DECODE/health" 300
-  timeout "$SERVER_TIMEOUT_S" "$PY" -m "$ROUTER_MODULE" --pd-disaggregation \
-    --prefill "$PREFILL" "$bp" --decode "$DECODE" --host 127.0.0.1 --port "$rp" \
-    --prometheus-host 127.0.0.1 --prometheus-port "$(port)" --policy "$ROUTER_POLICY" \
-    --worker-startup-check-interval 1 --health-check-interval-secs 5 \
-    --request-timeout-secs 600 --disable-circuit-breaker > "$OUT/router-$cache.log" 2>&1 &
-  PIDS+=($!)
-  wait_url "$ROUTER/workers" 120 'import json, sys
+  # the router cannot bind port 0 and report it: its ports are picked here, and it starts
+  # again on fresh ones when another process took one first
+  local try
+  for try in 1 2 3; do
+    rp=$(port) ROUTER="http://127.0.0.1:$rp"
+    timeout "$SERVER_TIMEOUT_S" "$PY" -m "$ROUTER_MODULE" --pd-disaggregation \
+      --prefill "$PREFILL" "$bp" --decode "$DECODE" --host 127.0.0.1 --port "$rp" \
+      --prometheus-host 127.0.0.1 --prometheus-port "$(port)" --policy "$ROUTER_POLICY" \
+      --worker-startup-check-interval 1 --health-check-interval-secs 5 \
+      --request-timeout-secs 600 --disable-circuit-breaker > "$OUT/router-$cache.log" 2>&1 &
+    PIDS+=($!)
+    if wait_url "$ROUTER/workers" 120 'import json, sys
 w = json.load(sys.stdin); w = w.get("workers", w) if isinstance(w, dict) else w
-sys.exit(0 if isinstance(w, list) and len(w) >= 2 else 1)'
+sys.exit(0 if isinstance(w, list) and len(w) >= 2 else 1)' "$!"; then
+      return 0
+    fi
+    grep -q "Address already in use" "$OUT/router-$cache.log" || break
+    echo "bench_serving: a router port was taken; starting it again on fresh ports" >&2
+  done
+  return 1
 }
 
 run_bench() {  # run_bench CACHE DATASET BACKEND: one bench_serving run, then its KV bytes

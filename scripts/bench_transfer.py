@@ -33,7 +33,6 @@ from decode_worker.core.pages import PageAllocator
 from decode_worker.core.window import sglang_window_start, swa_window_start
 from decode_worker.daemon.prefill.peer import PrefillPeer
 from decode_worker.daemon.shared.compat import model_compat, region_layouts
-from decode_worker.daemon.shared.procs import free_port
 from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.io.kv.receiver import KVReceiver, TransferEvent
@@ -59,10 +58,12 @@ class StandInRunner:
         return torch.zeros(16)  # logits: [V] f32
 
 
-def _peer_main(port: int, delay_us: int, ready: Any, stop: Any) -> None:
+def _peer_main(port: Any, delay_us: int, ready: Any, stop: Any) -> None:
+    """The prefill peer on a free port it binds itself; `port.value` is set before `ready`."""
     runner: Any = StandInRunner()
-    settings = TransferSettings(bootstrap_port=port, progress_delay_us=delay_us)
+    settings = TransferSettings(bootstrap_port=0, progress_delay_us=delay_us)
     peer = PrefillPeer(runner, settings, "bench")
+    port.value = peer.bootstrap_port
     ready.set()
     stop.wait(600)
     peer.close()
@@ -189,14 +190,14 @@ def main() -> None:
     # scheduler slice (ms), which would measure the scheduler, not the copy.
     torch.set_num_threads(1)
     ctx = mp.get_context("spawn")
-    port, ready, stop = free_port(), ctx.Event(), ctx.Event()
-    peer = ctx.Process(target=_peer_main, args=(port, args.progress_delay_us, ready, stop),
+    bound, ready, stop = ctx.Value("i", 0), ctx.Event(), ctx.Event()
+    peer = ctx.Process(target=_peer_main, args=(bound, args.progress_delay_us, ready, stop),
                        daemon=True)
     peer.start()
     if not ready.wait(120):
         raise SystemExit("prefill peer did not start")
     try:
-        dec = Decode(port, args.progress_delay_us)
+        dec = Decode(int(bound.value), args.progress_delay_us)
         sizes = bench_sizes(dec, args.reps)
         trace = chat_trace(dec, chat_messages(args.seed, args.conversations, args.turns))
     finally:

@@ -65,3 +65,12 @@ def shape_weights_gib(shape: str, moe_backend: str = "triton") -> float:
     model = from_state_dict(cfg, state, torch.device("meta"), torch.bfloat16,
                             moe_backend=moe_backend)
     return model.weights_bytes() / GIB
+
+
+if __name__ == "__main__":  # helpers, not a program of their own
+    import sys
+
+    asked = bool({"-h", "--help"} & set(sys.argv[1:]))
+    print("gpu_floor holds the floor helpers of scripts/bench_gpu_decode.py (run that one: "
+          "python scripts/bench_gpu_decode.py --help)", file=sys.stdout if asked else sys.stderr)
+    raise SystemExit(0 if asked else 2)

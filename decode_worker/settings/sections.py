@@ -204,7 +204,8 @@ class ServerSettings(_Section):
     )
     grpc_port: int | None = Field(
         None, ge=0, lt=65536, description="smg's gRPC worker protocol (SglangScheduler) on this "
-        "port beside HTTP, same host; unset = off, 0 = a free port chosen at start (logged)"
+        "port beside HTTP, same host; unset = off, 0 = a free port chosen at start (logged, "
+        "and in --ports-file)"
     )
     drain_grace_s: float = Field(30.0, ge=0, description="SIGTERM: time for running requests")
     max_body_bytes: int = Field(8 * 2**20, gt=0, description="Larger request bodies get 413")

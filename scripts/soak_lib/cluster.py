@@ -47,16 +47,15 @@ class Cluster:
     def __init__(self, model: Path, with_router: bool = True, grpc: bool = True) -> None:
         self.model = model
         self.with_router = with_router and has_router()
-        # a router cannot report a bound port, nor can --grpc-port: these are picked here
-        pre_grpc, dec_grpc = (free_port(), free_port()) if grpc else (None, None)
+        # every server binds its ports (gRPC too) and reports them; only the router's are
+        # picked here (it cannot report them: Router retries on fresh ones)
+        grpc_args = ["--grpc-port", "0"] if grpc else []
         self.prefill = ServerProcess("soak-prefill", [
-            "prefill", "--port", "0", "--bootstrap-port", "0", *_grpc_args(pre_grpc),
-            "--model", str(self.model), "--set", f"cache.page_size={PAGE_SIZE}"],
-            grpc_port=pre_grpc)
+            "prefill", "--port", "0", "--bootstrap-port", "0", *grpc_args,
+            "--model", str(self.model), "--set", f"cache.page_size={PAGE_SIZE}"])
         self.decode = ServerProcess("soak-decode", [
-            "serve", "--port", "0", *_grpc_args(dec_grpc), "--model", str(self.model),
-            "--set", f"cache.page_size={PAGE_SIZE}", *_sets(DECODE_SETTINGS)],
-            grpc_port=dec_grpc)
+            "serve", "--port", "0", *grpc_args, "--model", str(self.model),
+            "--set", f"cache.page_size={PAGE_SIZE}", *_sets(DECODE_SETTINGS)])
         self.router: Router | None = None
         self.logs: list[str] = []
 
@@ -141,10 +140,6 @@ class Cluster:
             for s in fam.samples:
                 out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
         return out
-
-
-def _grpc_args(port: int | None) -> list[str]:
-    return [] if port is None else ["--grpc-port", str(port)]
 
 
 def has_router() -> bool:

@@ -12,22 +12,22 @@ import time
 
 import zmq
 
-from decode_worker.daemon.shared.procs import free_port
 from decode_worker.errors import ProtocolError
 from decode_worker.io.kv import protocol as p
 
 
 class RoguePeer:
-    """Bound on a free loopback port while used as a context manager."""
+    """Bound on a free loopback port (`port`) from construction; serves while used as a context
+    manager."""
 
     def __init__(self) -> None:
-        self.port = free_port()
         self.requests = 0
         self.sent = 0
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(f"tcp://127.0.0.1:{self.port}")
+        self._sock.bind("tcp://127.0.0.1:0")  # any free port: no race with a pick
+        self.port = int(self._sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
         self._late: list[tuple[float, bytes, p.Message]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="soak-rogue", daemon=True)

@@ -96,22 +96,40 @@ def test_a_taken_port_is_one_line_naming_server_port_before_the_model_loads(
     assert "Address already in use" in lines[0]
 
 
-def test_port_zero_and_a_ports_file_report_the_bound_port(tmp_path: Path) -> None:
+def test_port_zero_and_a_ports_file_report_every_bound_port(tmp_path: Path) -> None:
+    """HTTP, gRPC and both KV-event sockets on port 0: the ports file (written once all listen)
+    names each bound port, each takes a connection at once, and /server_info describes the
+    KV-event endpoint with its bound port."""
     ports_file = tmp_path / "ports.json"
+    events = {"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0", "bind": True,
+              "replay_endpoint": "tcp://127.0.0.1:0"}
     proc = subprocess.Popen([sys.executable, "-m", "decode_worker", "serve", "--port", "0",
+                             "--grpc-port", "0", "--kv-events-config", json.dumps(events),
                              "--ports-file", str(ports_file), "--set", "cache.num_full_pages=64",
-                             "--set", "cache.num_swa_pages=32"],
+                             "--set", "cache.num_swa_pages=32",
+                             "--set", "server.drain_announce_s=0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
         while not ports_file.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         ports = json.loads(ports_file.read_text())
-        assert set(ports) == {"http"} and ports["http"] > 0
-        assert httpx.get(f"http://127.0.0.1:{ports['http']}/health", timeout=5).status_code == 200
+        assert set(ports) == {"http", "grpc", "kv_events", "kv_events_replay"}, ports
+        assert len(set(ports.values())) == 4 and 0 not in ports.values(), ports
+        for port in ports.values():  # listening already: no wait after the file
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        base = f"http://127.0.0.1:{ports['http']}"
+        assert httpx.get(f"{base}/health", timeout=5).status_code == 200
+        info = httpx.get(f"{base}/server_info", timeout=5).json()["kv_events"]
+        assert info["endpoint_port_base"] == ports["kv_events"]
+        assert info["replay_endpoint_port_base"] == ports["kv_events_replay"]
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 def test_print_config_shows_what_serves_own_flags_resolve_to() -> None:

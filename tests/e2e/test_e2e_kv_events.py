@@ -16,7 +16,7 @@ import zmq
 
 from decode_worker.core.kv_event_index import KVEventIndex
 from decode_worker.core.radix_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from decode_worker.daemon.shared.procs import free_port, http_json, scrape_metric
+from decode_worker.daemon.shared.procs import http_json, scrape_metric
 from decode_worker.daemon.shared.router import has_router
 from decode_worker.device.tokenizer import Tokenizer
 from scripts.scaleout_lib.stack import PAGE_SIZE, Stack
@@ -30,10 +30,13 @@ _TYPES: dict[str, Any] = {"BlockStored": BlockStored, "BlockRemoved": BlockRemov
 
 
 class EventsStack(Stack):
-    def __init__(self, model: Path, pub_port: int, replay_port: int) -> None:
+    """One decode worker publishing KV events on loopback ports it binds (port 0) and reports
+    (`--ports-file`: `decodes[0].ports["kv_events"]` and `["kv_events_replay"]`)."""
+
+    def __init__(self, model: Path) -> None:
         super().__init__(model, 1, pool_pages=96)
-        cfg = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{pub_port}", "bind": True,
-               "replay_endpoint": f"tcp://127.0.0.1:{replay_port}", "topic": "kv"}
+        cfg = {"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0", "bind": True,
+               "replay_endpoint": "tcp://127.0.0.1:0", "topic": "kv"}
         self.decodes[0].args += ["--kv-events-config", json.dumps(cfg)]
 
 
@@ -59,11 +62,12 @@ def test_event_index_predicts_cached_tokens_through_smg_with_eviction(e2e_model_
     convs = 2
     systems = [tok.encode(f"Ticket {i}. {SYSTEM}") for i in range(convs)]
     users = [[tok.encode(" " + t) for t in conv] for conv in user_turns(convs, 4, seed=5)]
-    pub_port, replay_port = free_port(), free_port()
     dealer = zmq.Context.instance().socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     try:
-        with EventsStack(e2e_model_dir, pub_port, replay_port) as stack:
+        with EventsStack(e2e_model_dir) as stack:
+            pub_port = stack.decodes[0].ports["kv_events"]
+            replay_port = stack.decodes[0].ports["kv_events_replay"]
             info = http_json(f"{stack.decodes[0].url}/server_info")["kv_events"]
             assert info == {"publisher": "zmq", "endpoint_host": "127.0.0.1",
                             "endpoint_port_base": pub_port, "topic": "kv",

@@ -65,7 +65,7 @@ def stack(e2e_model_dir: Path) -> Iterator[Stack]:
     common = ["--model", str(e2e_model_dir), "--set", "cache.page_size=16",
               "--set", "cache.num_full_pages=512", "--set", "cache.num_swa_pages=128"]
     events = ["--kv-events-config",
-              f'{{"publisher": "zmq", "endpoint": "tcp://*:{free_port()}"}}']
+              '{"publisher": "zmq", "endpoint": "tcp://*:0"}']  # any free port
     with PdServers(common, grpc=True, decode_args=events) as servers:
         port = free_port()
         argv = router_argv(SMG, [(f"grpc://{servers.prefill.grpc_target}", servers.boot_port)],

@@ -51,10 +51,10 @@ CODE = grpc.StatusCode
 
 
 def _worker(name: str, model: str, cwd: Path | None, *extra: str) -> ServerProcess:
-    port = free_port()
-    return ServerProcess(name, ["serve", "--port", "0", "--grpc-port", str(port), "--model", model,
-                                *SMALL, *extra], grpc_port=port,
-                         cwd=None if cwd is None else str(cwd))
+    """A decode worker on ports it binds and reports (its gRPC port: `grpc_target`, once
+    ready)."""
+    return ServerProcess(name, ["serve", "--port", "0", "--grpc-port", "0", "--model", model,
+                                *SMALL, *extra], cwd=None if cwd is None else str(cwd))
 
 
 def _smg(worker: ServerProcess, cwd: Path) -> Router:

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from decode_worker.daemon.shared.procs import ServerProcess, free_port, scrape_metric
+from decode_worker.daemon.shared.procs import ServerProcess, scrape_metric
 from tests.e2e.driver import Workers
 
 pytestmark = pytest.mark.slow
@@ -127,13 +127,12 @@ def test_a_full_queue_frees_the_prefill(pd: Workers) -> None:
 def test_draining_frees_the_prefill(pd: Workers, e2e_model_dir: Path) -> None:
     """A worker of its own drains (SIGTERM, a long request in hand, 10 s of grace); a request
     it refuses while draining is ended at the prefill at once."""
-    port = free_port()
-    args = ["serve", "--port", str(port), "--model", str(e2e_model_dir),
+    args = ["serve", "--port", "0", "--model", str(e2e_model_dir),
             "--set", "cache.page_size=16", "--set", f"scheduler.kv_timeout_s={KV_TIMEOUT_S}",
             "--set", "server.drain_grace_s=10"]
     long_body = {"input_ids": prompt(20),
                  "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
-    with ServerProcess("decode-drain", args, port) as proc, ThreadPoolExecutor(1) as pool:
+    with ServerProcess("decode-drain", args) as proc, ThreadPoolExecutor(1) as pool:
         proc.wait_ready(120)
         assert proc.proc is not None
         long = pool.submit(_quietly, httpx.post, f"{proc.url}/generate", json=long_body,

@@ -21,7 +21,7 @@ from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_events import BlockStored
 from decode_worker.core.radix_tree import UnifiedRadixTree
 from decode_worker.errors import ConfigError
-from decode_worker.io.kv_events.config import parse_kv_events_config
+from decode_worker.io.kv_events.config import describe, parse_kv_events_config
 from decode_worker.io.kv_events.hub import KvEventHub
 from decode_worker.io.kv_events.publisher import ZmqKvEventPublisher
 from decode_worker.io.kv_events.wire import END_SEQ, event_map
@@ -211,6 +211,46 @@ def test_a_busy_port_is_a_start_up_error_naming_the_key() -> None:
                  "replay_endpoint": f"tcp://*:{port}"}))
     finally:
         first.close()
+
+
+@pytest.mark.parametrize("any_port", ["0", "*"])
+def test_endpoints_on_any_free_port_report_the_ports_they_bound(any_port: str) -> None:
+    """Port 0 (or `*`) binds a free port; `bound_ports` (what `--ports-file` writes) and
+    `bound_config` (what /server_info describes) name the bound ports, and they take
+    connections; the configured host stays as given."""
+    pub = ZmqKvEventPublisher.bind(parse_kv_events_config(
+        {"publisher": "zmq", "endpoint": f"tcp://*:{any_port}", "replay_endpoint":
+         f"tcp://127.0.0.1:{any_port}", "bind": True}))
+    try:
+        ports = pub.bound_ports()
+        assert set(ports) == {"kv_events", "kv_events_replay"}
+        assert 0 not in ports.values() and ports["kv_events"] != ports["kv_events_replay"]
+        info = describe(pub.bound_config(), PS)
+        assert info is not None and info["endpoint_host"] == "*"
+        assert info["endpoint_port_base"] == ports["kv_events"]
+        assert info["replay_endpoint_port_base"] == ports["kv_events_replay"]
+        dealer = zmq.Context.instance().socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        try:  # the replay socket answers on the reported port: the end marker, nothing buffered
+            pub.start(KvEventHub(8))
+            dealer.connect(f"tcp://127.0.0.1:{ports['kv_events_replay']}")
+            dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+            assert dealer.poll(10_000), "no replay answer on the reported port"
+            assert dealer.recv_multipart()[2] == END_SEQ
+        finally:
+            dealer.close()
+    finally:
+        pub.close()
+
+
+def test_a_connected_or_fixed_endpoint_reports_no_bound_port_of_its_own() -> None:
+    pub = ZmqKvEventPublisher.bind(parse_kv_events_config(
+        {"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5999", "bind": False}))
+    try:
+        assert pub.bound_ports() == {}
+        assert pub.bound_config() == pub.cfg
+    finally:
+        pub.close()
 
 
 @pytest.mark.parametrize(("raw", "match"), [

@@ -56,7 +56,8 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
         elif publisher is not None:
             log.warning("kv_events.config: publisher zmq, but the decode radix cache is off: "
                         "the tree caches nothing, so no KV events are published")
-        serving = _serve(settings, engine, metrics, sock, getattr(args, "ports_file", None))
+        serving = _serve(settings, engine, metrics, sock, getattr(args, "ports_file", None),
+                         publisher)
         return int(run_loop(serving))
     finally:
         sock.close()
@@ -65,13 +66,15 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
 
 
 async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics,
-                 sock: socket.socket, ports_file: Path | None) -> int:
+                 sock: socket.socket, ports_file: Path | None,
+                 publisher: ZmqKvEventPublisher | None = None) -> int:
     loop = asyncio.get_running_loop()
     backend = DecodeBackend(engine.inbox, engine.tokenizer, engine.info,
                             settings.scheduler.max_queued_requests,
                             settings.transfer.bootstrap_port, load=lambda: engine.books.load)
     backend.kv_events = engine.kv_events
-    backend.kv_events_info = describe(engine.kv_events_config, engine.page_size)
+    events_cfg = engine.kv_events_config if publisher is None else publisher.bound_config()
+    backend.kv_events_info = describe(events_cfg, engine.page_size)
     backend.host_tier_info = engine.host_tier_info
     engine.start(Outbox(loop, backend.deliver))
     app = ApiApp(backend, ApiConfig.from_settings(settings), metrics)
@@ -81,9 +84,9 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics,
         log.warning("%s", warning)
     server = HttpServer(app, ServerConfig.from_settings(settings), sock)
     await server.start()
-    if ports_file is not None:
-        write_ports_file(ports_file, {"http": server.port})
     grpc_server = await start_grpc(app, metrics, settings)
+    if ports_file is not None:  # once every listener is up: a reader may connect at once
+        write_ports_file(ports_file, {"http": server.port, **bound_ports(grpc_server, publisher)})
     stop = _install_signals(loop)
     cache = settings.cache
     log.info("decode worker ready on http://%s:%d (page %d, %d full pages, "
@@ -100,6 +103,14 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics,
     for task in (stopper, dead):
         task.cancel()
     return code
+
+
+def bound_ports(grpc_server: GrpcServer | None,
+                publisher: ZmqKvEventPublisher | None) -> dict[str, int]:
+    """The ports beside HTTP that `--ports-file` reports: "grpc", "kv_events",
+    "kv_events_replay" (each only when bound)."""
+    ports = {} if grpc_server is None else {"grpc": grpc_server.port}
+    return {**ports, **(publisher.bound_ports() if publisher is not None else {})}
 
 
 async def _shutdown(settings: Settings, engine: DecodeEngine, backend: DecodeBackend,

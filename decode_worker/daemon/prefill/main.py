@@ -99,6 +99,8 @@ async def _serve(server: HttpServer, app: ApiApp, metrics: Metrics, settings: Se
         ports["rank"] = peer.channel.port
         log.info("prefill peer speaks sglang: bootstrap HTTP %s:%d, rank ZMQ port %d",
                  t.bootstrap_host, peer.server.port, peer.channel.port)
+    if grpc_server is not None:
+        ports["grpc"] = grpc_server.port
     if ports_file is not None:
         write_ports_file(ports_file, ports)
     await stop.wait()

@@ -28,22 +28,25 @@ class ServerProcess:
     if it fails to start.
 
     Ports are race-free: the child is given `--ports-file` and writes the ports it bound once
-    it serves; `wait_ready` reads them (`ports`: "http", and a prefill peer's "bootstrap" and
-    "rank") and sets `port` and `url`. So `args` may say `--port 0` (and `--bootstrap-port 0`):
-    the child binds any free port, and no other process can take it between a pick and a bind.
+    it serves; `wait_ready` reads them (`ports`: "http", "grpc" with `--grpc-port`, a prefill
+    peer's "bootstrap" and "rank", a decode worker's "kv_events" / "kv_events_replay" with a
+    bound KV-event endpoint) and sets `port` and `url`. So `args` may say `--port 0` (and
+    `--bootstrap-port 0`, `--grpc-port 0`, a KV-event endpoint on port 0): the child binds any
+    free port, and no other process can take it between a pick and a bind.
     The drain's announce window (`server.drain_announce_s`) defaults to 0 here (nothing routes
     to these children); `env` or `--set` may give one."""
 
     def __init__(self, name: str, args: list[str], port: int = 0, host: str = "127.0.0.1",
                  env: dict[str, str] | None = None, grpc_port: int | None = None,
                  cwd: str | None = None) -> None:
-        """`grpc_port`: the port its `--grpc-port` serves smg's gRPC protocol on, if any;
-        `cwd`: its working directory (default: this process's)."""
+        """`grpc_port`: a fixed port its `--grpc-port` serves smg's gRPC protocol on, known
+        before it starts (`--grpc-port 0` needs none: the bound one is reported); `cwd`: its
+        working directory (default: this process's)."""
         self.name, self.args, self.port, self.host = name, args, port, host
         self.cwd = cwd
-        self.grpc_port = grpc_port
-        self.grpc_target = f"{host}:{grpc_port}" if grpc_port else None  # grpc.aio's address
         self.ports: dict[str, int] = {"http": port} if port else {}
+        if grpc_port:
+            self.ports["grpc"] = grpc_port
         self.env = {ANNOUNCE_ENV: "0", **os.environ, **(env or {})}
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the process
             prefix=f"dw-{name}-", suffix=".log", delete=False)
@@ -54,6 +57,18 @@ class ServerProcess:
     def url(self) -> str:
         """http://host:port (the bound port once `wait_ready` returned)."""
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def grpc_port(self) -> int | None:
+        """The gRPC port (`--grpc-port`): the bound one once `wait_ready` returned; None
+        without gRPC or before a port-0 child reported."""
+        return self.ports.get("grpc")
+
+    @property
+    def grpc_target(self) -> str | None:
+        """host:port of the gRPC port (grpc.aio's address), None as `grpc_port`."""
+        port = self.grpc_port
+        return f"{self.host}:{port}" if port else None
 
     def __enter__(self) -> Self:
         with contextlib.suppress(FileNotFoundError):
@@ -112,14 +127,14 @@ class ServerProcess:
 
     def again(self) -> ServerProcess:
         """A new (not started) ServerProcess with the same arguments, the ports it bound in
-        place of 0 in `--port` / `--bootstrap-port`: a restart behind the same address."""
-        names = {"--port": "http", "--bootstrap-port": "bootstrap"}
+        place of 0 in `--port` / `--bootstrap-port` / `--grpc-port`: a restart behind the
+        same address."""
+        names = {"--port": "http", "--bootstrap-port": "bootstrap", "--grpc-port": "grpc"}
         args = list(self.args)
         for i, arg in enumerate(args[:-1]):
             if arg in names and args[i + 1] == "0" and names[arg] in self.ports:
                 args[i + 1] = str(self.ports[names[arg]])
-        again = ServerProcess(self.name, args, self.port, self.host, self.env, self.grpc_port,
-                              self.cwd)
+        again = ServerProcess(self.name, args, self.port, self.host, self.env, None, self.cwd)
         again.ports = dict(self.ports)  # the same ports, known before it reports them
         return again
 
@@ -143,16 +158,14 @@ class PdServers:
     def __init__(self, common: Sequence[str], num_decode: int = 1, *,
                  prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (),
                  ready_timeout_s: float = 120.0, grpc: bool = False) -> None:
-        port_of_grpc = free_port() if grpc else None
+        grpc_args = ["--grpc-port", "0"] if grpc else []
         self.prefill = ServerProcess("prefill", [
-            "prefill", "--port", "0", "--bootstrap-port", "0", *_grpc_args(port_of_grpc),
-            *prefill_args, *common], grpc_port=port_of_grpc)
+            "prefill", "--port", "0", "--bootstrap-port", "0", *grpc_args, *prefill_args,
+            *common])
         self.decodes: list[ServerProcess] = []
         for i in range(num_decode):
-            port_of_grpc = free_port() if grpc else None
             self.decodes.append(ServerProcess(f"decode{i}" if i else "decode", [
-                "serve", "--port", "0", *_grpc_args(port_of_grpc), *common, *decode_args],
-                grpc_port=port_of_grpc))
+                "serve", "--port", "0", *grpc_args, *common, *decode_args]))
         self.ready_timeout_s = ready_timeout_s
 
     @property
@@ -177,10 +190,6 @@ class PdServers:
     def __exit__(self, *exc: object) -> None:
         for proc in (*self.decodes, self.prefill):
             proc.stop()
-
-
-def _grpc_args(port: int | None) -> list[str]:
-    return [] if port is None else ["--grpc-port", str(port)]
 
 
 def http_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 120.0) -> Any:

@@ -80,6 +80,12 @@ def offset_endpoint_port(endpoint: str | None, rank: int) -> str | None:
     return f"{head}:{int(port) + rank}"
 
 
+def with_port(endpoint: str, port: int) -> str:
+    """`endpoint` (`tcp://host:port`) with its port replaced by `port`."""
+    head, _, _ = endpoint.rpartition(":")
+    return f"{head}:{port}"
+
+
 def tcp_host_port(endpoint: str | None) -> tuple[str, int] | None:
     """(host, port) of a routable `tcp://host:port` (IPv6 bracketed), else None."""
     if not endpoint or not endpoint.startswith("tcp://"):

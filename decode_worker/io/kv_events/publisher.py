@@ -1,7 +1,8 @@
 """The ZMQ KV-event publisher: SGLang 0.5.23's PUB stream and ROUTER replay, fed by the hub.
 
 `ZmqKvEventPublisher.bind(cfg)` opens the sockets at start-up (a bad or busy endpoint is a
-`ConfigError` naming the key); `start(hub)` runs the sender thread, which reads the worker's one
+`ConfigError` naming the key; a tcp port 0 or `*` binds any free port: `bound_ports`,
+`bound_config`); `start(hub)` runs the sender thread, which reads the worker's one
 event log (`KvEventHub`) with its own cursor, encodes each batch (`wire`) and sends
 `[topic, seq8, payload]` without ever blocking: the compute thread only appends to the log.
 
@@ -27,7 +28,12 @@ import threading
 import zmq
 
 from decode_worker.errors import ConfigError
-from decode_worker.io.kv_events.config import KvEventsConfig, offset_endpoint_port
+from decode_worker.io.kv_events.config import (
+    KvEventsConfig,
+    offset_endpoint_port,
+    tcp_host_port,
+    with_port,
+)
 from decode_worker.io.kv_events.hub import KvEventBatch, KvEventHub, KvSubscription
 from decode_worker.io.kv_events.wire import END_SEQ, encode_batch, seq_bytes
 from decode_worker.io.metrics import Metrics
@@ -91,6 +97,29 @@ class ZmqKvEventPublisher:
                 raise ConfigError(f"kv_events.config: key 'replay_endpoint'={replay!r}: cannot "
                                   f"bind: {exc}") from None
             self.replay_endpoint = self.replay.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def bound_ports(self) -> dict[str, int]:
+        """The tcp ports this publisher bound ("kv_events", "kv_events_replay"), for
+        `--ports-file`: what a port-0 (or `*`) endpoint got. Empty for a connected or non-tcp
+        one."""
+        ports: dict[str, int] = {}
+        for name, endpoint in (("kv_events", self.endpoint if self.cfg.should_bind() else ""),
+                               ("kv_events_replay", self.replay_endpoint)):
+            bound = tcp_host_port(endpoint)
+            if bound is not None:
+                ports[name] = bound[1]
+        return ports
+
+    def bound_config(self) -> KvEventsConfig:
+        """The configuration with each port-0 (or `*`) tcp endpoint given the port it bound
+        (what /server_info reports); the configured host is kept (`*` stays `*`)."""
+        ports, cfg = self.bound_ports(), self.cfg
+        update: dict[str, str] = {}
+        for key, name in (("endpoint", "kv_events"), ("replay_endpoint", "kv_events_replay")):
+            configured = getattr(cfg, key)
+            if configured and configured.endswith((":0", ":*")) and name in ports:
+                update[key] = with_port(configured, ports[name])
+        return cfg.model_copy(update=update)
 
     def start(self, hub: KvEventHub) -> None:
         """Start the sender thread on `hub`'s log, from the batch the log appends next."""

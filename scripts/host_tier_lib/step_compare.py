@@ -32,25 +32,11 @@ from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.config import FULL
 from decode_worker.device.sglang_aux import SglangAuxBuffers
-from decode_worker.io.kv.peer import ReceiverStats, TransferEvent
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import CacheSettings
-from tests.fakes.fake_device import FakeDeviceRunner, running_stepper
+from tests.fakes.fake_device import FakeDeviceRunner, FakeIdleReceiver, running_stepper
 
 PAGE, WINDOW = 16, 127
-
-
-class FakeIdleReceiver:
-    """The KV receiver of a worker with no transfer in flight and no peer known."""
-
-    def __init__(self) -> None:
-        self.stats = ReceiverStats()
-
-    def poll(self) -> list[TransferEvent]:
-        return []
-
-    def peers_by_protocol(self) -> dict[str, int]:
-        return {}
 
 
 class EngineSide:

@@ -18,7 +18,9 @@ commit to the request table and the outbox) over `bs` running requests of `ctx`-
     python -m scripts.bench_step --compare-host-tier --steps 60   # host tier off vs on
 
 `--compare-host-tier` runs only the side-by-side of the host tier (radix cache on, stand-in
-at 2 ms, overlap): off vs on with no host traffic, per batch size and context.
+at 2 ms, overlap): off vs on with no host traffic, per batch size and context, each side
+stepped as the engine steps it (fetcher and host-tier polls, decode step, the books' publish:
+`scripts/host_tier_lib/step_compare.py`).
 
 Last line: `bench_step: host_ms_256x32k=<ms> overlap_ratio_max=<step time / device time, worst>`.
 """
@@ -225,71 +227,6 @@ def _drain(sock: Any, stop: Any) -> None:
             sock.recv_multipart()
 
 
-# -- host tier: off vs on without host traffic (issue 29) ------------------------------------
-def measure_host_tier(bs: int, ctx: int, steps: int, repeats: int) -> tuple[float, float, float]:
-    """Host ms per step with the decode radix cache on, the host tier off and on (the default
-    write policy; nothing is evicted, so nothing is copied while the steps are measured): two
-    steppers stepped in turn, the order alternating, so that the machine's drift hits both.
-    Returns (median off, median on, median over `repeats` of the on/off ratio)."""
-    off, on = [], []
-    for _ in range(repeats):
-        sides = [_host_tier_stepper(False, bs, ctx), _host_tier_stepper(True, bs, ctx)]
-        radix = sides[1][1].decode_alloc.ctx.tree
-        written = radix.host_stats.written_pages_total
-        hosts: list[list[float]] = [[], []]
-        for i in range(steps + 3):
-            for side in (0, 1) if i % 2 == 0 else (1, 0):
-                runner, stepper = sides[side]
-                runner.wait_s = runner.wait_cpu_s = runner.compute_cpu_s = 0.0
-                cpu0 = time.thread_time()
-                stepper.step(time.monotonic())
-                stepper.table.outbox.flush()
-                if i >= 3:  # warm-up steps are not counted
-                    hosts[side].append((time.thread_time() - cpu0 - runner.wait_cpu_s
-                                        - runner.compute_cpu_s) * 1e3)
-        host_stats = radix.host_stats
-        if host_stats.written_pages_total != written or host_stats.demoted_pages_total:
-            raise SystemExit("bench_step: host traffic while the no-traffic steps ran")
-        off.append(statistics.median(hosts[0]))
-        on.append(statistics.median(hosts[1]))
-    ratio = statistics.median(b / a for a, b in zip(off, on, strict=True))
-    return statistics.median(off), statistics.median(on), ratio
-
-
-def _host_tier_stepper(host: bool, bs: int, ctx: int) -> tuple[Any, Any]:
-    """A stand-in runner (2 ms, overlap) and its stepper over a radix tree with a host tier
-    (`host`) or without; the prompts' host copies are made at start (not timed)."""
-    from decode_worker.core.host_tier import WritePolicy
-    from decode_worker.core.pages import PageAllocator
-    from decode_worker.core.radix_tree import UnifiedRadixTree
-    from decode_worker.settings import CacheSettings
-
-    def tree(full: PageAllocator, swa: PageAllocator) -> UnifiedRadixTree:
-        pages = PageAllocator(2 * full.num_total, "host") if host else None
-        return UnifiedRadixTree(PAGE, 127, full, swa, host=pages, write_policy=WritePolicy(
-            CacheSettings().hicache_write_policy))
-
-    runner = FakeDeviceRunner(2.0)
-    stepper = running_stepper(runner, bs, ctx, True, tree=tree)
-    radix = stepper.decode_alloc.ctx.tree
-    assert radix is not None
-    radix.take_host_writes()
-    return runner, stepper
-
-
-def print_host_tier(sizes: list[int], ctxs: list[int], steps: int, repeats: int) -> None:
-    """`--compare-host-tier`: one line per (bs, ctx), then the worst ratio (goal <= 1.03)."""
-    worst = 0.0
-    for bs in sizes:
-        for ctx in ctxs:
-            off, on, ratio = measure_host_tier(bs, ctx, steps, repeats)
-            worst = max(worst, ratio)
-            print(f"host tier (radix on, fake 2 ms, overlap), bs {bs} x {ctx}: host off "
-                  f"{off:.3f} ms, on without traffic {on:.3f} ms (x{ratio:.3f}, median of "
-                  f"{repeats} pairs)", flush=True)
-    print(f"bench_step host tier: worst no-traffic ratio {worst:.3f} (goal <= 1.03)")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=60)
@@ -308,6 +245,8 @@ def main() -> None:
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     ctxs = [int(c) for c in args.contexts.split(",")]
     if args.compare_host_tier:
+        from scripts.host_tier_lib.step_compare import print_host_tier
+
         print_host_tier(sizes, ctxs, args.steps, max(args.repeats, 5))
         return
     host_256x32k, worst = float("nan"), 0.0

@@ -45,6 +45,11 @@ class Admit:
     swa_page_ids: list[int]
     restore: HostRestore | None = None
 
+    def host_hit_len(self, page_size: int) -> int:
+        """Tokens of `prefix_len` whose KV the host tier restores (whole pages; the rest of
+        the prefix was on the device)."""
+        return self.restore.num_pages * page_size if self.restore is not None else 0
+
 
 @dataclass(frozen=True, slots=True)
 class Abort:

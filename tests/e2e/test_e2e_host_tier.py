@@ -100,6 +100,13 @@ def _host_hits(w: Workers) -> float:
     return _metrics(w).value("decode_worker_prefix_cache_host_hit_tokens_total")
 
 
+def _assert_host_split(meta: dict[str, Any]) -> None:
+    """A turn with host hits reports them in SGLang's split of `cached_tokens`."""
+    details = meta["cached_tokens_details"]
+    assert details["host"] > 0, meta
+    assert details["device"] + details["host"] == meta["cached_tokens"], meta
+
+
 def _orphan_body(w: Workers, prompt: list[int]) -> dict[str, Any]:
     """A decode half for a room the prefill peer never hears of: it waits for its KV."""
     return gen_body(prompt, MAX_NEW, bootstrap_host="127.0.0.1", bootstrap_port=w.boot_port,
@@ -141,6 +148,7 @@ def test_a_failing_restore_ends_that_request_alone_and_the_next_is_served(
     out = _pd_turn(pd, again)
     assert out["output_ids"] == reference_greedy(again, MAX_NEW)[0]
     assert out["meta_info"]["cached_tokens"] >= 160
+    _assert_host_split(out["meta_info"])
     assert _host_hits(pd) > hits
     _wait_whole(pd)
 
@@ -189,6 +197,7 @@ def test_a_prefill_dying_during_a_restore_loses_nothing(
     local = http_json(f"{pd.decode.url}/generate", gen_body(again, MAX_NEW))
     assert local["output_ids"] == reference_greedy(again, MAX_NEW)[0]
     assert local["meta_info"]["cached_tokens"] >= 160
+    _assert_host_split(local["meta_info"])
     _wait_whole(pd)
 
 

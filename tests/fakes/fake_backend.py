@@ -54,6 +54,7 @@ class FakeBackend:
     chunk_tokens: int = 1
     delay_s: float = 0.0
     cached_tokens: int = 0
+    host_cached_tokens: int = 0  # of cached_tokens, restored from the host tier
     eos_at_end: bool = False
     error_after: int | None = None
     start_error: Exception | None = None
@@ -99,7 +100,7 @@ class FakeBackend:
                     token_ids=ids, logprobs=[-0.5] * len(ids) if inp.return_logprob else None,
                     finish_reason=reason if last else None,  # type: ignore[arg-type]
                     matched_stop=matched if last else None, prompt_tokens=len(inp.input_ids),
-                    cached_tokens=self.cached_tokens,
+                    cached_tokens=self.cached_tokens, host_cached_tokens=self.host_cached_tokens,
                     top_logprobs=[[(t + k, -0.5 - k) for k in range(inp.top_logprobs)]
                                   for t in ids] if inp.top_logprobs else None)
         finally:

@@ -35,6 +35,7 @@ from decode_worker.daemon.decode.requests import RequestTable
 from decode_worker.daemon.decode.stepper import DecodeStepper, sample_kind
 from decode_worker.device.decode_slots import DecodeSlots, HostTokens
 from decode_worker.device.sampler import Sampler
+from decode_worker.io.kv.peer import ReceiverStats, TransferEvent
 from decode_worker.utils.mathx import cdiv
 
 CPU = torch.device("cpu")
@@ -113,6 +114,20 @@ class SinkOutbox(Outbox):
         self.num_events += 1
         if self.keep:
             self.events.append(event)
+
+
+class FakeIdleReceiver:
+    """The KV receiver (NIXL) of a worker with no transfer in flight and no peer known: what
+    a `KVFetcher` and the engine's books read of it."""
+
+    def __init__(self) -> None:
+        self.stats = ReceiverStats()
+
+    def poll(self) -> list[TransferEvent]:
+        return []
+
+    def peers_by_protocol(self) -> dict[str, int]:
+        return {}
 
 
 class _NoTransfers:

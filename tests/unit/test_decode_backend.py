@@ -85,12 +85,13 @@ def test_step_tokens_reach_each_stream_with_its_totals_and_end_in_one_chunk() ->
         got: dict[str, list[OutputChunk]] = {"a": [], "b": []}
         firsts = {rid: asyncio.ensure_future(s.__anext__()) for rid, s in streams.items()}
         await asyncio.sleep(0)
-        backend.deliver([Tokens("a", OutputChunk([7], prompt_tokens=3, cached_tokens=2)),
+        backend.deliver([Tokens("a", OutputChunk([7], prompt_tokens=3, cached_tokens=2,
+                                                 host_cached_tokens=1)),
                          Tokens("b", OutputChunk([8], prompt_tokens=3, cached_tokens=0))])
         for rid, first in firsts.items():
             got[rid].append(await first)
         backend.deliver([StepTokens(["a", "b"], [9, 10])])
-        backend.deliver([StepTokens(["b", "a"], [11, 12]), Ended("a", "length", "", None, 3, 2)])
+        backend.deliver([StepTokens(["b", "a"], [11, 12]), Ended("a", "length", "", None, 3, 2, 1)])
         for rid, stream in streams.items():
             async for chunk in stream:
                 got[rid].append(chunk)
@@ -101,7 +102,9 @@ def test_step_tokens_reach_each_stream_with_its_totals_and_end_in_one_chunk() ->
 
     got = asyncio.run(run())
     assert [c.token_ids for c in got["a"]] == [[7], [9], [12]]
-    assert [(c.prompt_tokens, c.cached_tokens) for c in got["a"]] == [(3, 2)] * 3
+    assert [(c.prompt_tokens, c.cached_tokens, c.host_cached_tokens)
+            for c in got["a"]] == [(3, 2, 1)] * 3  # the host split rides along
     assert got["a"][-1].finish_reason == "length"
     assert [c.token_ids for c in got["b"]] == [[8], [10], [11]]
-    assert all(c.cached_tokens == 0 and c.finish_reason is None for c in got["b"])
+    assert all(c.cached_tokens == c.host_cached_tokens == 0 and c.finish_reason is None
+               for c in got["b"])

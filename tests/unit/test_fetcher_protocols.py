@@ -100,3 +100,34 @@ def test_an_unavailable_peer_ends_its_request_at_once_and_ended_requests_are_dro
     assert lv9.rid == "r9" and why9 == ("transfer_failed", "answers HTTP 404")
     assert f.receiver.failures == ["peer_dead", "transfer_failed"]
     assert f.resolving == [] and 8 not in f.receiver.since  # never asked for the ended one
+
+
+class _Restoring:
+    """A restore still copying (the request waits for it, gated)."""
+
+    def is_done(self) -> bool:
+        return False
+
+    def wait(self) -> None:
+        raise AssertionError("not waited here")
+
+
+def test_an_admission_reports_its_host_hits_as_part_of_cached_tokens() -> None:
+    """`cached_tokens` is the admission's prefix; its host part is the restored pages' tokens.
+    A readmission with less reuse keeps the better pair."""
+    from decode_worker.core.admission import Admit
+    from decode_worker.core.host_tier import HostRestore
+
+    f = fetcher({})
+    cmd = AddRequest("r", list(range(64)), SamplingParams(max_new_tokens=4), False, None, None,
+                     None, 0.0)
+    lv = LiveRequest(DecodeRequest("r", 7, list(range(64)), 4), cmd, frozenset())
+    lv.restore = _Restoring()
+    # 48 tokens reused: 1 page on the device, 2 pages (32 tokens) restored from the host
+    f.fetch(lv, Admit(lv.req, 48, 48, [10, 11, 12, 13], [], HostRestore([5, 6], [10, 11])), 0.0)
+    assert (lv.cached_tokens, lv.host_cached_tokens) == (48, 32)
+    assert [g for g, _ in f.gated] == [lv]  # it waits for its restore
+    f.fetch(lv, Admit(lv.req, 16, 48, [20, 21, 22], []), 1.0)  # readmitted, less reused
+    assert (lv.cached_tokens, lv.host_cached_tokens) == (48, 32)
+    f.fetch(lv, Admit(lv.req, 64, 48, [30], []), 2.0)  # more reused, all on the device
+    assert (lv.cached_tokens, lv.host_cached_tokens) == (64, 0)

@@ -75,7 +75,8 @@ class DecodeBackend:
         self._load = load
         self._queues: dict[str, asyncio.Queue[OutputChunk]] = {}
         self._waiting: set[str] = set()  # rids in `_queues` not yet given a token (queued)
-        self._totals: dict[str, tuple[int, int]] = {}  # rid -> (prompt, cached) tokens, last sent
+        # rid -> (prompt, cached, host-cached) tokens, last sent
+        self._totals: dict[str, tuple[int, int, int]] = {}
         self._flushes: dict[int, asyncio.Future[FlushResult]] = {}
         self._flush_tokens = itertools.count(1)
         self.announcing = False  # the drain's announce window: /health 503, work still taken
@@ -188,9 +189,9 @@ class DecodeBackend:
             elif isinstance(event, StepTokens):
                 totals = self._totals
                 for rid, token in zip(event.rids, event.token_ids, strict=True):
-                    prompt, cached = totals.get(rid, (0, 0))
+                    prompt, cached, host = totals.get(rid, (0, 0, 0))
                     step_chunk = OutputChunk([token], prompt_tokens=prompt,
-                                             cached_tokens=cached)
+                                             cached_tokens=cached, host_cached_tokens=host)
                     last[rid] = step_chunk
                     self._put(rid, step_chunk)
             elif isinstance(event, Tokens):  # a request's first token always comes so
@@ -198,13 +199,15 @@ class DecodeBackend:
                 self._waiting.discard(event.rid)
                 if event.rid in self._queues:
                     self._totals[event.rid] = (event.chunk.prompt_tokens,
-                                               event.chunk.cached_tokens)
+                                               event.chunk.cached_tokens,
+                                               event.chunk.host_cached_tokens)
                 self._put(event.rid, event.chunk)
             else:
                 chunk = last.get(event.rid) if event.finished else None
                 if chunk is None:  # an error goes alone: the tokens before it stay tokens
                     chunk = OutputChunk(prompt_tokens=event.prompt_tokens,
-                                        cached_tokens=event.cached_tokens)
+                                        cached_tokens=event.cached_tokens,
+                                        host_cached_tokens=event.host_cached_tokens)
                     self._put(event.rid, chunk)
                 _end_chunk(chunk, event)
 
@@ -271,6 +274,7 @@ def _end_chunk(chunk: OutputChunk, ended: Ended) -> None:
     """Make `chunk` the request's last: finished ("stop" / "length") or an error whose reason
     the API layer maps to an HTTP status."""
     chunk.prompt_tokens, chunk.cached_tokens = ended.prompt_tokens, ended.cached_tokens
+    chunk.host_cached_tokens = ended.host_cached_tokens
     if ended.finished:
         chunk.finish_reason = "stop" if ended.reason == "stop" else "length"
         chunk.matched_stop = ended.matched_stop

@@ -52,6 +52,7 @@ class Books:
         # the host tier's last published pages and counters (read from the event loop: an
         # immutable dict swapped whole, as `load`)
         self.host_live: dict[str, int] = {}
+        self._host_published: tuple[object, ...] | None = None  # what the last publish saw
         self.load = Load()
         self._next_publish = 0.0
 
@@ -75,11 +76,19 @@ class Books:
         self._publish_host()
 
     def _publish_host(self) -> None:
-        """The host tier's pages (pool="host" beside the device pools) and its counters."""
+        """The host tier's pages (pool="host" beside the device pools) and its counters; no
+        metric is touched when none of them moved since the last publish (a host tier without
+        traffic costs one comparison of a few ints per publish)."""
         ht, tree = self.host_tier, self.kv_ctx.tree
         if ht is None or tree is None:
             return
-        st = tree.host_stats_pages()
+        st, hst = tree.host_stats_pages(), tree.host_stats
+        seen = (st, self.kv_ctx.stats.host_hit_tokens_total, ht.restored_pages_total,
+                ht.restored_bytes_total, ht.pool.written_bytes_total, ht.restore_failures_total,
+                ht.num_restoring, hst.host_evicted_pages_total, hst.write_failures_total)
+        if seen == self._host_published:  # a done restore moved `restored_pages_total`
+            return
+        self._host_published = seen
         self.metrics.update_pool("host", available=st.available, used=st.total - st.available,
                                  evictable=st.evictable, protected=st.protected, total=st.total)
         self.metrics.set_totals({
@@ -87,8 +96,8 @@ class Books:
             "host_restored_tokens": ht.restored_pages_total * self.kv_ctx.page_size,
             "host_restored_bytes": ht.restored_bytes_total,
             "host_written_bytes": ht.pool.written_bytes_total,
-            "host_evicted_pages": tree.host_stats.host_evicted_pages_total,
-            "host_write_failures": tree.host_stats.write_failures_total,
+            "host_evicted_pages": hst.host_evicted_pages_total,
+            "host_write_failures": hst.write_failures_total,
             "host_restore_failures": ht.restore_failures_total,
         })
         self.metrics.observe_host_restores(ht.restore_durations_s)

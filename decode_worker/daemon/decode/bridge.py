@@ -117,6 +117,7 @@ class Ended:
     matched_stop: int | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    host_cached_tokens: int = 0
 
     @property
     def finished(self) -> bool:

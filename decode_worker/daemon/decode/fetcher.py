@@ -114,7 +114,9 @@ class KVFetcher:
         compute it here when the client named no peer (or it is a resumed request). Raises
         DecodeWorkerError for inputs the receiver refuses (nothing posted)."""
         req = live.req
-        live.cached_tokens = max(live.cached_tokens, admit.prefix_len)
+        if admit.prefix_len >= live.cached_tokens:  # a readmission reports its best reuse
+            live.cached_tokens = admit.prefix_len
+            live.host_cached_tokens = admit.host_hit_len(self.page_size)
         if not live.has_peer or req.is_resumed:
             prefix_len = admit.prefix_len
             self._when_restored(live, lambda t: self._compute_locally(live, prefix_len, t), now)

@@ -39,7 +39,8 @@ class LiveRequest:
     transfer_id: int | None = None
     aux_slot: int | None = None
     restore: PendingRestore | None = None
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens not transferred (reused at admission)
+    host_cached_tokens: int = 0  # the part of them restored from the host tier
     ended: Ended | None = None
     emitted: int = 0  # output tokens already sent to the client
     slot: int = 0  # its row of the running batch (0: not running)
@@ -105,11 +106,11 @@ class LiveRequest:
         tops = self.top_logprobs[start:len(out)] if self.cmd.top_logprobs else None
         return Tokens(self.rid, OutputChunk(
             ids, lps, None, None, len(self.req.prompt_ids), self.cached_tokens,
-            top_logprobs=tops))
+            self.host_cached_tokens, top_logprobs=tops))
 
     def ended_event(self, reason: str, message: str, matched_stop: int | None) -> Ended:
         return Ended(self.rid, reason, message, matched_stop, len(self.req.prompt_ids),
-                     self.cached_tokens)
+                     self.cached_tokens, self.host_cached_tokens)
 
     @property
     def is_restoring(self) -> bool:

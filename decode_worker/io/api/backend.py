@@ -73,8 +73,10 @@ class OutputChunk:
     `logprobs[i]` is the logprob of `token_ids[i]` (only when `return_logprob`);
     `top_logprobs[i]` its most likely alternatives (only when `top_logprobs` was asked for).
     `prompt_tokens` / `cached_tokens` (prompt tokens whose KV was reused from the prefix cache)
-    are totals, repeated on every chunk. `finish_reason` is set on the last chunk only;
-    `matched_stop` is the stop token id that ended it (or None for EOS / length).
+    are totals, repeated on every chunk; `host_cached_tokens` is the part of `cached_tokens`
+    restored from the host tier (the rest was on the device: `cached_tokens_details`).
+    `finish_reason` is set on the last chunk only; `matched_stop` is the stop token id that
+    ended it (or None for EOS / length).
     `error` (with `error_code`, an abort reason such as `kv_timeout`) ends the request; an error
     chunk may carry no tokens. Its HTTP status is `status`: `error_status` when a backend sets
     one, else the status of `error_code` (`status_for_reason`).
@@ -86,6 +88,7 @@ class OutputChunk:
     matched_stop: int | str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    host_cached_tokens: int = 0
     error: str | None = None
     error_status: int | None = None
     error_code: str = "internal"

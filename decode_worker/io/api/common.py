@@ -1,4 +1,5 @@
-"""Pieces every endpoint uses: the API config, prompt checks, SSE framing, error bodies."""
+"""Pieces every endpoint uses: the API config, prompt checks, SSE framing, error bodies, the
+cached-token split."""
 
 from __future__ import annotations
 
@@ -173,3 +174,13 @@ class RunStream:
         finally:
             for run in self._runs:
                 await run.close()
+
+
+def cached_tokens_details(cached_tokens: int, host_cached_tokens: int) -> dict[str, int] | None:
+    """SGLang's `meta_info.cached_tokens_details`: where the cached prompt tokens came from,
+    `{"device": cached - host, "host": host}`; None when nothing was cached (SGLang reports it
+    so with or without its host tier: `{"device": cached, "host": 0}` when off)."""
+    if cached_tokens <= 0:
+        return None
+    host = min(max(host_cached_tokens, 0), cached_tokens)
+    return {"device": cached_tokens - host, "host": host}

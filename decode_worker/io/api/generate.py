@@ -5,6 +5,8 @@ non-incremental stream output), then `data: [DONE]`. A batch (`text` or `input_i
 prompts) or `sampling_params.n > 1` is answered with a list in sample order (`samples.py`), and
 each streamed event names its sample's `index`. An error after the stream started is an
 SSE `data: {"error": {...}}` event followed by `data: [DONE]`.
+`meta_info.cached_tokens_details` is SGLang's split of `cached_tokens`: `{"device", "host"}`
+(host: restored from the host tier), null when nothing was cached.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from decode_worker.errors import ClientError
 from decode_worker.io.api.common import (
     SSE_DONE,
     RunStream,
+    cached_tokens_details,
     check_prompt,
     error_obj,
     sse,
@@ -102,6 +105,8 @@ def _meta(run: GenerationRun) -> dict[str, Any]:
         "prompt_tokens": run.prompt_tokens,
         "completion_tokens": len(run.output_ids),
         "cached_tokens": run.cached_tokens,
+        "cached_tokens_details": cached_tokens_details(run.cached_tokens,
+                                                       run.host_cached_tokens),
     }
     if run.inp.return_logprob:
         meta["output_token_logprobs"] = run.output_token_logprobs()

@@ -1,7 +1,9 @@
 """OpenAI-compatible `POST /v1/completions` (and what chat completions share: `chat.py`).
 
-Non-streaming answers carry `usage` with `prompt_tokens_details.cached_tokens`. Streams send
-one chunk per text delta, a final chunk with `finish_reason`, a usage chunk when
+Non-streaming answers carry `usage` with `prompt_tokens_details.cached_tokens`; with SGLang's
+`return_cached_tokens_details: true` also a response-level `sglext.cached_tokens_details`
+(`{"device", "host"}`, as SGLang's). Streams send one chunk per text delta, a final chunk with
+`finish_reason`, (when asked for) one `sglext` chunk with no choices, a usage chunk when
 `stream_options.include_usage`, then `data: [DONE]`; an error mid-stream is an SSE error event
 then `[DONE]`. `n > 1` and a batch of prompts (completions) give one choice per sample
 (`samples.py`, `openai_shape.py`); `echo` is not supported. A `model` other than the served
@@ -63,7 +65,8 @@ async def serve(
                         return_logprob=logprobs, top_logprobs=top_logprobs,
                         endpoint="chat" if chat else "completions", received_at=received_at)
     runs = await start_all(app, inps)
-    shape = OpenAIShape(app.model_name(), runs, body.n, chat, parsing)
+    shape = OpenAIShape(app.model_name(), runs, body.n, chat, parsing,
+                        cache_details=body.return_cached_tokens_details)
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamResponse(200, RunStream(stream_chunks(shape, usage), runs))

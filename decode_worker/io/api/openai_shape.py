@@ -12,7 +12,13 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from decode_worker.core.sampling import TopLogprobs
-from decode_worker.io.api.common import SSE_DONE, error_obj, now_s, sse
+from decode_worker.io.api.common import (
+    SSE_DONE,
+    cached_tokens_details,
+    error_obj,
+    now_s,
+    sse,
+)
 from decode_worker.io.api.harmony.chat import ChatParsing, ChatStream, chat_message, finish_reason
 from decode_worker.io.api.run import Finish, GenerationRun, Step
 from decode_worker.io.api.samples import merged_steps
@@ -22,8 +28,9 @@ class OpenAIShape:
     """Builds the OpenAI response objects of a request's runs (one per sample)."""
 
     def __init__(self, model: str, runs: Sequence[GenerationRun], n: int, chat: bool,
-                 parsing: ChatParsing | None = None) -> None:
+                 parsing: ChatParsing | None = None, *, cache_details: bool = False) -> None:
         self.model, self.runs, self.n, self.chat = model, list(runs), n, chat
+        self.cache_details = cache_details  # SGLang's `return_cached_tokens_details`
         self.parsing = parsing if chat else None
         rid = runs[0].inp.extra.get("client_rid", runs[0].inp.rid)
         self.id = f"chatcmpl-{rid}" if chat else f"cmpl-{rid}"
@@ -42,6 +49,16 @@ class OpenAIShape:
         return {"prompt_tokens": prompt, "completion_tokens": done,
                 "total_tokens": prompt + done,
                 "prompt_tokens_details": {"cached_tokens": sum(r.cached_tokens for r in firsts)}}
+
+    def sglext(self) -> dict[str, Any] | None:
+        """SGLang's response-level extension when `return_cached_tokens_details` was asked for
+        and something was cached: `{"cached_tokens_details": {"device", "host"}}` of the first
+        sample (SGLang takes the request's first result too); else None."""
+        if not self.cache_details:
+            return None
+        run = self.runs[0]
+        details = cached_tokens_details(run.cached_tokens, run.host_cached_tokens)
+        return {"cached_tokens_details": details} if details is not None else None
 
     def logprobs(self, k: int, ids: list[int], lps: list[float],
                  tops: list[TopLogprobs]) -> dict[str, Any] | None:
@@ -89,12 +106,18 @@ class OpenAIShape:
             choices.append(choice)
         body = self._envelope(choices, False)
         body["usage"] = self.usage()
+        ext = self.sglext()
+        if ext is not None:
+            body["sglext"] = ext
         return body
 
-    def chunk(self, choice: dict[str, Any] | None, usage: bool = False) -> bytes:
+    def chunk(self, choice: dict[str, Any] | None, usage: bool = False,
+              sglext: dict[str, Any] | None = None) -> bytes:
         body = self._envelope([choice] if choice is not None else [], True)
         if usage:
             body["usage"] = self.usage()
+        if sglext is not None:
+            body["sglext"] = sglext
         return sse(body)
 
 
@@ -119,7 +142,8 @@ class _Pending:
 
 async def stream_chunks(shape: OpenAIShape, include_usage: bool) -> AsyncGenerator[bytes, None]:
     """The SSE body: (chat) a role chunk per choice, a chunk per text delta of any choice, its
-    finish chunk, the usage chunk when asked for, then [DONE]; an error ends it early."""
+    finish chunk, the `sglext` chunk and the usage chunk when asked for, then [DONE]; an error
+    ends it early."""
     if shape.chat:
         for k in range(len(shape.runs)):
             first = shape.choice(k, "", None, None, delta=True)
@@ -144,6 +168,9 @@ async def stream_chunks(shape: OpenAIShape, include_usage: bool) -> AsyncGenerat
             elif step.text or fin is not None:
                 yield shape.chunk(shape.choice(k, step.text, fin, pending[k].take(shape, k),
                                                delta=True))
+    ext = shape.sglext()
+    if ext is not None:  # as SGLang: its own chunk, no choices
+        yield shape.chunk(None, sglext=ext)
     if include_usage:
         yield shape.chunk(None, usage=True)
     yield SSE_DONE

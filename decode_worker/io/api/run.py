@@ -85,6 +85,7 @@ class GenerationRun:
         self.top_logprobs: list[TopLogprobs] = []  # when inp.top_logprobs
         self.prompt_tokens = len(inp.input_ids)
         self.cached_tokens = 0
+        self.host_cached_tokens = 0  # the part of cached_tokens restored from the host tier
         self.finish: Finish | None = None
         self._iter: AsyncIterator[OutputChunk] | None = None
         self._first: OutputChunk | None = None
@@ -155,6 +156,7 @@ class GenerationRun:
     def _consume(self, chunk: OutputChunk) -> Step:
         self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
         self.cached_tokens = chunk.cached_tokens
+        self.host_cached_tokens = chunk.host_cached_tokens
         if chunk.error is not None:
             return Step(self.text.finish(), [], finish=Finish(
                 "error", message=chunk.error, status=chunk.status, code=chunk.error_code))

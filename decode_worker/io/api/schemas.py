@@ -113,6 +113,7 @@ class OpenAIBase(Bootstrap):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     min_tokens: int | None = None  # SGLang's and vLLM's extension
+    return_cached_tokens_details: bool = False  # SGLang's: `sglext.cached_tokens_details`
 
 
 class CompletionReq(OpenAIBase):

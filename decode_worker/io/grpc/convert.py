@@ -9,7 +9,8 @@ its zero: as SGLang's servicer reads them, top_p 0, top_k 0 and repetition_penal
 Responses follow SGLang's servicer: a stream sends one `GenerateStreamChunk` per step with
 the step's new token ids (and their logprobs), then a `GenerateComplete` after the last one
 carrying that last step's ids; a non-streaming call sends one `GenerateComplete` per sample
-with every output id. Counts are cumulative; `index` is the sample (n > 1).
+with every output id. Counts are cumulative; `index` is the sample (n > 1). `cached_tokens` has
+no device/host split here: smg's proto (smg-grpc-proto 0.4.28) has no field for it.
 """
 
 from __future__ import annotations

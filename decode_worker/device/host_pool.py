@@ -18,8 +18,10 @@ indexed copy (the device pages come from a LIFO allocator, rarely in runs):
   `index_select` and copies each run into its host block (one DMA per run). The host thread
   never waits: a restore waits on the GPU for the compute stream (its fresh pages may still be
   read by a queued step) and for the writes (a host page it reads may still be on its way);
-  the compute stream waits for a write before it reuses pages. A restore records an event the
-  caller polls; `sync_writes` blocks until the writes are in host memory.
+  the compute stream waits for a write before it reuses pages, never for a restore (a host
+  page a restore reads stays locked until the restore is done, so no write reuses it). A
+  restore records an event the caller polls; `sync_writes` blocks until the writes are in host
+  memory.
 
 `fail_restores` is the fault point for tests: the next that many restores raise
 `RestoreFailed` (nothing is copied).
@@ -104,11 +106,9 @@ class HostKVPool:
             for a, b, h in runs:  # host block [b - a, L] <- device rows of pages a..b
                 self._host_rows[h:h + b - a] = self._dev_rows[rows[a:b]]
             return
-        assert self._restore_stream is not None
         full = self.pools.full
         compute = torch.cuda.current_stream(full.device)
         stream.wait_stream(compute)  # the KV was written on the compute stream
-        stream.wait_stream(self._restore_stream)  # host pages are rewritten after their reads
         with torch.cuda.stream(stream):
             write_runs(full, self.pages, job.device_page_ids, runs)
         compute.wait_stream(stream)  # freed pages are reused only after the copy

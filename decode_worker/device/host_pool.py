@@ -15,13 +15,13 @@ indexed copy (the device pages come from a LIFO allocator, rarely in runs):
 - CUDA, each direction on its own stream: a restore copies each host run into one device
   staging tensor (one DMA per run from pinned memory, no host-side gather) and scatters it into
   the device pages with one `index_copy_`; a write gathers the device pages with one
-  `index_select` and copies each run into its host block (one DMA per run). The host thread
-  never waits: a restore waits on the GPU for the compute stream (its fresh pages may still be
-  read by a queued step) and for the writes (a host page it reads may still be on its way);
-  the compute stream waits for a write before it reuses pages, never for a restore (a host
-  page a restore reads stays locked until the restore is done, so no write reuses it). A
-  restore records an event the caller polls; `sync_writes` blocks until the writes are in host
-  memory.
+  `index_select` and copies each run into its host block (one DMA per run); both stage at
+  most `STAGING_BYTES` of pages on the device at a time. The host thread never waits: a
+  restore waits on the GPU for the compute stream (its fresh pages may still be read by a
+  queued step) and for the writes (a host page it reads may still be on its way); the compute
+  stream waits for a write before it reuses pages, never for a restore (a host page a restore
+  reads stays locked until the restore is done, so no write reuses it). A restore records an
+  event the caller polls; `sync_writes` blocks until the writes are in host memory.
 
 `fail_restores` is the fault point for tests: the next that many restores raise
 `RestoreFailed` (nothing is copied).
@@ -40,6 +40,7 @@ from decode_worker.device.kv_pool import KVPools
 from decode_worker.errors import TransferError
 
 Runs = list[tuple[int, int, int]]
+STAGING_BYTES = 64 << 20  # device memory one CUDA copy stages at most
 
 
 class RestoreFailed(TransferError):
@@ -77,6 +78,8 @@ class HostKVPool:
         self.pages = torch.zeros(shape, dtype=dev.dtype, pin_memory=self.is_cuda)
         self.host = self.pages.transpose(0, 1)  # [L, num_host_pages + 1, 2, ps, H, D] view
         self.page_bytes = dev[:, 0].numel() * dev.element_size()  # all full layers of one page
+        # CUDA: pages staged on the device at a time by one copy (bounded transient memory)
+        self.chunk_pages = max(1, STAGING_BYTES // self.page_bytes)
         self.fail_restores = 0
         self.written_bytes_total = 0
         self._write_stream = torch.cuda.Stream(dev.device) if self.is_cuda else None
@@ -110,7 +113,7 @@ class HostKVPool:
         compute = torch.cuda.current_stream(full.device)
         stream.wait_stream(compute)  # the KV was written on the compute stream
         with torch.cuda.stream(stream):
-            write_runs(full, self.pages, job.device_page_ids, runs)
+            write_runs(full, self.pages, job.device_page_ids, runs, self.chunk_pages)
         compute.wait_stream(stream)  # freed pages are reused only after the copy
 
     def restore(self, job: HostRestore) -> RestoreHandle:
@@ -132,7 +135,7 @@ class HostKVPool:
         stream.wait_stream(torch.cuda.current_stream(full.device))  # see the module docstring
         stream.wait_stream(self._write_stream)
         with torch.cuda.stream(stream):
-            restore_runs(self.pages, full, runs, job.device_page_ids)
+            restore_runs(self.pages, full, runs, job.device_page_ids, self.chunk_pages)
             handle.event = torch.cuda.Event()
             handle.event.record(stream)
         return handle
@@ -165,24 +168,36 @@ def host_runs(host_page_ids: list[int]) -> Runs:
 
 
 def restore_runs(pages: torch.Tensor, full: torch.Tensor, runs: Runs,
-                 device_page_ids: list[int]) -> None:
+                 device_page_ids: list[int], chunk_pages: int) -> None:
     """The torch restore (the caller picks the stream): each host run of `pages` ([P + 1, L,
-    ...], pinned on CUDA) is copied as one block into a staging tensor on `full`'s device,
-    then one `index_copy_` scatters it into the device pages of `full` ([L, D + 1, ...])."""
-    n = len(device_page_ids)
-    stage = torch.empty((n, *pages.shape[1:]), dtype=pages.dtype, device=full.device)
-    for a, b, h in runs:  # stage: [n, L, 2, ps, H, D]
-        stage[a:b].copy_(pages[h:h + b - a], non_blocking=True)
+    ...], pinned on CUDA) is copied as one block into a staging tensor on `full`'s device, then
+    one `index_copy_` scatters it into the device pages of `full` ([L, D + 1, ...]); at most
+    `chunk_pages` pages are staged at a time (the staging memory stays bounded)."""
     ids = torch.tensor(device_page_ids, dtype=torch.long).to(full.device, non_blocking=True)
-    full.transpose(0, 1).index_copy_(0, ids, stage)  # [D + 1, L, ...] view of the pool
+    pages_first = full.transpose(0, 1)  # [D + 1, L, 2, ps, H, D] view of the pool
+    for lo in range(0, len(device_page_ids), chunk_pages):
+        hi = min(len(device_page_ids), lo + chunk_pages)
+        stage = torch.empty((hi - lo, *pages.shape[1:]), dtype=pages.dtype, device=full.device)
+        for a, b, h in _clip(runs, lo, hi):  # stage: [hi - lo, L, 2, ps, H, D]
+            stage[a - lo:b - lo].copy_(pages[h:h + b - a], non_blocking=True)
+        pages_first.index_copy_(0, ids[lo:hi], stage)
 
 
 def write_runs(full: torch.Tensor, pages: torch.Tensor, device_page_ids: list[int],
-               runs: Runs) -> None:
+               runs: Runs, chunk_pages: int) -> None:
     """The torch write (the caller picks the stream): one `index_select` gathers the device
     pages of `full` ([L, D + 1, ...]) page first, then each host run is copied as one block
-    into `pages` ([P + 1, L, ...], pinned on CUDA)."""
+    into `pages` ([P + 1, L, ...], pinned on CUDA); at most `chunk_pages` pages at a time."""
     ids = torch.tensor(device_page_ids, dtype=torch.long).to(full.device, non_blocking=True)
-    gathered = full.transpose(0, 1).index_select(0, ids)  # [n, L, 2, ps, H, D]
-    for a, b, h in runs:
-        pages[h:h + b - a].copy_(gathered[a:b], non_blocking=True)
+    pages_first = full.transpose(0, 1)  # [D + 1, L, 2, ps, H, D] view of the pool
+    for lo in range(0, len(device_page_ids), chunk_pages):
+        hi = min(len(device_page_ids), lo + chunk_pages)
+        gathered = pages_first.index_select(0, ids[lo:hi])  # [hi - lo, L, 2, ps, H, D]
+        for a, b, h in _clip(runs, lo, hi):
+            pages[h:h + b - a].copy_(gathered[a - lo:b - lo], non_blocking=True)
+
+
+def _clip(runs: Runs, lo: int, hi: int) -> Runs:
+    """The parts of `runs` that fall in positions [lo, hi), their host pages shifted along."""
+    return [(max(a, lo), min(b, hi), h + max(a, lo) - a) for a, b, h in runs
+            if a < hi and b > lo]

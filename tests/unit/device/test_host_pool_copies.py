@@ -86,9 +86,11 @@ def test_host_runs_split_ids_into_stretches_that_step_by_one(
     assert host_runs(ids) == want
 
 
+@pytest.mark.parametrize("chunk_pages", [1, 3, 64])
 @pytest.mark.parametrize("shape", ["up", "down", "one break", "scattered"])
-def test_the_torch_copies_of_the_cuda_path_move_exactly_the_pages_asked_for(shape: str) -> None:
-    rng = random.Random(f"torch {shape}")
+def test_the_torch_copies_of_the_cuda_path_move_exactly_the_pages_asked_for(
+        shape: str, chunk_pages: int) -> None:
+    rng = random.Random(f"torch {shape} {chunk_pages}")
     pool = _pool()  # its tensors: the CUDA path's copies run here on CPU ones
     dev, pages = pool.pools.full, pool.pages
     for _ in range(20):
@@ -99,12 +101,12 @@ def test_the_torch_copies_of_the_cuda_path_move_exactly_the_pages_asked_for(shap
         pages.normal_()
         want_host = pool.host.clone()
         want_host[:, h_ids] = dev[:, d_ids]
-        write_runs(dev, pages, d_ids, host_runs(h_ids))
+        write_runs(dev, pages, d_ids, host_runs(h_ids), chunk_pages)
         assert torch.equal(pool.host, want_host)
         pages.normal_()
         want_dev = dev.clone()
         want_dev[:, d_ids] = pool.host[:, h_ids]
-        restore_runs(pages, dev, host_runs(h_ids), d_ids)
+        restore_runs(pages, dev, host_runs(h_ids), d_ids, chunk_pages)
         assert torch.equal(dev, want_dev)
 
 

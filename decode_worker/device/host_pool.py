@@ -107,7 +107,9 @@ class HostKVPool:
         if stream is None:
             rows = self._device_rows(job.device_page_ids)  # [n, L]
             for a, b, h in runs:  # host block [b - a, L] <- device rows of pages a..b
-                self._host_rows[h:h + b - a] = self._dev_rows[rows[a:b]]
+                # straight into the block (`rows` are in range: `_device_rows` checked them;
+                # mode="raise" would copy through a temporary)
+                np.take(self._dev_rows, rows[a:b], out=self._host_rows[h:h + b - a], mode="clip")
             return
         full = self.pools.full
         compute = torch.cuda.current_stream(full.device)
@@ -141,7 +143,8 @@ class HostKVPool:
         return handle
 
     def _device_rows(self, device_page_ids: list[int]) -> np.ndarray:
-        """Rows of `_dev_rows` holding each page's layers: [n, L] intp."""
+        """Rows of `_dev_rows` holding each page's layers: [n, L] intp; raises IndexError for
+        a page id outside the pool."""
         return self._page_rows.take(device_page_ids, axis=0)
 
     def sync_writes(self) -> None:

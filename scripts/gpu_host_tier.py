@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     mb = args.pages * 12 * 2 * PAGE * 8 * 64 * 2 / 1e6
     print(f"gpu_host_tier: {torch.cuda.get_device_name()}, {args.pages} pages ({mb:.0f} MB) per "
           f"copy: restore {restore:.1f} GB/s, pinned H2D {h2d:.1f} GB/s, write (device -> "
-          f"pinned host, landed) {write:.1f} GB/s")
+          f"pinned host, synced) {write:.1f} GB/s")
     print(f"gpu_host_tier: restore_gbps={restore:.2f} pinned_h2d_gbps={h2d:.2f} "
           f"ratio={restore / h2d:.3f}")
     return 0

@@ -1,27 +1,35 @@
 """The host tier's memory: full-attention KV pages in host RAM (pinned on CUDA), and the copies
 device -> host (write) and host -> device (restore).
 
-Layout mirrors the device full pool, layer first:
-`host: [num_full_layers, num_host_pages + 1, 2, page_size, kv_heads, head_dim]` (page 0 unused),
-so one copy per direction moves whole pages of every full layer with one indexed copy.
-On CUDA each direction has its own stream: a write waits for the compute stream (the KV it
-reads was written there) and the compute stream waits for the write before it reuses pages
-(GPU-side waits); the write lands in a pinned staging buffer and is scattered into the host
-pages by the host thread once its event says the copy is done (a later write polls, a
-restore and `sync_writes` wait): never before, since a non-blocking device -> host copy
-fills its buffer after the call returns. A restore records an event the caller polls.
-On CPU the same calls copy synchronously through numpy views of the two tensors: runs of
-page ids that step by one (up or down, each side its own way, as the LIFO allocators hand
-them out) as one strided slice copy each, else one gather and one scatter of whole
-(layer, page) rows; torch's advanced indexing measured at under half a plain copy's
-bandwidth for these row sizes (`scripts/bench_host_tier.py`). `fail_restores` is the fault
-point for tests: the next that many restores raise `RestoreFailed` (nothing is copied).
+The host pool is page first, `pages: [num_host_pages + 1, num_full_layers, 2, page_size,
+kv_heads, head_dim]` (page 0 unused): one host page, every full layer, is one contiguous block,
+so a run of host pages that steps by one (the host allocator hands them out so) is one
+contiguous block too. `host` is the same memory seen layer first, like the device full pool.
+Every copy is planned the same way on both devices: split the host page ids into such runs
+(`host_runs`), move each run as one block, and scatter or gather the device side with one
+indexed copy (the device pages come from a LIFO allocator, rarely in runs):
+
+- CPU: numpy views whose items are one (layer, page) row of the device pool; a restore
+  assigns each host run straight into the device rows it belongs to, a write gathers the rows
+  of each run into its host block: no Python work per layer, no temporary for a restore.
+- CUDA, each direction on its own stream: a restore copies each host run into one device
+  staging tensor (one DMA per run from pinned memory, no host-side gather) and scatters it into
+  the device pages with one `index_copy_`; a write gathers the device pages with one
+  `index_select` and copies each run into its host block (one DMA per run); both stage at
+  most `STAGING_BYTES` of pages on the device at a time. The host thread never waits: a
+  restore waits on the GPU for the compute stream (its fresh pages may still be read by a
+  queued step) and for the writes (a host page it reads may still be on its way); the compute
+  stream waits for a write before it reuses pages, never for a restore (a host page a restore
+  reads stays locked until the restore is done, so no write reuses it). A restore records an
+  event the caller polls; `sync_writes` blocks until the writes are in host memory.
+
+`fail_restores` is the fault point for tests: the next that many restores raise
+`RestoreFailed` (nothing is copied).
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +38,9 @@ import torch
 from decode_worker.core.host_tier import HostRestore, HostWrite
 from decode_worker.device.kv_pool import KVPools
 from decode_worker.errors import TransferError
+
+Runs = list[tuple[int, int, int]]
+STAGING_BYTES = 64 << 20  # device memory one CUDA copy stages at most
 
 
 class RestoreFailed(TransferError):
@@ -59,61 +70,53 @@ class HostKVPool:
 
     def __init__(self, pools: KVPools, num_pages: int) -> None:
         self.pools = pools
-        dev = pools.full
+        dev = pools.full  # [L, device pages + 1, 2, ps, H, D]
         self.num_pages = num_pages
         self.is_cuda = dev.is_cuda
-        shape = (dev.shape[0], num_pages + 1, *dev.shape[2:])
-        # host: [num_full_layers, num_host_pages + 1, 2, page_size, kv_heads, head_dim]
-        self.host = torch.zeros(shape, dtype=dev.dtype, pin_memory=self.is_cuda)
+        shape = (num_pages + 1, dev.shape[0], *dev.shape[2:])
+        # pages: [num_host_pages + 1, num_full_layers, 2, page_size, kv_heads, head_dim]
+        self.pages = torch.zeros(shape, dtype=dev.dtype, pin_memory=self.is_cuda)
+        self.host = self.pages.transpose(0, 1)  # [L, num_host_pages + 1, 2, ps, H, D] view
         self.page_bytes = dev[:, 0].numel() * dev.element_size()  # all full layers of one page
+        # CUDA: pages staged on the device at a time by one copy (bounded transient memory)
+        self.chunk_pages = max(1, STAGING_BYTES // self.page_bytes)
         self.fail_restores = 0
         self.written_bytes_total = 0
         self._write_stream = torch.cuda.Stream(dev.device) if self.is_cuda else None
         self._restore_stream = torch.cuda.Stream(dev.device) if self.is_cuda else None
-        # CUDA writes copied to pinned staging, not yet in `host`: (done, staging, host ids)
-        self._landing: deque[tuple[torch.cuda.Event, torch.Tensor, torch.Tensor]] = deque()
         if not self.is_cuda:
-            num_layers = dev.shape[0]
-            # rows: [num_full_layers * (pages + 1), page_bytes_per_layer] u8, views of the pools
-            self._dev_rows = _rows(dev)
-            self._host_rows = _rows(self.host)
-            self._dev_base = np.arange(num_layers)[:, None] * dev.shape[1]  # [L, 1]
-            self._host_base = np.arange(num_layers)[:, None] * (num_pages + 1)  # [L, 1]
+            item = np.dtype((np.void, dev[0, 0].numel() * dev.element_size()))
+            # (layer, page) rows as single numpy items, views of the pools' memory:
+            # device rows: [L * (device pages + 1)], row l * (device pages + 1) + page
+            self._dev_rows = dev.view(-1).view(torch.uint8).numpy().view(item)
+            # host rows: [host pages + 1, L], one host page's rows contiguous
+            self._host_rows = (self.pages.view(-1).view(torch.uint8).numpy().view(item)
+                               .reshape(shape[:2]))
+            # the device rows of each page, every layer: [device pages + 1, L] intp
+            self._page_rows = np.arange(self._dev_rows.size, dtype=np.intp).reshape(
+                dev.shape[0], dev.shape[1]).T.copy()
 
     def total_bytes(self) -> int:
-        return self.host.numel() * self.host.element_size()
+        return self.pages.numel() * self.pages.element_size()
 
     def write(self, job: HostWrite) -> None:
         """Copy device pages to host pages (the tree's `write_sink`)."""
         self.written_bytes_total += len(job.host_page_ids) * self.page_bytes
+        runs = host_runs(job.host_page_ids)
         stream = self._write_stream
         if stream is None:
-            self._copy_cpu(self._dev_rows, self._dev_base, job.device_page_ids,
-                           self._host_rows, self._host_base, job.host_page_ids)
+            rows = self._device_rows(job.device_page_ids)  # [n, L]
+            for a, b, h in runs:  # host block [b - a, L] <- device rows of pages a..b
+                # straight into the block (`rows` are in range: `_device_rows` checked them;
+                # mode="raise" would copy through a temporary)
+                np.take(self._dev_rows, rows[a:b], out=self._host_rows[h:h + b - a], mode="clip")
             return
         full = self.pools.full
-        dev_ids = torch.tensor(job.device_page_ids, dtype=torch.long)  # [n]
-        host_ids = torch.tensor(job.host_page_ids, dtype=torch.long)  # [n]
         compute = torch.cuda.current_stream(full.device)
         stream.wait_stream(compute)  # the KV was written on the compute stream
         with torch.cuda.stream(stream):
-            gathered = full[:, dev_ids.to(full.device, non_blocking=True)]  # [L, n, 2, ps, H, D]
-            staging = torch.empty(gathered.shape, dtype=full.dtype, pin_memory=True)
-            staging.copy_(gathered, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(stream)
+            write_runs(full, self.pages, job.device_page_ids, runs, self.chunk_pages)
         compute.wait_stream(stream)  # freed pages are reused only after the copy
-        self._landing.append((done, staging, host_ids))
-        self._land_writes(wait=False)
-
-    def _land_writes(self, *, wait: bool) -> None:
-        """Scatter finished CUDA writes into the host pages, oldest first (a later write of a
-        host page lands after an earlier one); `wait`: all of them, blocking until done."""
-        landing = self._landing
-        while landing and (wait or landing[0][0].query()):
-            done, staging, host_ids = landing.popleft()
-            done.synchronize()
-            self.host[:, host_ids] = staging  # [L, n, 2, ps, H, D]
 
     def restore(self, job: HostRestore) -> RestoreHandle:
         """Start copying host pages into the request's device pages; raises `RestoreFailed`
@@ -122,82 +125,82 @@ class HostKVPool:
             self.fail_restores -= 1
             raise RestoreFailed(f"restore of {job.num_pages} host pages failed (fault point)")
         handle = RestoreHandle(job.num_pages, job.num_pages * self.page_bytes, time.monotonic())
+        runs = host_runs(job.host_page_ids)
         stream = self._restore_stream
         if stream is None:
-            self._copy_cpu(self._host_rows, self._host_base, job.host_page_ids,
-                           self._dev_rows, self._dev_base, job.device_page_ids)
+            rows = self._device_rows(job.device_page_ids)  # [n, L]
+            for a, b, h in runs:  # device rows of pages a..b <- host block [b - a, L]
+                self._dev_rows[rows[a:b]] = self._host_rows[h:h + b - a]
             return handle
-        host_ids = torch.tensor(job.host_page_ids, dtype=torch.long)  # [n]
-        dev_ids = torch.tensor(job.device_page_ids, dtype=torch.long)  # [n]
-        dev = self.pools.full.device
-        self._land_writes(wait=True)  # a host page read below may still be on its way
+        assert self._write_stream is not None
+        full = self.pools.full
+        stream.wait_stream(torch.cuda.current_stream(full.device))  # see the module docstring
+        stream.wait_stream(self._write_stream)
         with torch.cuda.stream(stream):
-            staged = self.host[:, host_ids].pin_memory()  # [L, n, 2, ps, H, D]
-            self.pools.full[:, dev_ids.to(dev, non_blocking=True)] = staged.to(
-                dev, non_blocking=True)
+            restore_runs(self.pages, full, runs, job.device_page_ids, self.chunk_pages)
             handle.event = torch.cuda.Event()
             handle.event.record(stream)
         return handle
 
-    @staticmethod
-    def _copy_cpu(src: np.ndarray, src_base: np.ndarray, src_ids: list[int],
-                  dst: np.ndarray, dst_base: np.ndarray, dst_ids: list[int]) -> None:
-        """Copy page `src_ids[i]` of `src` to page `dst_ids[i]` of `dst`, every layer (row
-        views of `_rows`; `*_base`: [L, 1] first row of each layer)."""
-        src_np = np.asarray(src_ids, dtype=np.int64)
-        dst_np = np.asarray(dst_ids, dtype=np.int64)
-        runs = _runs(src_ids, dst_ids) if _mostly_runs(src_np, dst_np) else None
-        if runs is not None:
-            num_layers = len(src_base)
-            src3 = src.reshape(num_layers, -1, src.shape[1])  # [L, pages + 1, row] u8
-            dst3 = dst.reshape(num_layers, -1, dst.shape[1])
-            for s, d in runs:
-                dst3[:, d] = src3[:, s]
-            return
-        dst[(dst_base + dst_np).ravel()] = src[(src_base + src_np).ravel()]
+    def _device_rows(self, device_page_ids: list[int]) -> np.ndarray:
+        """Rows of `_dev_rows` holding each page's layers: [n, L] intp; raises IndexError for
+        a page id outside the pool."""
+        return self._page_rows.take(device_page_ids, axis=0)
 
     def sync_writes(self) -> None:
         """Block until every write made so far is done (before a NIXL transfer, which no stream
         orders, may land in pages a write still reads)."""
         if self._write_stream is not None:
             self._write_stream.synchronize()
-            self._land_writes(wait=True)
 
 
-def _rows(pool: torch.Tensor) -> np.ndarray:
-    """A CPU pool `[L, pages, ...]` as a numpy view `[L * pages, bytes of one page of one
-    layer]` u8 (shares the memory)."""
-    return pool.view(pool.shape[0] * pool.shape[1], -1).view(torch.uint8).numpy()
+def host_runs(host_page_ids: list[int]) -> Runs:
+    """Split page ids into runs that step by +1: (a, b, first page) for each maximal stretch
+    `host_page_ids[a:b] == range(first, first + b - a)`, in order. (A plain loop: for the
+    few dozen ids of a restore it costs less than any numpy call.)"""
+    runs: Runs = []
+    a, prev = 0, None
+    for i, page in enumerate(host_page_ids):
+        if prev is not None and page != prev + 1:
+            runs.append((a, i, host_page_ids[a]))
+            a = i
+        prev = page
+    if host_page_ids:
+        runs.append((a, len(host_page_ids), host_page_ids[a]))
+    return runs
 
 
-def _mostly_runs(src: np.ndarray, dst: np.ndarray) -> bool:
-    """At least three quarters of the neighbouring pairs step by one on both sides."""
-    if len(src) < 2:
-        return True
-    steps = (np.abs(np.diff(src)) == 1) & (np.abs(np.diff(dst)) == 1)
-    return int(steps.sum()) * 4 >= 3 * (len(src) - 1)
+def restore_runs(pages: torch.Tensor, full: torch.Tensor, runs: Runs,
+                 device_page_ids: list[int], chunk_pages: int) -> None:
+    """The torch restore (the caller picks the stream): each host run of `pages` ([P + 1, L,
+    ...], pinned on CUDA) is copied as one block into a staging tensor on `full`'s device, then
+    one `index_copy_` scatters it into the device pages of `full` ([L, D + 1, ...]); at most
+    `chunk_pages` pages are staged at a time (the staging memory stays bounded)."""
+    ids = torch.tensor(device_page_ids, dtype=torch.long).to(full.device, non_blocking=True)
+    pages_first = full.transpose(0, 1)  # [D + 1, L, 2, ps, H, D] view of the pool
+    for lo in range(0, len(device_page_ids), chunk_pages):
+        hi = min(len(device_page_ids), lo + chunk_pages)
+        stage = torch.empty((hi - lo, *pages.shape[1:]), dtype=pages.dtype, device=full.device)
+        for a, b, h in _clip(runs, lo, hi):  # stage: [hi - lo, L, 2, ps, H, D]
+            stage[a - lo:b - lo].copy_(pages[h:h + b - a], non_blocking=True)
+        pages_first.index_copy_(0, ids[lo:hi], stage)
 
 
-def _runs(src_ids: list[int], dst_ids: list[int]) -> list[tuple[slice, slice]] | None:
-    """Split the page pairs into runs where each side steps by +1 or -1 (its own way); a
-    run is one (src slice, dst slice). None when there are more than a quarter as many runs
-    as pages (then a gather and a scatter are faster). Page ids are >= 1, so a run going
-    down never needs a negative stop."""
-    n = len(src_ids)
-    out: list[tuple[slice, slice]] = []
-    limit = max(4, n // 4)
-    i = 0
-    while i < n:
-        s0, d0 = src_ids[i], dst_ids[i]
-        ss = sd = 1
-        j = i + 1
-        if j < n and abs(src_ids[j] - s0) == 1 and abs(dst_ids[j] - d0) == 1:
-            ss, sd = src_ids[j] - s0, dst_ids[j] - d0
-            while j < n and src_ids[j] - src_ids[j - 1] == ss and dst_ids[j] - dst_ids[j - 1] == sd:
-                j += 1
-        k = j - i
-        out.append((slice(s0, s0 + ss * k, ss), slice(d0, d0 + sd * k, sd)))
-        if len(out) > limit:
-            return None
-        i = j
-    return out
+def write_runs(full: torch.Tensor, pages: torch.Tensor, device_page_ids: list[int],
+               runs: Runs, chunk_pages: int) -> None:
+    """The torch write (the caller picks the stream): one `index_select` gathers the device
+    pages of `full` ([L, D + 1, ...]) page first, then each host run is copied as one block
+    into `pages` ([P + 1, L, ...], pinned on CUDA); at most `chunk_pages` pages at a time."""
+    ids = torch.tensor(device_page_ids, dtype=torch.long).to(full.device, non_blocking=True)
+    pages_first = full.transpose(0, 1)  # [D + 1, L, 2, ps, H, D] view of the pool
+    for lo in range(0, len(device_page_ids), chunk_pages):
+        hi = min(len(device_page_ids), lo + chunk_pages)
+        gathered = pages_first.index_select(0, ids[lo:hi])  # [hi - lo, L, 2, ps, H, D]
+        for a, b, h in _clip(runs, lo, hi):
+            pages[h:h + b - a].copy_(gathered[a - lo:b - lo], non_blocking=True)
+
+
+def _clip(runs: Runs, lo: int, hi: int) -> Runs:
+    """The parts of `runs` that fall in positions [lo, hi), their host pages shifted along."""
+    return [(max(a, lo), min(b, hi), h + max(a, lo) - a) for a, b, h in runs
+            if a < hi and b > lo]

@@ -21,7 +21,11 @@ indexed copy (the device pages come from a LIFO allocator, rarely in runs):
   queued step) and for the writes (a host page it reads may still be on its way); the compute
   stream waits for a write before it reuses pages, never for a restore (a host page a restore
   reads stays locked until the restore is done, so no write reuses it). A restore records an
-  event the caller polls; `sync_writes` blocks until the writes are in host memory.
+  event the caller polls. A write records one too (`WritesInFlight`): a NIXL transfer, which
+  no stream orders, must not land in device pages a write still reads, so before one is
+  posted `sync_writes_reading` blocks on the writes that read those pages, and on nothing
+  when none does (the usual case: write-through reads pages the tree keeps);
+  `sync_writes` blocks until every write is in host memory.
 
 `fail_restores` is the fault point for tests: the next that many restores raise
 `RestoreFailed` (nothing is copied).
@@ -30,7 +34,10 @@ indexed copy (the device pages come from a LIFO allocator, rarely in runs):
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -65,6 +72,52 @@ class RestoreHandle:
             self.event.synchronize()
 
 
+class _Event(Protocol):
+    def query(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
+
+
+class WritesInFlight:
+    """The device pages each write still in flight reads, in stream order, with the event its
+    copy recorded; `wait_for(pages)` blocks only on the writes that read one of `pages`."""
+
+    def __init__(self) -> None:
+        self._writes: deque[tuple[_Event, frozenset[int]]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._writes)
+
+    def add(self, event: _Event, device_page_ids: Collection[int]) -> None:
+        self._writes.append((event, frozenset(device_page_ids)))
+
+    def reap(self) -> None:
+        """Forget the writes that are done (oldest first: they complete in stream order)."""
+        while self._writes and self._writes[0][0].query():
+            self._writes.popleft()
+
+    def wait_for(self, device_page_ids: Collection[int]) -> bool:
+        """Block until no write in flight reads any of `device_page_ids`; True when it had to
+        wait. One stream runs the writes in order, so waiting on the newest such write waits
+        on every older one too."""
+        self.reap()
+        last = -1
+        for i, (_, pages) in enumerate(self._writes):
+            if not pages.isdisjoint(device_page_ids):
+                last = i
+        if last < 0:
+            return False
+        self._writes[last][0].synchronize()
+        for _ in range(last + 1):
+            self._writes.popleft()
+        return True
+
+    def wait_all(self) -> None:
+        if self._writes:
+            self._writes[-1][0].synchronize()
+        self._writes.clear()
+
+
 class HostKVPool:
     """Host pages of full-attention KV; the compute thread owns it."""
 
@@ -84,6 +137,8 @@ class HostKVPool:
         self.written_bytes_total = 0
         self._write_stream = torch.cuda.Stream(dev.device) if self.is_cuda else None
         self._restore_stream = torch.cuda.Stream(dev.device) if self.is_cuda else None
+        self._writes = WritesInFlight()  # CUDA only: a CPU write is done when `write` returns
+        self.write_waits_total = 0  # times a transfer had to wait for a write (CUDA)
         if not self.is_cuda:
             item = np.dtype((np.void, dev[0, 0].numel() * dev.element_size()))
             # (layer, page) rows as single numpy items, views of the pools' memory:
@@ -116,6 +171,9 @@ class HostKVPool:
         stream.wait_stream(compute)  # the KV was written on the compute stream
         with torch.cuda.stream(stream):
             write_runs(full, self.pages, job.device_page_ids, runs, self.chunk_pages)
+            event = torch.cuda.Event()
+            event.record(stream)
+        self._writes.add(event, job.device_page_ids)
         compute.wait_stream(stream)  # freed pages are reused only after the copy
 
     def restore(self, job: HostRestore) -> RestoreHandle:
@@ -147,9 +205,15 @@ class HostKVPool:
         a page id outside the pool."""
         return self._page_rows.take(device_page_ids, axis=0)
 
+    def sync_writes_reading(self, device_page_ids: Collection[int]) -> None:
+        """Block until no write in flight reads any of `device_page_ids` (before a NIXL
+        transfer, which no stream orders, lands in them); no wait when none does."""
+        if self._writes and self._writes.wait_for(device_page_ids):
+            self.write_waits_total += 1
+
     def sync_writes(self) -> None:
-        """Block until every write made so far is done (before a NIXL transfer, which no stream
-        orders, may land in pages a write still reads)."""
+        """Block until every write made so far is done."""
+        self._writes.wait_all()
         if self._write_stream is not None:
             self._write_stream.synchronize()
 

@@ -133,6 +133,9 @@ class Metrics:
         self.host_write_failures = c(
             "kv_host_write_failures", "Host-tier writes skipped because the host pool stayed "
             "full (the node stays device-only; nothing fails)")
+        self.host_write_waits = c(
+            "kv_host_write_waits", "Transfers that waited for a host-tier write still reading "
+            "their device pages before they were posted (CUDA; each a host-thread wait)")
         self._totals: dict[tuple[str, str], float] = {}  # what set_totals has reached
 
     def _build_gauges(self) -> None:

@@ -85,7 +85,8 @@ class Books:
         st, hst = tree.host_stats_pages(), tree.host_stats
         seen = (st, self.kv_ctx.stats.host_hit_tokens_total, ht.restored_pages_total,
                 ht.restored_bytes_total, ht.pool.written_bytes_total, ht.restore_failures_total,
-                ht.num_restoring, hst.host_evicted_pages_total, hst.write_failures_total)
+                ht.num_restoring, hst.host_evicted_pages_total, hst.write_failures_total,
+                ht.pool.write_waits_total)
         if seen == self._host_published:  # a done restore moved `restored_pages_total`
             return
         self._host_published = seen
@@ -99,6 +100,7 @@ class Books:
             "host_evicted_pages": hst.host_evicted_pages_total,
             "host_write_failures": hst.write_failures_total,
             "host_restore_failures": ht.restore_failures_total,
+            "host_write_waits": ht.pool.write_waits_total,
         })
         self.metrics.observe_host_restores(ht.restore_durations_s)
         ht.restore_durations_s.clear()

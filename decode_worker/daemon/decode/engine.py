@@ -312,13 +312,14 @@ class DecodeEngine:
                 self.table.end(live, "drain", "aborted: drain", now)
 
     def _restore(self, live: LiveRequest, d: Admit, now: float) -> bool:
-        """Start restoring `d`'s host hits into its pages (after the writes admission queued:
-        a transfer posted next must not land in pages a write still reads). The request keeps
+        """Start restoring `d`'s host hits into its pages (after any write still reading the
+        pages admission gave it, e.g. those of a node it evicted: a transfer posted next must
+        not land in pages a write still reads). The request keeps
         the handle and joins the batch once it is done (the fetcher's gate). False when the
         restore failed and the request ended (every page returned, the host lock dropped)."""
         ht = self.host_tier
         assert ht is not None
-        ht.pool.sync_writes()
+        ht.pool.sync_writes_reading(d.full_page_ids)
         if d.restore is None:
             return True
         try:

@@ -102,3 +102,23 @@ def test_copies_on_their_streams_are_bit_equal_while_graph_steps_run(model: GptO
     assert (torch.stack(got) - want).abs().max().item() < 1e-4  # the copies changed no step
     assert runner.graphs is not None and runner.graphs.graphs
     runner.destroy()
+
+
+def test_a_transfer_waits_only_for_the_writes_that_read_its_pages(model: GptOssModel) -> None:
+    """`sync_writes_reading`: once it returns for pages A, the write reading A is in host
+    memory (a NIXL transfer may land in A); asking for pages no write reads never waits."""
+    pools = KVPools(KVSpec.from_config(model.cfg), 512, 512, PAGE, "cuda", torch.float32)
+    host = HostKVPool(pools, 256)
+    a, b = list(range(1, 129)), list(range(200, 328))
+    pools.full[:, a + b] = torch.randn_like(pools.full[:, a + b])
+    want_a = pools.full[:, a].cpu()
+    host.write(HostWrite(a, list(range(1, 129))))
+    host.sync_writes_reading(b)  # no write reads b: no wait, whatever the stream's state
+    assert host.write_waits_total == 0
+    host.sync_writes_reading(a)
+    assert host.write_waits_total <= 1  # 1 when the write was still in flight
+    assert torch.equal(host.host[:, list(range(1, 129))], want_a)  # landed before the return
+    pools.full[:, a] = 0.0  # what a transfer landing in `a` would do: the host copy stays
+    torch.cuda.synchronize()
+    assert torch.equal(host.host[:, list(range(1, 129))], want_a)
+    host.sync_writes()

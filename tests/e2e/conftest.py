@@ -2,17 +2,50 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from decode_worker.device.default_model import write_model
+from tests.e2e.driver import Workers
+from tests.e2e.live_fixtures import Live, live_server
 
 
 @pytest.fixture(scope="session")
 def e2e_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_model(tmp_path_factory.mktemp("e2e") / "tiny-gpt-oss", seed=0)
+
+
+@pytest.fixture(scope="session")
+def plain_live(e2e_model_dir: Path) -> Iterator[Live]:
+    """One `decode-worker serve` with the small pools and default settings, shared by the
+    session's live API, admin, lifecycle and dashboard tests (each start costs seconds). Tests
+    on it change no setting, stop nothing and leave it idle; they count with deltas."""
+    with live_server(e2e_model_dir, name="plain") as live:
+        yield live
+
+
+@pytest.fixture(scope="session")
+def plain_pd(e2e_model_dir: Path) -> Iterator[Callable[[str], Workers]]:
+    """protocol ("native" or "sglang") -> a prefill peer of that protocol and a decode worker,
+    default settings, no router; started on first use and shared by the session (each start
+    costs seconds). Tests on it change no setting and kill nothing; they count with deltas
+    and use fresh rooms."""
+    started: dict[str, Workers] = {}
+
+    def get(protocol: str) -> Workers:
+        if protocol not in started:
+            started[protocol] = Workers(e2e_model_dir, router=False, extra=[],
+                                        protocol=protocol).__enter__()
+        return started[protocol]
+
+    try:
+        yield get
+    finally:
+        for workers in started.values():
+            workers.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="session")

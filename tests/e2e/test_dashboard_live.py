@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import yaml
 
 from scripts.deploy_check import observability as obs
 from scripts.deploy_check.promql import TARGET_LABELS, analyse
-from tests.e2e.live_fixtures import Live, Metrics, gen_body, live_server, raw_stream
+from tests.e2e.live_fixtures import Live, Metrics, gen_body, raw_stream
 
 pytestmark = pytest.mark.slow
 LONG = [3 + (i * 13) % 250 for i in range(300)]  # past window + page: a repeat hits the cache
@@ -45,12 +43,18 @@ QUERIED = sorted({name for _, expr in QUERIES for name in analyse(expr).metrics}
 
 
 @pytest.fixture(scope="module")
-def scraped(e2e_model_dir: Path) -> Iterator[Metrics]:
-    """A worker after a workload touching every endpoint, the prefix cache, a client abort
-    and a bad request; its /metrics once idle."""
-    with live_server(e2e_model_dir, name="dashboard") as live:
-        _workload(live)
-        yield live.wait_idle()
+def scrapes(plain_live: Live) -> tuple[Metrics, Metrics]:
+    """The shared worker's /metrics once idle before and after a workload touching every
+    endpoint, the prefix cache, a client abort and a bad request."""
+    before = plain_live.wait_idle()
+    _workload(plain_live)
+    return before, plain_live.wait_idle()
+
+
+@pytest.fixture(scope="module")
+def scraped(scrapes: tuple[Metrics, Metrics]) -> Metrics:
+    """/metrics after the workload."""
+    return scrapes[1]
 
 
 def _workload(live: Live) -> None:
@@ -110,8 +114,14 @@ def test_matched_label_values_are_exported(scraped: Metrics) -> None:
     assert problems == []
 
 
-def test_the_workload_shows_on_the_dashboard_series(scraped: Metrics) -> None:
-    v = scraped.value
+def test_the_workload_shows_on_the_dashboard_series(scrapes: tuple[Metrics, Metrics]) -> None:
+    before, scraped = scrapes
+
+    def v(name: str, **labels: str) -> float:
+        """What the workload added to a counter (the worker is shared: earlier tests count
+        on it too)."""
+        return scraped.value(name, **labels) - before.value(name, **labels)
+
     assert v("decode_worker_prefix_cache_hit_tokens_total") > 0
     assert v("decode_worker_prefix_cache_query_tokens_total") >= v(
         "decode_worker_prefix_cache_hit_tokens_total")
@@ -124,7 +134,7 @@ def test_the_workload_shows_on_the_dashboard_series(scraped: Metrics) -> None:
                  "request_e2e_seconds"):
         assert v(f"decode_worker_{hist}_count") > 0, hist
     assert v("decode_worker_http_requests_total", endpoint="generate", code="400") == 1
-    assert v("decode_worker_draining") == 0
+    assert scraped.value("decode_worker_draining") == 0
     host = scraped.pool("host")  # the host tier is on by default with the radix cache
     # write_through copies on insert: the cached prompts have host copies (still on the device
     # too, so not host-evictable: only host-only leaves are)

@@ -31,12 +31,13 @@ ReferenceRun = Callable[[list[int], int], tuple[list[int], list[torch.Tensor]]]
 LOGPROB_TOL = 1e-4  # float32 on both sides; KV corruption moves logprobs well past this
 
 
-def check_turns(turns: list[dict[str, Any]], reference: ReferenceRun, max_new: int) -> None:
+def check_turns(turns: list[dict[str, Any]], reference: ReferenceRun, max_new: int,
+                bytes_before: float = 0.0) -> None:
     """Every turn against the reference; per chat (turns carry their chat when the driver
     interleaved several), later turns report cached tokens and move fewer KV bytes than the
-    chat's first turn."""
+    chat's first turn. `bytes_before`: the decode worker's transfer bytes before the first."""
     after = [t["bytes_after"] for t in turns]
-    moved = [b - a for a, b in zip([0.0, *after[:-1]], after, strict=True)]
+    moved = [b - a for a, b in zip([bytes_before, *after[:-1]], after, strict=True)]
     for i, turn in enumerate(turns):
         want, lp_rows = reference(turn["input_ids"], max_new)
         want_lps = [float(lp[t]) for lp, t in zip(lp_rows, want, strict=True)]
@@ -66,16 +67,23 @@ def _metric(text: str, name: str) -> float:
 
 @pytest.mark.parametrize("protocol", ["native", "sglang"])
 def test_multi_turn_direct_matches_reference(
-        e2e_model_dir: Path, reference_run: Any, tmp_path: Path, protocol: str) -> None:
-    out = tmp_path / "result.json"
-    assert driver.main(["--model", str(e2e_model_dir), "--out", str(out), "--turns", "3",
-                        "--protocol", protocol]) == 0
-    result = json.loads(out.read_text())
-    check_turns(result["turns"], reference_run, 8)
-    metrics = result["metrics"]
-    assert _metric(metrics, "decode_worker_prefix_cache_hit_tokens_total") > 0
-    assert _metric(metrics, "decode_worker_transfer_received_tokens_total") > 0
-    assert _metric(metrics, "decode_worker_requests_total") == 3
+        plain_pd: Callable[[str], driver.Workers], reference_run: Any, protocol: str) -> None:
+    """The driver's conversation (seed 0, played by no other test) on the shared servers:
+    counters are compared with their values before it."""
+    workers = plain_pd(protocol)
+    before = driver.get_text(f"{workers.decode.url}/metrics")
+    turns = driver.play(workers, 3, 8)
+    driver.wait_idle(workers.decode.url)
+    metrics = driver.get_text(f"{workers.decode.url}/metrics")
+    check_turns(turns, reference_run, 8,
+                _metric(before, "decode_worker_transfer_bytes_total"))
+
+    def grew(name: str) -> float:
+        return _metric(metrics, name) - _metric(before, name)
+
+    assert grew("decode_worker_prefix_cache_hit_tokens_total") > 0
+    assert grew("decode_worker_transfer_received_tokens_total") > 0
+    assert grew("decode_worker_requests_total") == 3
     # the decode worker found out which protocol its peer speaks
     assert f'decode_worker_transfer_peers{{protocol="{protocol}"}} 1.0' in metrics.splitlines()
 

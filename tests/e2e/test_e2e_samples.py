@@ -4,8 +4,8 @@ with the router's array bootstrap fields (one room per sample), against the refe
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,25 +32,30 @@ def _both(workers: driver.Workers, path: str, body: dict[str, Any]) -> Any:
     return out
 
 
+def _requests_ended(workers: driver.Workers) -> float:
+    metrics = driver.get_text(f"{workers.decode.url}/metrics").splitlines()
+    ended = [ln for ln in metrics if ln.startswith("decode_worker_requests_total{")]
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in ended)
+
+
 @pytest.mark.parametrize("protocol", ["native", "sglang"])
 def test_batch_of_prompts_times_n_matches_reference_per_sample(
-        e2e_model_dir: Path, reference_run: Any, protocol: str) -> None:
+        plain_pd: Callable[[str], driver.Workers], reference_run: Any, protocol: str) -> None:
     prompts = driver.conversation(2, seed=3)[:2]
-    with driver.Workers(e2e_model_dir, router=False, extra=[], protocol=protocol) as workers:
-        body = {"input_ids": prompts, "sampling_params": {
-            "n": 2, "max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True},
-            **_router_fields(workers.boot_port, 4)}
-        out = _both(workers, "/generate", body)
-        assert len(out) == 4
-        for k, sample in enumerate(out):
-            want, _ = reference_run(prompts[k // 2], MAX_NEW)
-            assert sample["output_ids"] == want, f"sample {k}"
-        metrics = driver.get_text(f"{workers.decode.url}/metrics").splitlines()
-        ended = [ln for ln in metrics if ln.startswith("decode_worker_requests_total{")]
-        assert sum(float(ln.rsplit(" ", 1)[1]) for ln in ended) == 4, ended
-        chat = {"messages": [{"role": "user", "content": "two answers"}], "n": 2,
-                "max_tokens": MAX_NEW, "temperature": 1.0, "seed": 5,
-                **_router_fields(workers.boot_port, 2)}
-        choices = _both(workers, "/v1/chat/completions", chat)["choices"]
-        assert [c["index"] for c in choices] == [0, 1]
-        assert all(c["finish_reason"] in ("length", "stop") for c in choices)
+    workers = plain_pd(protocol)
+    ended_before = _requests_ended(workers)
+    body = {"input_ids": prompts, "sampling_params": {
+        "n": 2, "max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True},
+        **_router_fields(workers.boot_port, 4)}
+    out = _both(workers, "/generate", body)
+    assert len(out) == 4
+    for k, sample in enumerate(out):
+        want, _ = reference_run(prompts[k // 2], MAX_NEW)
+        assert sample["output_ids"] == want, f"sample {k}"
+    assert _requests_ended(workers) - ended_before == 4
+    chat = {"messages": [{"role": "user", "content": "two answers"}], "n": 2,
+            "max_tokens": MAX_NEW, "temperature": 1.0, "seed": 5,
+            **_router_fields(workers.boot_port, 2)}
+    choices = _both(workers, "/v1/chat/completions", chat)["choices"]
+    assert [c["index"] for c in choices] == [0, 1]
+    assert all(c["finish_reason"] in ("length", "stop") for c in choices)

@@ -18,7 +18,7 @@ import pytest
 
 from decode_worker.daemon.shared.procs import ServerProcess
 from decode_worker.io.api.admin import FLUSHED_TEXT
-from tests.e2e.live_fixtures import Live, gen_body, live_server, pool_is_whole, raw_stream
+from tests.e2e.live_fixtures import Live, gen_body, pool_is_whole, raw_stream
 
 pytestmark = pytest.mark.slow
 SYSTEM = [3 + (i * 13) % 250 for i in range(300)]  # longer than window + page: turns reuse it
@@ -28,9 +28,8 @@ REFUSED_LOG = "cache not flushed: 1 running"
 
 
 @pytest.fixture(scope="module")
-def admin(e2e_model_dir: Path) -> Iterator[Live]:
-    with live_server(e2e_model_dir, name="admin") as live:
-        yield live
+def admin(plain_live: Live) -> Live:
+    return plain_live
 
 
 def load(live: Live) -> dict[str, Any]:

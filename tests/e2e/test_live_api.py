@@ -27,9 +27,8 @@ CONTEXT = 4096  # the tiny model's max_position_embeddings
 
 
 @pytest.fixture(scope="module")
-def api(e2e_model_dir: Path) -> Iterator[Live]:
-    with live_server(e2e_model_dir, name="api") as live:
-        yield live
+def api(plain_live: Live) -> Live:
+    return plain_live
 
 
 @pytest.fixture(scope="module")

@@ -37,9 +37,8 @@ LONG_NEW = 3900  # fits the pool (< 8192 tokens) and the context (4096) but neve
 
 
 @pytest.fixture(scope="module")
-def worker(e2e_model_dir: Path) -> Iterator[Live]:
-    with live_server(e2e_model_dir, name="lifecycle") as live:
-        yield live
+def worker(plain_live: Live) -> Live:
+    return plain_live
 
 
 def _aborts(m: Metrics) -> float:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,46 +39,47 @@ def _pd(workers: driver.Workers, path: str, body: dict[str, Any]) -> tuple[Any, 
 
 @pytest.mark.parametrize("protocol", ["native", "sglang"])
 def test_json_schema_output_parses_with_the_first_token_from_the_prefill_peer(
-        e2e_model_dir: Path, protocol: str) -> None:
+        plain_pd: Callable[[str], driver.Workers], protocol: str) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
-    with driver.Workers(e2e_model_dir, router=False, extra=[], protocol=protocol) as workers:
-        for i in range(NUM_PROMPTS):
-            body = {"messages": [{"role": "user", "content": f"Describe person {i}."}],
-                    "response_format": fmt, "max_tokens": 64, "temperature": 1.0, "seed": i}
-            pre, dec = _pd(workers, "/v1/chat/completions", body)
-            text = dec["choices"][0]["message"]["content"]
-            assert dec["choices"][0]["finish_reason"] == "stop", (i, text)
-            jsonschema.validate(json.loads(text), PERSON)
-            assert text.startswith(pre["choices"][0]["message"]["content"])  # its first token
-        regex = {"input_ids": [5, 6, 7], "sampling_params": {
-            "regex": "(yes|no), [0-9]{2}", "temperature": 1.0, "max_new_tokens": 16}}
-        _, out = _pd(workers, "/generate", regex)
-        assert out["meta_info"]["finish_reason"]["type"] == "stop", out
-        assert re.fullmatch("(yes|no), [0-9]{2}", out["text"]), out["text"]
+    workers = plain_pd(protocol)
+    for i in range(NUM_PROMPTS):
+        body = {"messages": [{"role": "user", "content": f"Describe person {i}."}],
+                "response_format": fmt, "max_tokens": 64, "temperature": 1.0, "seed": i}
+        pre, dec = _pd(workers, "/v1/chat/completions", body)
+        text = dec["choices"][0]["message"]["content"]
+        assert dec["choices"][0]["finish_reason"] == "stop", (i, text)
+        jsonschema.validate(json.loads(text), PERSON)
+        assert text.startswith(pre["choices"][0]["message"]["content"])  # its first token
+    regex = {"input_ids": [5, 6, 7], "sampling_params": {
+        "regex": "(yes|no), [0-9]{2}", "temperature": 1.0, "max_new_tokens": 16}}
+    _, out = _pd(workers, "/generate", regex)
+    assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+    assert re.fullmatch("(yes|no), [0-9]{2}", out["text"]), out["text"]
 
 
-def test_a_schema_xgrammar_cannot_compile_is_400_on_both_servers(e2e_model_dir: Path) -> None:
+def test_a_schema_xgrammar_cannot_compile_is_400_on_both_servers(
+        plain_pd: Callable[[str], driver.Workers]) -> None:
     bad = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
            "response_format": {"type": "json_schema", "json_schema": {
                "name": "bad", "schema": {"type": "strin"}}}}
-    with driver.Workers(e2e_model_dir, router=False, extra=[]) as workers:
-        for url in (workers.prefill.url, workers.decode.url):
-            with pytest.raises(DecodeWorkerError) as err:
-                http_json(f"{url}/v1/chat/completions", {
-                    **bad, "bootstrap_host": "127.0.0.1", "bootstrap_port": workers.boot_port,
-                    "bootstrap_room": random.getrandbits(63)}, timeout_s=30)
-            assert "HTTP 400" in str(err.value) and "strin" in str(err.value), err.value
-        tools = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,  # issue 24
-                 "tools": [{"type": "function", "function": {"name": "f"}}],
-                 "tool_choice": {"type": "function", "function": {"name": "g"}}}
+    workers = plain_pd("native")
+    for url in (workers.prefill.url, workers.decode.url):
         with pytest.raises(DecodeWorkerError) as err:
-            http_json(f"{workers.decode.url}/v1/chat/completions", tools, timeout_s=30)
-        assert "HTTP 400" in str(err.value) and "not in `tools`" in str(err.value)
-        legacy = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
-                  "functions": [{"name": "f"}]}
-        with pytest.raises(DecodeWorkerError) as err:
-            http_json(f"{workers.decode.url}/v1/chat/completions", legacy, timeout_s=30)
-        assert "HTTP 400" in str(err.value) and "tool calls are not parsed" in str(err.value)
-        ok = http_json(f"{workers.decode.url}/v1/chat/completions", {
-            "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}, timeout_s=30)
-        assert ok["choices"][0]["finish_reason"] in ("length", "stop")  # still serving
+            http_json(f"{url}/v1/chat/completions", {
+                **bad, "bootstrap_host": "127.0.0.1", "bootstrap_port": workers.boot_port,
+                "bootstrap_room": random.getrandbits(63)}, timeout_s=30)
+        assert "HTTP 400" in str(err.value) and "strin" in str(err.value), err.value
+    tools = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,  # issue 24
+             "tools": [{"type": "function", "function": {"name": "f"}}],
+             "tool_choice": {"type": "function", "function": {"name": "g"}}}
+    with pytest.raises(DecodeWorkerError) as err:
+        http_json(f"{workers.decode.url}/v1/chat/completions", tools, timeout_s=30)
+    assert "HTTP 400" in str(err.value) and "not in `tools`" in str(err.value)
+    legacy = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+              "functions": [{"name": "f"}]}
+    with pytest.raises(DecodeWorkerError) as err:
+        http_json(f"{workers.decode.url}/v1/chat/completions", legacy, timeout_s=30)
+    assert "HTTP 400" in str(err.value) and "tool calls are not parsed" in str(err.value)
+    ok = http_json(f"{workers.decode.url}/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}, timeout_s=30)
+    assert ok["choices"][0]["finish_reason"] in ("length", "stop")  # still serving

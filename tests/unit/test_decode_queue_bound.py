@@ -16,6 +16,7 @@ from decode_worker.daemon.decode.bridge import AddRequest, Ended, Inbox, RefuseR
 from decode_worker.errors import QueueFull
 from decode_worker.io.api.backend import GenerateInput, Load, OutputChunk
 from decode_worker.io.api.targets import Target
+from tests.examples import examples
 from tests.fakes.fake_backend import ByteTokenizer
 
 INFO = BackendInfo("/m", "m", 16, 127, 1024, 8, 64, 4096)
@@ -63,7 +64,7 @@ async def play(max_queued: int, ops: list[tuple[str, int]]) -> int:
     return most_running
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(max_queued=st.integers(1, 4), ops=OPS)
 def test_the_bound_counts_only_requests_waiting_to_start(max_queued: int,
                                                          ops: list[tuple[str, int]]) -> None:

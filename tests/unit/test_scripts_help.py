@@ -7,12 +7,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(p.name for p in (ROOT / "scripts").glob("*.py"))
+HelpRuns = dict[str, tuple[Path, "Future[subprocess.CompletedProcess[str]]"]]
 
 
 def _plain_env(tmp_path: Path) -> dict[str, str]:
@@ -22,15 +25,29 @@ def _plain_env(tmp_path: Path) -> dict[str, str]:
     return {**env, "HOME": str(tmp_path / "home")}
 
 
+def _help(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--help"],
+                          cwd=cwd, env=_plain_env(cwd), capture_output=True, text=True,
+                          timeout=240, check=False)
+
+
+@pytest.fixture(scope="module")
+def helps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HelpRuns]:
+    """Every script's `--help`, each in a directory of its own, run as the module starts, one
+    per core at a time (each mostly imports torch): script -> (its directory, the run)."""
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        dirs = {s: tmp_path_factory.mktemp(s.removesuffix(".py")) for s in SCRIPTS}
+        yield {s: (d, pool.submit(_help, s, d)) for s, d in dirs.items()}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_each_script_answers_help_as_a_plain_file(script: str, tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--help"],
-                          cwd=tmp_path, env=_plain_env(tmp_path), capture_output=True,
-                          text=True, timeout=240, check=False)
+def test_each_script_answers_help_as_a_plain_file(script: str, helps: HelpRuns) -> None:
+    cwd, run = helps[script]
+    done = run.result()
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip(), f"{script} --help printed nothing"
-    assert not (tmp_path / "home").exists(), f"{script} --help wrote under HOME"
+    assert not (cwd / "home").exists(), f"{script} --help wrote under HOME"
 
 
 @pytest.mark.parametrize(("args", "code"), [(["--help"], 0), (["-h"], 0), (["--prompts", "3"], 2)])

@@ -52,6 +52,7 @@ class ServerProcess:
             prefix=f"dw-{name}-", suffix=".log", delete=False)
         self.ports_file = f"{self.log.name}.ports.json"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._signalled: tuple[int, int] = (0, 0)  # (pid, signal) signal_stop sent last
 
     @property
     def url(self) -> str:
@@ -109,12 +110,21 @@ class ServerProcess:
         self.port = self.ports["http"]
         return True
 
+    def signal_stop(self, sig: int = signal.SIGTERM) -> None:
+        """Send `sig` to a running process without waiting; a `stop()` with the same signal
+        after it only waits (a second SIGTERM would cut the drain short)."""
+        if self.proc is not None and self.proc.poll() is None and (
+                self._signalled != (self.proc.pid, sig)):
+            self.proc.send_signal(sig)
+            self._signalled = (self.proc.pid, sig)
+
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
-        """Signal the process and wait for it (SIGKILL after `timeout_s`); its exit code."""
+        """Signal the process (unless `signal_stop` did) and wait for it (SIGKILL after
+        `timeout_s`); its exit code."""
         try:
             if self.proc is None or self.proc.poll() is not None:
                 return None if self.proc is None else self.proc.returncode
-            self.proc.send_signal(sig)
+            self.signal_stop(sig)
             try:
                 return self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -188,6 +198,8 @@ class PdServers:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for proc in self.decodes:  # they drain at once: the wait is the longest, not the sum
+            proc.signal_stop()
         for proc in (*self.decodes, self.prefill):
             proc.stop()
 

@@ -16,6 +16,7 @@ from decode_worker.core.req_kv import ReqKV
 from decode_worker.core.request import DecodeRequest, RequestState
 from decode_worker.core.window import sglang_window_start
 from decode_worker.errors import ServiceUnavailable
+from tests.examples import examples
 from tests.unit.core.test_admission_helpers import make_rig
 
 S = RequestState
@@ -198,7 +199,7 @@ def _check_full_lock_refs(root: Node, reqs: list[DecodeRequest]) -> None:
 
 
 _SETTINGS = settings(
-    max_examples=40, stateful_step_count=50, deadline=None,
+    max_examples=examples(40), stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 

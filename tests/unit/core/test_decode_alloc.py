@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from decode_worker.core.request import DecodeRequest, RequestState
 from decode_worker.core.window import swa_peak_pages
+from tests.examples import examples
 from tests.unit.core.test_admission_helpers import PS, WIN, Rig, admit_one, make_rig, req
 
 S = RequestState
@@ -113,7 +114,7 @@ def test_without_radix_cache_swa_pages_are_freed_as_the_window_moves() -> None:
 
 
 @given(prompt=st.integers(1, 700), radix=st.booleans(), steps=st.integers(1, 400))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_slide_due_at_is_exact_and_the_batch_pieces_match_prepare_step(
         prompt: int, radix: bool, steps: int) -> None:
     """Below `slide_due_at` a slide changes nothing; at it, it does. Sliding and growing only the

@@ -12,6 +12,7 @@ from decode_worker.core.kv_event_index import KVEventIndex
 from decode_worker.core.radix_events import MEDIUM_GPU, digest_to_int64, key_tokens
 from decode_worker.core.radix_node import Node
 from decode_worker.core.radix_tree import MatchMode, UnifiedRadixTree
+from tests.examples import examples
 from tests.unit.core.test_radix_stateful import BASES, RadixMachine
 
 
@@ -68,7 +69,7 @@ class EventMachine(RadixMachine):
 
 
 EventMachine.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=examples(150),
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

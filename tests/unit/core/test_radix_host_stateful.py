@@ -31,6 +31,7 @@ from decode_worker.core.radix_tree import MatchMode, UnifiedRadixTree
 from decode_worker.core.req_kv import ReqKV
 from decode_worker.errors import OutOfPages
 from decode_worker.utils.mathx import align_down, cdiv
+from tests.examples import examples
 from tests.unit.core.test_radix_events_stateful import tree_entries
 
 _SYSTEM = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -253,7 +254,7 @@ class HostTierMachine(RuleBasedStateMachine):
 
 
 HostTierMachine.TestCase.settings = settings(
-    max_examples=200,
+    max_examples=examples(200),
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

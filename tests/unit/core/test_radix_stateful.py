@@ -16,6 +16,7 @@ from decode_worker.core.radix_tree import MatchMode, UnifiedRadixTree
 from decode_worker.core.req_kv import ReqKV
 from decode_worker.errors import OutOfPages
 from decode_worker.utils.mathx import align_down, cdiv
+from tests.examples import examples
 
 _SYSTEM = [5, 6, 7, 8, 9, 10, 11, 12]
 BASES = [_SYSTEM + [1, 2] * 12, _SYSTEM + [3, 4] * 12, [9, 9, 9] * 10]
@@ -246,7 +247,7 @@ class RadixMachine(RuleBasedStateMachine):
 
 
 RadixMachine.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=examples(150),
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -42,6 +40,9 @@ from decode_worker.device.kernels.decode_attention import (
     write_kv,
 )
 from decode_worker.device.kv_pool import KVPools, KVSpec
+
+if TYPE_CHECKING:
+    from tests.unit.device.conftest import Runs
 
 WINDOW = 127  # gpt-oss: HF sliding_window 128
 HEAD_DIM = 64
@@ -207,13 +208,10 @@ def test_split_count_fills_the_device_and_stays_per_batch_bucket(
     assert num_kv_splits(1, 8, 1, cuda) == 1
 
 
-def test_the_kernels_compile_for_an_h200(tmp_path: Path) -> None:
+def test_the_kernels_compile_for_an_h200(sm90_compiles: Runs) -> None:
     """What the interpreter cannot check (tl.dot shapes, layouts, ptxas): compiled for sm_90
-    with the installed triton, no GPU needed (tests/unit/device/sm90_compile.py)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compile for real, not from a cache
-    done = subprocess.run([sys.executable, "-m", "tests.unit.device.sm90_compile"], env=env,
-                          cwd=Path(__file__).parents[3], capture_output=True, text=True,
-                          timeout=300, check=False)
+    with the installed triton, no GPU needed (tests/unit/device/sm90_compile.py), with a fresh
+    TRITON_CACHE_DIR; run in the background since the first device test (conftest.py)."""
+    done = sm90_compiles["attention"].result()
     assert done.returncode == 0, done.stderr[-3000:]
     assert "compiled for sm_90" in done.stdout

@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from decode_worker.daemon.shared.router import MODULES, PACKAGES, SGLANG_ROUTER,
 
 ROOT = Path(__file__).resolve().parents[3]
 PREFILL, DECODE, ROUTER, PROM = 41101, 41102, 41100, 41109
+KINDS = [SMG, SGLANG_ROUTER]
 
 
 def _can_run(kind: str) -> str | None:
@@ -46,17 +49,30 @@ def _can_run(kind: str) -> str | None:
     return None
 
 
-@pytest.mark.router
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", [SMG, SGLANG_ROUTER])
-def test_router_pd_mode_drives_our_api_unchanged(kind: str) -> None:
-    reason = _can_run(kind)
-    if reason:
-        pytest.skip(reason)
-    out = subprocess.run(
+def _drive(kind: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         ["unshare", "-rn", sys.executable, "-m", "tests.unit.io.test_api_router", kind],
         cwd=ROOT, capture_output=True, timeout=120, check=False, text=True,
     )
+
+
+@pytest.fixture(scope="module")
+def drives() -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]] | str]]:
+    """kind -> its driver run, both started as the module starts (each in a network namespace
+    of its own, so their fixed ports do not meet), or why it cannot run."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {kind: _can_run(kind) or pool.submit(_drive, kind) for kind in KINDS}
+
+
+@pytest.mark.router
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_router_pd_mode_drives_our_api_unchanged(
+        kind: str, drives: dict[str, Future[subprocess.CompletedProcess[str]] | str]) -> None:
+    run = drives[kind]
+    if isinstance(run, str):
+        pytest.skip(run)
+    out = run.result()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["healthy"] == 2

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from decode_worker.io.api.textgen import IncrementalDetokenizer, TextStream
+from tests.examples import examples
 from tests.fakes.fake_backend import ByteTokenizer
 
 TOK = ByteTokenizer()
@@ -19,7 +20,7 @@ def _chunks(data: list[int], cuts: list[int]) -> list[list[int]]:
     return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(ALPHABET, max_size=30), st.lists(st.integers(0, 200), max_size=10))
 def test_deltas_concatenate_to_the_text_and_never_hold_half_a_char(
     text: str, cuts: list[int]
@@ -31,7 +32,7 @@ def test_deltas_concatenate_to_the_text_and_never_hold_half_a_char(
     assert all("\ufffd" not in d for d in deltas)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(ALPHABET, max_size=30), st.lists(st.integers(0, 200), max_size=10),
        st.lists(st.text(ALPHABET, min_size=1, max_size=3), max_size=3), st.booleans())
 def test_stop_strings_cut_like_whole_text_search(

@@ -22,6 +22,7 @@ from uvicorn.server import ServerState
 from decode_worker.daemon.shared.http_server import ServerConfig
 from decode_worker.io.api.asgi import AsgiApp
 from decode_worker.io.api.http_protocol import H2_PREFACE, limited_protocol
+from tests.examples import examples
 from tests.fakes.fake_backend import ServerThread
 from tests.unit.io.asgi_helpers import Handler, raw, recv_until_closed
 
@@ -189,7 +190,7 @@ PREFIXES = [b"", b"GET / HTTP/1.1\r\n", b"POST /e HTTP/1.1\r\nContent-Length: 3\
             b"POST /e HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", H2_PREFACE[:10]]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.sampled_from(PREFIXES), st.binary(max_size=300), st.integers(1, 64))
 def test_protocol_answers_any_bytes_with_4xx_or_a_request(
     prefix: bytes, junk: bytes, cut: int

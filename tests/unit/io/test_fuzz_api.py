@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from decode_worker.io.api import ApiApp, ApiConfig
 from decode_worker.io.metrics import Metrics
+from tests.examples import examples
 from tests.fakes.fake_backend import FakeBackend, ServerThread
 
 SAMPLING = {"max_new_tokens": 3, "temperature": 0.5, "top_k": 5, "top_p": 0.9, "min_p": 0.0,
@@ -108,7 +109,7 @@ def mutate(body: dict[str, Any], data: st.DataObject) -> dict[str, Any]:
     return out
 
 
-FUZZ = settings(max_examples=150, deadline=None,
+FUZZ = settings(max_examples=examples(150), deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 

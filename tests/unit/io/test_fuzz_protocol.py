@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from decode_worker.errors import IncompatiblePeer, PageError, ProtocolError
 from decode_worker.io.kv import protocol as p
 from decode_worker.io.kv.protocol_check import check_compat, validate_request
+from tests.examples import examples
 
 COMPAT = p.ModelCompat("m", "bfloat16", ["swa", "full"], 8, 64, 16, 127)
 REGIONS = {name: p.RegionLayout(name, 4096, 2, rows, 1024, 0, "DRAM")  # type: ignore[arg-type]
@@ -48,7 +49,7 @@ def decode_or_protocol_error(raw: bytes) -> p.Message | None:
         return None
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(raw=st.binary(max_size=200))
 def test_random_bytes_give_a_message_or_a_protocol_error(raw: bytes) -> None:
     decode_or_protocol_error(raw)
@@ -58,7 +59,7 @@ def test_random_bytes_give_a_message_or_a_protocol_error(raw: bytes) -> None:
         p.decode_notif(p.NOTIF_PREFIX + raw)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(data=st.data())
 def test_byte_mutations_of_valid_frames_never_crash_the_decoder(data: st.DataObject) -> None:
     msg = data.draw(st.sampled_from(VALID))
@@ -98,7 +99,7 @@ def _mutate_fields(obj: dict[str, Any], data: st.DataObject) -> None:
         obj["t"] = data.draw(st.sampled_from(["Hello", "Ping", "Nope", "", "TransferRequest"]))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(data=st.data())
 def test_field_mutations_give_a_message_or_a_protocol_error(data: st.DataObject) -> None:
     """A well-formed msgpack map with a wrong, missing, extra or retagged field."""
@@ -115,7 +116,7 @@ def test_field_mutations_give_a_message_or_a_protocol_error(data: st.DataObject)
             validate_request(msg, 16, REGIONS)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(prompt_len=st.integers(-5, 600), reused=st.integers(-20, 600),
        swa=st.integers(-20, 600), full=st.lists(st.integers(-2, 40), max_size=40),
        swa_ids=st.lists(st.integers(-2, 20), max_size=40), aux=st.integers(-3, 10))

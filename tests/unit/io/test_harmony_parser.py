@@ -14,6 +14,7 @@ from decode_worker.device.default_model import EOS_TOKEN_IDS, byte_tokenizer
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.io.api.harmony import HarmonyParser, HarmonyTokens, Parsed, parse
 from decode_worker.io.api.harmony.chat import ChatParsing, delta_of, message_of
+from tests.examples import examples
 
 TOK = Tokenizer(byte_tokenizer(), EOS_TOKEN_IDS)
 T = HarmonyTokens.of(TOK)
@@ -139,7 +140,7 @@ PIECES = [ANALYSIS, CALL, FINAL, "<|start|>assistant<|channel|>final<|message|>o
           "é😀", " to=functions.f ", "<|call|>", "<|return|>"]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(parts=st.lists(st.sampled_from(PIECES), max_size=6),
        cut=st.integers(min_value=0, max_value=400), data=st.data())
 def test_a_stream_split_anywhere_parses_like_the_whole(parts: list[str], cut: int,

@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from decode_worker.io.kv.peer_protocols import Mode, PeerProtocol, PeerProtocols, Probed
 from decode_worker.io.kv.sglang.bootstrap_client import Probe
 from decode_worker.io.kv.sglang.server_info import PrefillServerInfo
+from tests.examples import examples
 
 TIMEOUT_S = 1.0
 INFO = PrefillServerInfo(2, 1, 1, 1, 16, "auto", True)
@@ -218,7 +219,8 @@ class _Detection(RuleBasedStateMachine):
             assert known is None or known.kind == self.last_answer.get(port)
 
 
-_Detection.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
+_Detection.TestCase.settings = settings(max_examples=examples(150), stateful_step_count=40,
+                                        deadline=None,
                                         suppress_health_check=[HealthCheck.too_slow])
 TestDetection = _Detection.TestCase
 

@@ -23,6 +23,7 @@ from decode_worker.io.kv.sglang.frames import (
     pack_int_lists,
     unpack_int_lists,
 )
+from tests.examples import examples
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "sglang_frames"
 CODECS: dict[str, tuple[Callable[[Any], list[bytes]], Callable[[Any], Any]]] = {
@@ -115,7 +116,7 @@ def test_truncated_int_lists_are_refused() -> None:
 frames_strategy = st.lists(st.binary(max_size=40), max_size=30)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(frames=frames_strategy)
 def test_random_frames_give_a_frame_error_or_a_message(frames: list[bytes]) -> None:
     for decode in (m.decode_from_prefill, m.decode_from_decode):
@@ -123,7 +124,7 @@ def test_random_frames_give_a_frame_error_or_a_message(frames: list[bytes]) -> N
             decode(frames)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=st.data())
 def test_mutated_golden_frames_never_crash_a_decoder(data: st.DataObject) -> None:
     name = data.draw(st.sampled_from(sorted(CODECS)))

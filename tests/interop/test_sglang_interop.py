@@ -216,30 +216,6 @@ def test_a_door_refusal_fails_the_room_at_sglangs_prefill_at_once(rig: Rig) -> N
     assert_idle_and_whole(rig.worker)
 
 
-def test_killed_prefill_fails_its_request_and_pages_come_back(rig: Rig) -> None:
-    """Last (it kills the TP 2 harness): the room is mid-transfer (the decode's TransferInfo
-    reached both ranks, the forward "runs" for a minute) when every prefill process dies."""
-    harness, prompt = rig.tp2, conversation(seed=12, turns=1)[0]
-    room = random.getrandbits(63)
-    body = gen_body(prompt, MAX_NEW, bootstrap_host="127.0.0.1",
-                    bootstrap_port=harness.ports.bootstrap, bootstrap_room=room)
-    harness.prefill({"room": room, "input_ids": prompt, "kv": "model", "delay_s": 60,
-                     "timeout_s": 90})
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        answer = pool.submit(rig.worker.post, "/generate", body, timeout_s=40)
-        state = harness.wait_room(room, ("waiting_for_input", *TERMINAL), 20)
-        assert state["status"] == "waiting_for_input", state
-        killed_at = time.monotonic()
-        harness.kill()
-        resp = answer.result(timeout=45)
-    took = time.monotonic() - killed_at
-    assert resp.status_code == 502, resp.text[:2000]
-    assert "peer_dead" in resp.text, resp.text[:2000]
-    assert took < PEER_DEAD_AFTER_S + 4, f"answered {took:.1f}s after the kill"
-    assert rig.worker.get("/health").status_code == 200
-    assert_idle_and_whole(rig.worker)
-
-
 def _post_then_leave(worker: Live, body: dict[str, Any], leave: Any) -> None:
     """POST /generate on a raw connection, call `leave()` (it returns once it is time to go),
     then close the connection without reading: a client that disconnects."""
@@ -312,4 +288,29 @@ def test_a_room_the_prefill_failed_keeps_the_prefills_cause(rig: Rig, tp: int,
           f"prefill failed in a row; SGLang's recorded cause (rank 0): {decode_side} 'Aborted "
           f"by decode-side abort notification', {len(causes) - decode_side} the prefill's own: "
           + "; ".join(c.split("): ", 1)[-1][:48] for c in causes))
+    assert_idle_and_whole(rig.worker)
+
+
+def test_killed_prefill_fails_its_request_and_pages_come_back(rig: Rig) -> None:
+    """Last in the file (it kills the TP 2 harness the module shares): the room is
+    mid-transfer (the decode's TransferInfo reached both ranks, the forward "runs" for a
+    minute) when every prefill process dies."""
+    harness, prompt = rig.tp2, conversation(seed=12, turns=1)[0]
+    room = random.getrandbits(63)
+    body = gen_body(prompt, MAX_NEW, bootstrap_host="127.0.0.1",
+                    bootstrap_port=harness.ports.bootstrap, bootstrap_room=room)
+    harness.prefill({"room": room, "input_ids": prompt, "kv": "model", "delay_s": 60,
+                     "timeout_s": 90})
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        answer = pool.submit(rig.worker.post, "/generate", body, timeout_s=40)
+        state = harness.wait_room(room, ("waiting_for_input", *TERMINAL), 20)
+        assert state["status"] == "waiting_for_input", state
+        killed_at = time.monotonic()
+        harness.kill()
+        resp = answer.result(timeout=45)
+    took = time.monotonic() - killed_at
+    assert resp.status_code == 502, resp.text[:2000]
+    assert "peer_dead" in resp.text, resp.text[:2000]
+    assert took < PEER_DEAD_AFTER_S + 4, f"answered {took:.1f}s after the kill"
+    assert rig.worker.get("/health").status_code == 200
     assert_idle_and_whole(rig.worker)

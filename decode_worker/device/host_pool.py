@@ -212,10 +212,9 @@ class HostKVPool:
             self.write_waits_total += 1
 
     def sync_writes(self) -> None:
-        """Block until every write made so far is done."""
+        """Block until every write made so far is done (each CUDA write recorded an event in
+        `_writes`; a CPU write is done when `write` returns)."""
         self._writes.wait_all()
-        if self._write_stream is not None:
-            self._write_stream.synchronize()
 
 
 def host_runs(host_page_ids: list[int]) -> Runs:

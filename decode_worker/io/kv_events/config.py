@@ -76,8 +76,7 @@ def offset_endpoint_port(endpoint: str | None, rank: int) -> str | None:
         return endpoint
     if "inproc" in endpoint:
         return f"{endpoint}_dp{rank}"
-    head, _, port = endpoint.rpartition(":")
-    return f"{head}:{int(port) + rank}"
+    return with_port(endpoint, int(endpoint.rpartition(":")[2]) + rank)
 
 
 def with_port(endpoint: str, port: int) -> str:

@@ -31,7 +31,7 @@ from decode_worker.device.decode_slots import (
     swa_ring_width,
 )
 from decode_worker.device.kv_pool import KVPools
-from decode_worker.device.model.gpt_oss import GptOssModel
+from decode_worker.device.model.base import CausalLM
 from decode_worker.errors import ClientError, PageError
 from decode_worker.utils.mathx import cdiv
 
@@ -69,7 +69,7 @@ class DecodeRunner(Protocol):
 class ModelRunner:
     """Runs `model` over `pools`; owns the CUDA graphs (if any)."""
 
-    def __init__(self, model: GptOssModel, pools: KVPools, *, use_cuda_graph: bool,
+    def __init__(self, model: CausalLM, pools: KVPools, *, use_cuda_graph: bool,
                  graph_batch_sizes: list[int], max_graph_pages: int | None = None,
                  graph_backend: GraphBackend | None = None,
                  attention_backend: AttentionBackend | str = "auto") -> None:
@@ -81,6 +81,7 @@ class ModelRunner:
         self.model = model
         self.pools = pools
         self.window = model.cfg.window
+        self.scale = model.cfg.attn_scale
         self.has_swa = pools.spec.num_swa_layers > 0  # else SWA tables are never read
         self.device = model.device
         self.swa_ring = swa_ring_width(self.window, pools.page_size)  # SWA table columns
@@ -117,7 +118,7 @@ class ModelRunner:
         full_t = torch.tensor(full_page_ids[:need], dtype=torch.long, device=dev)  # [pages]
         swa_t = torch.tensor(swa_page_ids[:need], dtype=torch.long, device=dev)  # [pages]
         attn = PrefillAttention(self.pools, self.window, start_pos, seq_len - start_pos,
-                                full_t, swa_t)
+                                full_t, swa_t, self.scale)
         hidden = self.model.forward(tokens, positions, attn)  # [T, H]
         return self.model.logits(hidden[-1:])[0]  # [V] f32
 
@@ -215,7 +216,8 @@ class ModelRunner:
                      full_t: torch.Tensor, swa_t: torch.Tensor) -> torch.Tensor:
         """Pure tensor step (graph-capturable): [bs] tokens -> [bs, V] f32 logits."""
         attn = decode_attention(self.attention_backend, self.pools, self.window, positions,
-                                full_t, swa_t, max_keys=self.max_pages * self.pools.page_size)
+                                full_t, swa_t, max_keys=self.max_pages * self.pools.page_size,
+                                scale=self.scale)
         hidden = self.model.forward(tokens, positions, attn, static=self.graphs is not None)
         return self.model.logits(hidden)  # [bs, V]
 

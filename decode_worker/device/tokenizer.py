@@ -38,8 +38,12 @@ class Tokenizer:
     """Text <-> token ids. Thread-safe for encode/decode (the Rust tokenizer is)."""
 
     def __init__(self, inner: HFTokenizer, eos_token_ids: Sequence[int] = (),
-                 chat_template: str | None = None, special: dict[str, str] | None = None) -> None:
+                 chat_template: str | None = None, special: dict[str, str] | None = None,
+                 model_vocab_size: int | None = None) -> None:
+        """`model_vocab_size`: config.json's `vocab_size` (the embedding's rows), which may
+        exceed the tokenizer's own size (Qwen3: 151,936 rows, 151,669 tokens)."""
         self.inner = inner
+        self.model_vocab_size = model_vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
         self.chat_template = chat_template
         self.special = special or {}
@@ -61,11 +65,20 @@ class Tokenizer:
         special = {k: v for k in ("bos_token", "eos_token")
                    if isinstance(v := tok_cfg.get(k), str)}
         eos = _eos_ids(Path(model_dir), inner, special.get("eos_token"))
-        return cls(inner, eos, template if isinstance(template, str) else None, special)
+        rows = _model_config(Path(model_dir)).get("vocab_size")
+        return cls(inner, eos, template if isinstance(template, str) else None, special,
+                   rows if isinstance(rows, int) and rows > 0 else None)
 
     @property
     def vocab_size(self) -> int:
+        """The tokenizer's own size (added tokens included)."""
         return int(self.inner.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def input_vocab_size(self) -> int:
+        """What input ids are checked against, as SGLang checks them: the model's embedding
+        rows when config.json states them, else the tokenizer's size."""
+        return self.model_vocab_size or self.vocab_size
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids, special-token strings in the text are recognised, no BOS added."""
@@ -158,6 +171,13 @@ def _read_json(path: Path) -> dict[str, Any]:
     except ValueError as exc:
         raise ConfigError(f"{path}: not valid JSON: {exc}") from None
     return data if isinstance(data, dict) else {}
+
+
+def _model_config(model_dir: Path) -> dict[str, Any]:
+    """config.json, or a multimodal one's `text_config` (where its vocab_size lives)."""
+    cfg = _read_json(model_dir / "config.json")
+    text = cfg.get("text_config")
+    return {**text, **cfg} if isinstance(text, dict) and "vocab_size" not in cfg else cfg
 
 
 def _eos_ids(model_dir: Path, inner: HFTokenizer, eos_token: str | None) -> tuple[int, ...]:

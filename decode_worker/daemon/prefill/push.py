@@ -59,7 +59,8 @@ class PushPipeline:
         self.sender = KVSender(agent)
         self.sampler = Sampler(runner.device)
         self._finish = finish
-        self._free = PageFreeList(runner.pools.num_pages["full"], runner.pools.num_pages["swa"])
+        self._free = PageFreeList(runner.pools.num_pages["full"], runner.pools.num_pages["swa"],
+                                  runner.has_swa)
         self._aux_rows = list(range(aux.num_rows))
         self._pushes: list[_Push] = []
 

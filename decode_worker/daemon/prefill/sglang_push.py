@@ -79,7 +79,8 @@ class SglangPushPipeline:
         self.runner, self.geometry, self.staging, self.agent = runner, geometry, staging, agent
         self.registration, self._finish, self.deadline_s = registration, finish, deadline_s
         self.sampler = Sampler(runner.device)
-        self._free = PageFreeList(runner.pools.num_pages["full"], runner.pools.num_pages["swa"])
+        self._free = PageFreeList(runner.pools.num_pages["full"], runner.pools.num_pages["swa"],
+                                  runner.has_swa)
         self._aux_rows = list(range(staging.rows.shape[0]))
         self._pushes: list[_Push] = []
 

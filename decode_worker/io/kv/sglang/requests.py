@@ -50,11 +50,12 @@ def translate(
     ps_p, L, P = lay.prefill_page_size, req.prompt_len, req.reused_len
     kv = kv_page_ids(lay, L, P, req.full_page_ids)
     ws = sglang_window_start(P, L, window, ps_p)
-    if req.swa_window_start != ws:
+    if lay.state_ptrs and req.swa_window_start != ws:
         raise PageError(f"swa_window_start={req.swa_window_start}, but SGLang's window for "
                         f"L={L}, P={P} starts at {ws} (max(P, L - {window}) floored to the "
                         f"prefill page {ps_p})")  # fmt: skip
-    state = state_page_ids(lay, L, ws, req.swa_page_ids)
+    # a model without sliding layers registers no state entries and sends no state pages
+    state = state_page_ids(lay, L, ws, req.swa_page_ids) if lay.state_ptrs else []
     num_rows = min((n for _, _, n in aux_buffers), default=0)
     if not 0 <= req.aux_slot < num_rows:
         raise PageError(f"aux_slot {req.aux_slot} out of [0, {num_rows})")

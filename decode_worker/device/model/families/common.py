@@ -27,6 +27,8 @@ class Family:
     read_config: Callable[[dict[str, Any], str], ArchFacts]
     tiny_config: Callable[[int], dict[str, Any]]
     example: str = ""
+    kv_layout: str = "full pool only"
+    backends: tuple[str, ...] = ("torch", "triton attention")
 
 
 class Fields:

@@ -28,7 +28,7 @@ READS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
          "rope_local_base_freq", "rope_scaling | rope_parameters", "query_pre_attn_scalar",
          "hidden_activation", "final_logit_softcapping", "attn_logit_softcapping",
          "max_position_embeddings", "tie_word_embeddings", "eos_token_id",
-         "text_config (gemma3)")
+         "text_config (gemma3)", "quantization_config (fp8)")
 
 
 def read_config(raw: dict[str, Any], source: str) -> ModelConfig:
@@ -86,4 +86,4 @@ def tiny_config(vocab_size: int) -> dict[str, Any]:
 
 FAMILY = Family("gemma3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
                 ("gemma3_text", "gemma3"), READS, read_config, tiny_config,
-                "google/gemma-3-27b-it")
+                "google/gemma-3-27b-it", "full + SWA pools (SWA: window only)")

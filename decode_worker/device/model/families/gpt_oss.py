@@ -27,4 +27,5 @@ def tiny_config(vocab_size: int) -> dict[str, Any]:
 
 
 FAMILY = Family("gpt-oss", ("GptOssForCausalLM",), ("gpt_oss",), READS, read_config,
-                tiny_config, "openai/gpt-oss-120b")
+                tiny_config, "openai/gpt-oss-120b", "full + SWA pools (1:1)",
+                ("torch", "triton attention", "triton MoE (MXFP4)"))

@@ -50,4 +50,4 @@ def tiny_config(vocab_size: int) -> dict[str, Any]:
 
 
 FAMILY = Family("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), READS, read_config, tiny_config,
-                "Qwen/Qwen3-32B")
+                "Qwen/Qwen3-32B", "full pool only (+ SWA with use_sliding_window)")

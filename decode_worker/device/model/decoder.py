@@ -51,13 +51,29 @@ class DecoderLayer:
     experts_down: torch.Tensor | None = None  # MoE: [E, I, H]
 
 
+@dataclass(slots=True)
+class ExpertView:
+    """One MoE layer's experts as the fused Triton MoE reads them (kernels/fused_moe.py,
+    dense form): the checkpoint's weights as [E, H, 2I] / [E, I, H] views, zero biases."""
+
+    gate_up: torch.Tensor  # [E, H, 2I]
+    gate_up_b: torch.Tensor  # [E, 2I] zeros
+    down: torch.Tensor  # [E, I, H]
+    down_b: torch.Tensor  # [E, H] zeros
+    gate_up_scales: torch.Tensor | None = None
+    down_scales: torch.Tensor | None = None
+
+
 class DecoderModel:
-    """Weights plus the forward pass; build with `decoder_weights.load_decoder`."""
+    """Weights plus the forward pass; build with `decoder_weights.load_decoder`.
+
+    `moe_backend`: "triton" runs routed experts in the fused Triton MoE (SiLU-gated, routing
+    renormalised per `norm_topk_prob`), "torch" in torch ops (`layers.routed_experts`)."""
 
     def __init__(self, cfg: ModelConfig, embed: torch.Tensor, decoder_layers: list[DecoderLayer],
                  norm: torch.Tensor, lm_head: torch.Tensor, *, moe_backend: str = "torch") -> None:
         self.cfg = cfg
-        self.moe_backend = moe_backend  # the routed experts run in torch ops on either backend
+        self.moe_backend = moe_backend
         self.embed = embed  # [V, H]
         self.layers = decoder_layers
         self.norm = norm  # [H]
@@ -73,6 +89,14 @@ class DecoderModel:
         self.embed_scale = (None if cfg.embed_scale is None
                             else torch.tensor(cfg.embed_scale, dtype=embed.dtype, device=dev))
         self.act = layers.gated(cfg.activation)
+        self.experts: dict[int, ExpertView] = {}
+        if moe_backend == "triton":
+            for i, lw in enumerate(decoder_layers):
+                if lw.experts_gate_up is not None and lw.experts_down is not None:
+                    gu, dn = lw.experts_gate_up, lw.experts_down
+                    self.experts[i] = ExpertView(
+                        gu, gu.new_zeros(gu.shape[0], gu.shape[2]), dn,
+                        dn.new_zeros(dn.shape[0], dn.shape[2]))  # biases [E, 2I], [E, H]
 
     @property
     def device(self) -> torch.device:
@@ -146,6 +170,12 @@ class DecoderModel:
             return layers.dense_mlp(x, lw.gate_up_w, lw.down_w, self.act)
         assert lw.experts_gate_up is not None and lw.experts_down is not None
         router = F.linear(x, lw.router_w)  # router: [T, E]
+        view = self.experts.get(i)
+        if view is not None:
+            from decode_worker.device.kernels.fused_moe import fused_moe  # imports triton
+
+            return fused_moe(x, router, view, moe.top_k, 1.0, 0.0, silu=True,
+                             renormalize=moe.norm_topk_prob)
         top_i, top_w = layers.softmax_topk(router, moe.top_k, moe.norm_topk_prob)  # [T, k]
         return layers.routed_experts(x, top_i, top_w, lw.experts_gate_up, lw.experts_down,
                                      self.act, static=static)

@@ -53,4 +53,4 @@ def tiny_config(vocab_size: int) -> dict[str, Any]:
 
 FAMILY = Family("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), READS, read_config,
                 tiny_config, "Qwen/Qwen3-30B-A3B", "full pool only (+ SWA with use_sliding_window)",
-                ("torch", "triton attention", "torch MoE"))
+                ("torch", "triton attention", "triton MoE (SiLU experts)"))

@@ -44,6 +44,9 @@ TOKENS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str | None, str]] = {
                ("<end_of_turn>", "<eos>"), "<bos>", chat_templates.GEMMA3_TEMPLATE),
 }
 TOKENS["qwen3_moe"] = TOKENS["qwen3"]
+# added tokens that are not special, as Qwen3's tokenizer has them (decoded text keeps them)
+PLAIN = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
+         "</tool_response>")
 
 
 def special_ids(family: str) -> dict[str, int]:
@@ -65,7 +68,7 @@ def write_tokenizer(out_dir: Path, family: str, max_len: int) -> None:
     """tokenizer.json, tokenizer_config.json (chat template) and generation_config.json."""
     specials, eos, bos, template = TOKENS[family]
     ids = special_ids(family)
-    byte_tokenizer(specials).save(str(out_dir / "tokenizer.json"))
+    byte_tokenizer(specials, PLAIN).save(str(out_dir / "tokenizer.json"))
     tok_cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
                                "eos_token": eos[0], "pad_token": specials[0],
                                "chat_template": template, "model_max_length": max_len}

@@ -4,13 +4,13 @@ Chat template: when the model directory ships one (`chat_template.jinja`, or `ch
 tokenizer_config.json) and jinja2 is importable, it is rendered with `messages` (each message's
 own keys too: `tool_calls`, `tool_call_id`, `name`, `reasoning_content`), `tools` (OpenAI's
 function tools, when given), `add_generation_prompt`, `bos_token` and `eos_token` in a sandbox
-(with `raise_exception` and `strftime_now`, as transformers provides; a template error is a
-ClientError). `strftime_now` formats the `start_date` the caller pins (midnight of that day;
-the API passes `api.system_start_date`, so both P/D legs render the same date) or, without
-one, the local time now; `reasoning_effort`, when given, is a template variable (gpt-oss).
-gpt-oss templates and the built-in tiny model's (`harmony_template.py`) render
-the harmony format, tools included. Otherwise the built-in template is used (it renders no
-tools):
+(with `raise_exception`, `strftime_now`, transformers' `tojson` filter and jinja's loop
+controls, as transformers provides; a template error is a ClientError). `strftime_now` formats
+the `start_date` the caller pins (midnight of that day; the API passes `api.system_start_date`,
+so both P/D legs render the same date) or, without one, the local time now; `reasoning_effort`,
+when given, is a template variable (gpt-oss). gpt-oss templates and the built-in tiny model's
+(`harmony_template.py`) render the harmony format, tools included. Otherwise the built-in
+template is used (it renders no tools):
 
     <|start|>{role}<|message|>{content}<|end|>   (one per message)
     <|start|>assistant<|message|>                (if add_generation_prompt)
@@ -125,8 +125,10 @@ class Tokenizer:
             return None
         try:
             if self._compiled is None:
-                env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+                env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                    extensions=["jinja2.ext.loopcontrols"])
                 env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
+                env.filters["tojson"] = _tojson
                 self._compiled = env.from_string(template)
             return str(self._compiled.render(
                 messages=[{**m, "content": _content(m)} for m in messages],
@@ -134,6 +136,14 @@ class Tokenizer:
                 tools=list(tools) if tools else None, **self.special, **(extra or {})))
         except jinja2.TemplateError as exc:
             raise ClientError(f"chat template: {exc}") from None
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """transformers' `tojson` (the filter its chat templates are written for): keys in their
+    order, no HTML escaping, non-ASCII kept (jinja's own sorts keys and escapes `<>&'`)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
 
 
 def _raise(message: str) -> None:

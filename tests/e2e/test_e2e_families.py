@@ -4,9 +4,9 @@ cache, host tier, KV events) fed by two reference prefill peers, one per protoco
 
 Per family and protocol, a three-turn chat plus the last prompt again: greedy tokens equal
 transformers' (float32), logprobs within 1e-4, the first turn cold, later turns partial hits
-that move fewer bytes, the repeat a full hit. Then, per family, two chats interleaved on a
-device pool that holds about one: turns restore their prefix from the host tier, and an index
-built only from the worker's KV events predicts every turn's `cached_tokens`.
+that move fewer bytes, the repeat a full hit. Then, per family, three chats interleaved on a
+device pool that holds about one and a half: turns restore their prefix from the host tier, and
+an index built only from the worker's KV events predicts every turn's `cached_tokens`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from tests.oracle.helpers import reference_greedy
 
 pytestmark = pytest.mark.slow
 PAGE = 16
-POOL_PAGES = 24  # the decode worker's full pool (384 tokens): two interleaved chats outgrow it
+POOL_PAGES = 28  # the decode worker's full pool (448 tokens): three interleaved chats outgrow it
 EVENTS = {"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0", "bind": True,
           "replay_endpoint": "tcp://127.0.0.1:0", "topic": "kv"}
 
@@ -110,17 +110,18 @@ def test_chat_matches_reference_with_cold_partial_and_full_hits(stack: Stack,
 
 
 def test_host_tier_and_kv_events_across_interleaved_chats(stack: Stack) -> None:
-    """Two chats take turns on a pool of about one chat: the tree demotes the other's prefix
-    to the host tier and restores it; the KV-event index predicts every `cached_tokens`."""
+    """Three chats take turns on a pool of about one and a half: the tree demotes the others'
+    prefixes to the host tier and restores them; the KV-event index predicts every
+    `cached_tokens`."""
     dealer = zmq.Context.instance().socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(f"tcp://127.0.0.1:{stack.decode.ports['kv_events_replay']}")
     index, next_seq = KVEventIndex(), 0
-    chats = [conversation(3, seed=30 + c) for c in range(2)]
-    history: list[list[int]] = [[], []]
+    chats = [conversation(3, seed=30 + c) for c in range(3)]
+    history: list[list[int]] = [[], [], []]
     try:
         for turn in range(3):
-            for c in range(2):
+            for c in range(3):
                 for seq, events in replay(dealer, next_seq):
                     index.apply(events)
                     next_seq = seq + 1
@@ -137,3 +138,45 @@ def test_host_tier_and_kv_events_across_interleaved_chats(stack: Stack) -> None:
     assert scrape_metric(url, "decode_worker_prefix_cache_host_hit_tokens_total") > 0
     assert scrape_metric(url, "decode_worker_kv_evicted_pages_total", 'pool="full"') > 0
     assert index.orphan_stores == index.unknown_removals == 0
+
+
+WEATHER = {"type": "function", "function": {  # short: every byte is a prompt token here
+    "name": "weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+        "required": ["city"], "additionalProperties": False}}}
+
+
+def test_chat_renders_the_checkpoint_template_and_returns_forced_tool_calls(
+        stack: Stack, family_dir: Callable[[str], Path]) -> None:
+    """/v1/chat/completions renders the checkpoint's own chat template as transformers does
+    (the same prompt tokens); with tools (Qwen3: `<tool_call>` JSON, Llama 3: JSON) a forced
+    call comes back as `message.tool_calls`, parsed as SGLang's parsers parse it."""
+    import transformers
+
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Weather in Paris?"}]
+    calls = stack.family != "gemma3"
+    tools = [WEATHER] if calls else None
+    hf = transformers.AutoTokenizer.from_pretrained(family_dir(stack.family))
+    want = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                  tokenize=True, return_dict=False)
+    pre = stack.prefills["native"]
+    body: dict[str, Any] = {"messages": messages, "max_tokens": 80, "temperature": 0,
+                            "bootstrap_host": "127.0.0.1",
+                            "bootstrap_port": pre.ports["bootstrap"],
+                            "bootstrap_room": random.getrandbits(63)}
+    if calls:
+        body.update(tools=tools, tool_choice="required")
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(http_json, f"{pre.url}/v1/chat/completions", body)
+        out = http_json(f"{stack.decode.url}/v1/chat/completions", body)
+        first.result()
+    assert out["usage"]["prompt_tokens"] == len(want)
+    choice = out["choices"][0]
+    if not calls:
+        assert choice["message"]["content"] is not None
+        return
+    assert choice["finish_reason"] == "tool_calls", choice
+    call = choice["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "weather"
+    assert set(json.loads(call["function"]["arguments"])) == {"city"}

@@ -1,5 +1,6 @@
 """Chat templates of the tiny random models of each family (`tiny.py`): shortened forms of the
-templates the real checkpoints ship, with the same turn markers and the same tool-call and
+templates the real checkpoints ship (every byte is a token of the tiny models, so the tool
+instructions are cut to a line), with the same turn markers and the same tool-call and
 reasoning syntax, so the API's parsers meet what the real models produce:
 
 - Qwen3 (ChatML): `<|im_start|>role\\n...<|im_end|>`, reasoning in `<think>...</think>`, tools
@@ -18,17 +19,10 @@ QWEN3_TEMPLATE = """\
 {% if messages[0].role == 'system' %}{{ messages[0].content }}
 
 {% endif %}# Tools
-
-You may call one or more functions to assist with the user query.
-
-You are provided with function signatures within <tools></tools> XML tags:
 <tools>
 {% for tool in tools %}{{ tool | tojson }}
 {% endfor %}</tools>
-
-For each function call, return a json object with function name and arguments within \
-<tool_call></tool_call> XML tags:
-<tool_call>
+Call: <tool_call>
 {"name": <function-name>, "arguments": <args-json-object>}
 </tool_call><|im_end|>
 {% elif messages[0].role == 'system' %}
@@ -77,12 +71,7 @@ LLAMA3_TEMPLATE = """\
 .index('user') and tools %}
 <|start_header_id|>user<|end_header_id|>
 
-Given the following functions, please respond with a JSON for a function call with its proper \
-arguments that best answers the given prompt.
-
-Respond in the format {"name": function name, "parameters": dictionary of argument name and \
-its value}. Do not use variables.
-
+Answer with {"name": function name, "parameters": arguments} calling one of:
 {% for tool in tools %}{{ tool | tojson }}
 
 {% endfor %}{{ message.content | trim }}<|eot_id|>

@@ -71,3 +71,29 @@ def test_formats_are_found_by_the_tokenizers_special_tokens(
         tokenizers: dict[str, Tokenizer]) -> None:
     assert TextFormat.of(tokenizers["qwen3"]) == TextFormat(True, "qwen25")
     assert TextFormat.of(tokenizers["llama"]) == TextFormat(False, "llama3")
+
+
+TOOL = {"type": "function", "function": {"name": "lookup", "description": "Find <x> & 'y'",
+                                         "parameters": {"type": "object", "properties": {
+                                             "q": {"type": "string"}}, "required": ["q"]}}}
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi café"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "lookup", "arguments": {"q": "x"}}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "lookup", "content": "42"}]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama", "gemma3"])
+def test_chat_templates_render_as_transformers_renders_them(
+        family: str, tmp_path: Path) -> None:
+    """The checkpoint's own template through this worker's renderer and through transformers'
+    `apply_chat_template` give the same text (tools and tool turns included)."""
+    transformers = pytest.importorskip("transformers")
+    from decode_worker.device.model.tiny import write_tokenizer
+
+    write_tokenizer(tmp_path, family, 4096)
+    ours = Tokenizer.from_dir(tmp_path)
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    chat = CHAT if family != "gemma3" else CHAT[:2]
+    tools = [TOOL] if family != "gemma3" else None
+    want = hf.apply_chat_template(chat, tools=tools, add_generation_prompt=True, tokenize=False)
+    assert ours.apply_chat_template(chat, tools=tools) == want

@@ -11,7 +11,6 @@ from typing import Any
 from decode_worker.device.model.families.common import Family
 from decode_worker.device.model.registry import FAMILIES
 
-PROTOCOLS = ("native", "sglang")  # both reference prefill peers serve every family
 COLUMNS = ("family", "architectures (model_type)", "KV layout", "prefill protocols",
            "decode backends", "example")
 
@@ -20,14 +19,14 @@ def describe(family: Family) -> dict[str, Any]:
     """One family's row (the JSON form of `decode-worker models --json`)."""
     return {"family": family.name, "architectures": list(family.architectures),
             "model_types": list(family.model_types), "kv_layout": family.kv_layout,
-            "prefill_protocols": list(PROTOCOLS), "backends": list(family.backends),
+            "prefill_protocols": list(family.protocols), "backends": list(family.backends),
             "reads": list(family.reads), "example": family.example}
 
 
 def table() -> str:
     """The families as a text table, then what each reads."""
     rows = [(f.name, f"{', '.join(f.architectures)} ({', '.join(f.model_types)})",
-             f.kv_layout, ", ".join(PROTOCOLS), ", ".join(f.backends), f.example)
+             f.kv_layout, ", ".join(f.protocols), ", ".join(f.backends), f.example)
             for f in FAMILIES]
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True)).rstrip(),

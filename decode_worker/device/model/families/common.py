@@ -29,6 +29,7 @@ class Family:
     example: str = ""
     kv_layout: str = "full pool only"
     backends: tuple[str, ...] = ("torch", "triton attention")
+    protocols: tuple[str, ...] = ("native", "sglang")  # prefill protocols that serve it
 
 
 class Fields:

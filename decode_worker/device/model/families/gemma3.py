@@ -62,7 +62,8 @@ def read_config(raw: dict[str, Any], source: str) -> ModelConfig:
         final_logit_softcapping=f.optional_float("final_logit_softcapping"),
         max_position_embeddings=f.integer("max_position_embeddings", 131072),
         tie_word_embeddings=f.flag("tie_word_embeddings", True), eos_token_ids=f.eos_ids(),
-        torch_dtype=f.torch_dtype(), fp8_block=f.fp8_block())
+        torch_dtype=f.torch_dtype(), fp8_block=f.fp8_block(),
+        sglang_ordinary=not f.flag("is_hybrid_swa", False))
     cfg.check(source)
     return cfg
 
@@ -86,4 +87,5 @@ def tiny_config(vocab_size: int) -> dict[str, Any]:
 
 FAMILY = Family("gemma3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
                 ("gemma3_text", "gemma3"), READS, read_config, tiny_config,
-                "google/gemma-3-27b-it", "full + SWA pools (SWA: window only)")
+                "google/gemma-3-27b-it", "full + SWA pools (SWA: window only)",
+                protocols=("native",))  # SGLang lays it out with full KV in every layer

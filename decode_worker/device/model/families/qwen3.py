@@ -25,8 +25,10 @@ def qwen3_fields(f: Fields, family: str) -> dict[str, Any]:
     start = f.integer("max_window_layers", layers, minimum=0)
     types = [SLIDING if window is not None and i >= start else FULL for i in range(layers)]
     fields = dense_fields(f, family, types)
+    sliding = SLIDING in fields["layer_types"]
+    # SGLang keeps full KV in every layer of a Qwen model with sliding layers, as for Gemma 3
     fields.update(head_dim=f.integer("head_dim", 128), qk_norm=True,
-                  sliding_window=window if SLIDING in fields["layer_types"] else None)
+                  sliding_window=window if sliding else None, sglang_ordinary=sliding)
     return fields
 
 

@@ -31,10 +31,13 @@ from decode_worker.core.request import RequestState
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.decode.batch import RunningBatch
 from decode_worker.daemon.decode.bridge import AddRequest, Event, Outbox
+from decode_worker.daemon.decode.fetcher import AuxRows, KVFetcher
 from decode_worker.daemon.decode.requests import RequestTable
 from decode_worker.daemon.decode.stepper import DecodeStepper, sample_kind
+from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.decode_slots import DecodeSlots, HostTokens
 from decode_worker.device.sampler import Sampler
+from decode_worker.device.sglang_aux import SglangAuxBuffers
 from decode_worker.io.kv.peer import ReceiverStats, TransferEvent
 from decode_worker.utils.mathx import cdiv
 
@@ -164,16 +167,20 @@ def running_stepper(runner: Any, bs: int, ctx: int, overlap: bool, *, page_size:
                                               decode_reserve_tokens=0))
     alloc = DecodeAllocator(kv_ctx)
     batch = RunningBatch(runner.new_slots(bs), alloc, sample_kind)
-    table = RequestTable(kv_ctx, queue, alloc, _NoTransfers(), SinkOutbox(keep_events), batch)
-    stepper = DecodeStepper(table, queue, alloc, runner, Sampler("cpu", seed=0), overlap=overlap)
+    sampler = Sampler("cpu", seed=0)
+    fetcher = KVFetcher(FakeIdleReceiver(), AuxRows(AuxBuffer(1), SglangAuxBuffers(1)),  # type: ignore[arg-type]
+                        kv_ctx, runner, sampler)
+    table = RequestTable(kv_ctx, queue, alloc, _NoTransfers(), fetcher, SinkOutbox(keep_events),
+                         batch)
+    stepper = DecodeStepper(table, queue, alloc, runner, sampler, overlap=overlap)
     params = params or SamplingParams(max_new_tokens=1 << 20, temperature=0, ignore_eos=True)
     per_req = params if isinstance(params, list) else [params] * bs
     for i in range(bs):
         n_tok = ctx - i % page_size if stagger else ctx
         prompt = [(i * 7 + j) % 200 + 3 for j in range(n_tok)]
         lp, top = logprobs[i] if logprobs else (False, 0)
-        live = table.add(AddRequest(f"r{i}", prompt, per_req[i], lp, None, None, None, 0.0,
-                                    top_logprobs=top), frozenset(), 0.0)
+        live = table.register(AddRequest(f"r{i}", prompt, per_req[i], lp, None, None, None,
+                                         0.0, top_logprobs=top), frozenset())
         swa_start, n = kv_ctx.swa_start(n_tok), cdiv(n_tok, page_size)
         swa_ids = [0] * (swa_start // page_size) + swa.alloc(n - swa_start // page_size)
         kv = ReqKV(list(prompt), full.alloc(n), swa_ids, swa_start=swa_start)

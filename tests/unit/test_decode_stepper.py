@@ -14,6 +14,7 @@ import torch
 from decode_worker.core.request import RequestState
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.decode.bridge import Ended, Tokens, per_request
+from decode_worker.daemon.decode.parking import Wait
 from decode_worker.daemon.decode.stepper import DecodeStepper
 from decode_worker.device.sampler import ParamsBatch
 from tests.fakes.fake_device import FakeDeviceRunner, SinkOutbox, running_stepper
@@ -137,10 +138,14 @@ def test_pages_of_a_request_ended_under_a_launched_step_wait_for_that_step() -> 
         table.end(live, "client_abort", "aborted: client_abort", time.monotonic())
         assert "r0" not in table.lives and live not in stepper.batch
         if overlap:
-            assert [lv for lv, _, _ in table.settling] == [live] and full.num_free == free
+            steps = table.parked.at(Wait.STEPS)
+            assert [r.live for r in steps] == [live] and full.num_free == free
             assert live.req in table.holders()
+            table.poll(time.monotonic())  # the step is not waited for: nothing moves
+            assert full.num_free == free
             stepper.step(time.monotonic())  # waits for the launched step
-        assert not table.settling and full.num_free == free + held
+            table.poll(time.monotonic())
+        assert not table.parked.has(Wait.STEPS) and full.num_free == free + held
         assert live.req.state is RequestState.ABORTED
 
 

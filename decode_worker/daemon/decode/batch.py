@@ -104,6 +104,7 @@ class RunningBatch:
         self._count = 0
         self._kinds: Counter[SampleKind] = Counter()  # members by kind
         self.version = 0  # bumped at every join and leave
+        self.steps_done = 0  # launched steps waited for (the stepper counts them)
         self.logprob_members = 0  # members that want logprobs (none: a step skips them)
 
     # -- membership ------------------------------------------------------------------------------

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Protocol
 
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PoolStats
 from decode_worker.core.request import RequestState, held_page_ids
 from decode_worker.core.stats import QueueSizes
-from decode_worker.daemon.decode.fetcher import KVFetcher
 from decode_worker.daemon.decode.host_tier import HostTier
+from decode_worker.daemon.decode.parking import Wait
 from decode_worker.daemon.decode.requests import RequestTable
 from decode_worker.daemon.decode.stepper import DecodeStepper
 from decode_worker.io.api.backend import FlushResult, Load
@@ -26,6 +27,15 @@ from decode_worker.io.kv.peer import ReceiverStats
 from decode_worker.io.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+
+class ReceiverView(Protocol):
+    """What the books read of the KV receiver: its counts and its peers by protocol."""
+
+    @property
+    def stats(self) -> ReceiverStats: ...
+
+    def peers_by_protocol(self) -> dict[str, int]: ...
 
 
 def receiver_totals(stats: ReceiverStats) -> dict[str, int | dict[str, int]]:
@@ -44,11 +54,10 @@ PUBLISH_EVERY_S = 0.005
 class Books:
     """Metrics, gauges, load, flush and integrity over the engine's parts."""
 
-    def __init__(self, kv_ctx: KVContext, table: RequestTable, fetcher: KVFetcher,
-                 stepper: DecodeStepper, metrics: Metrics) -> None:
-        self.kv_ctx, self.table, self.fetcher, self.stepper = kv_ctx, table, fetcher, stepper
-        self.metrics = metrics
-        self.host_tier: HostTier | None = None  # set by the engine when the host tier is on
+    def __init__(self, kv_ctx: KVContext, table: RequestTable, receiver: ReceiverView,
+                 stepper: DecodeStepper, metrics: Metrics, host_tier: HostTier | None) -> None:
+        self.kv_ctx, self.table, self.receiver, self.stepper = kv_ctx, table, receiver, stepper
+        self.metrics, self.host_tier = metrics, host_tier
         # the host tier's last published pages and counters (read from the event loop: an
         # immutable dict swapped whole, as `load`)
         self.host_live: dict[str, int] = {}
@@ -133,11 +142,12 @@ class Books:
     def queue_sizes(self) -> QueueSizes:
         # requests still learning their peer's protocol wait before the prealloc queue: count
         # them with it
-        return QueueSizes(prealloc=self.table.queue.num_queued + len(self.fetcher.resolving),
-                          transfer=self.fetcher.num_in_flight, running=len(self.table.running))
+        table = self.table
+        return QueueSizes(prealloc=table.queue.num_queued + table.parked.count(Wait.PEER),
+                          transfer=table.num_fetching, running=len(table.running))
 
     def _publish_counts(self) -> None:
-        st, table, rx = self.kv_ctx.stats, self.table, self.fetcher.receiver.stats
+        st, table, rx = self.kv_ctx.stats, self.table, self.receiver.stats
         aborts = dict(table.aborts_total)
         for reason, n in st.aborts_total.items():
             aborts[reason] = aborts.get(reason, 0) + n
@@ -156,7 +166,7 @@ class Books:
             **receiver_totals(rx),
         })
         self.metrics.observe_transfer_samples(rx.take_samples())
-        self.metrics.set_peers(self.fetcher.receiver.peers_by_protocol())
+        self.metrics.set_peers(self.receiver.peers_by_protocol())
 
     def flush_cache(self) -> FlushResult:
         """Evict every tree entry no request holds (full values with their SWA values, then SWA

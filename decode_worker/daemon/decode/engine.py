@@ -54,7 +54,7 @@ from decode_worker.device.host_pool import RestoreFailed
 from decode_worker.device.sampler import Sampler
 from decode_worker.device.sglang_aux import SglangAuxBuffers
 from decode_worker.device.tokenizer import Tokenizer
-from decode_worker.errors import DecodeWorkerError, ServiceUnavailable
+from decode_worker.errors import DecodeWorkerError
 from decode_worker.io.kv.router import ProtocolRouter
 from decode_worker.io.kv_events.config import parse_kv_events_config
 from decode_worker.io.kv_events.hub import KvEventHub
@@ -121,17 +121,17 @@ class DecodeEngine:
         self.inbox = Inbox()
         batch = RunningBatch(rt.runner.new_slots(sched.max_running_requests), decode_alloc,
                              sample_kind)
+        self.fetcher = KVFetcher(self.receiver, AuxRows(aux, sglang_aux), self.kv_ctx,
+                                 rt.runner, sampler)
         self.table = RequestTable(self.kv_ctx, self.queue, decode_alloc, self.receiver,
-                                  outbox or Outbox.unbound(), batch)
-        self.fetcher = KVFetcher(self.receiver, AuxRows(aux, sglang_aux), self.table, rt.runner,
-                                 sampler)
+                                  self.fetcher, outbox or Outbox.unbound(), batch)
         self.stepper = DecodeStepper(self.table, self.queue, decode_alloc, rt.runner, sampler,
                                      overlap=sched.overlap_schedule)
-        self.books = Books(self.kv_ctx, self.table, self.fetcher, self.stepper, metrics)
+        self.books = Books(self.kv_ctx, self.table, self.receiver, self.stepper, metrics,
+                           self.host_tier)
         # the one KV-event log: the ZMQ publisher and in-process (gRPC) subscribers read it
         self.kv_events = (KvEventHub(self.kv_events_config.buffer_steps,
                                      load=lambda: self.books.load) if events_on else None)
-        self.books.host_tier = self.host_tier
         self._eos_ids = frozenset(rt.tokenizer.eos_token_ids)
         self._drain_deadline: float | None = None
         self._stopping = False
@@ -205,20 +205,17 @@ class DecodeEngine:
         Without a batch to run it blocks on the inbox first: `_WAITING_S` while requests wait
         (a transfer's end is polled, not signalled), `_IDLE_WAIT_S` when idle."""
         table = self.table
-        waiting = (self.fetcher.num_in_flight or self.queue.num_queued or self.fetcher.resolving
-                   or self.table.restoring)
         busy = table.running or self.stepper.busy
+        waiting = table.parked or self.queue.num_queued
         wait_s = 0.0 if busy else _WAITING_S if waiting else _IDLE_WAIT_S
         for cmd in self.inbox.get_all(wait_s):
             self.handle(cmd, now)
         now = time.monotonic()  # the inbox wait may have blocked
-        self.fetcher.poll(now)
+        table.poll(now)
         if self.host_tier is not None:
             self.host_tier.poll(now)
-        if self.fetcher.resolving:
-            self._resolve(now)
         self._admit(now)
-        for live in table.ready():
+        for live in table.take_ready():
             self.stepper.start(live, now)
         if table.running or self.stepper.busy:  # busy: a launched step to commit (overlap)
             self.stepper.step(now)
@@ -241,12 +238,13 @@ class DecodeEngine:
         elif isinstance(cmd, Drain):
             self._drain_deadline = now + cmd.grace_s
         elif isinstance(cmd, FlushCache):
+            self.table.poll(now)  # ended requests whose pages are free by now leave first
             self.outbox.put(CacheFlushed(cmd.token, self.books.flush_cache()))
         elif isinstance(cmd, Shutdown):
             self._stopping = True
 
     def _add(self, cmd: AddRequest, now: float) -> None:
-        live = self.table.add(cmd, self._eos_ids, now)
+        live = self.table.register(cmd, self._eos_ids)
         vocab = self.rt.runner.model.cfg.vocab_size
         bad = [t for t in cmd.input_ids if not 0 <= t < vocab]
         if bad or not cmd.input_ids:
@@ -259,29 +257,10 @@ class DecodeEngine:
             self.table.end(live, "bad_request", f"bad prefill peer address {host!r}:{port} "
                            "(bootstrap_host, bootstrap_port)", now)
             return
-        if live.has_peer:
-            self.fetcher.wait_for_peer(live, now)  # queued once its peer's protocol is known
-            self._resolve(now)
-            return
-        self._enqueue(live, now)
-
-    def _resolve(self, now: float) -> None:
-        """Queue the requests whose peer's protocol became known (or end them when the peer
-        cannot serve them)."""
-        for live, refusal in self.fetcher.resolve():
-            if refusal is not None:
-                self.table.end(live, *refusal, now, failed=True)
-            else:
-                self._enqueue(live, now)
-
-    def _enqueue(self, live: LiveRequest, now: float) -> None:
-        try:
-            ab = self.queue.add(live.req, now)
-        except ServiceUnavailable as exc:  # the prealloc queue is full
-            self.table.end(live, "queue_full", str(exc), now)
-            return
-        if ab is not None:
-            self.table.end_decided(ab, now)
+        if live.has_peer:  # queued once its peer's protocol is known (this step's poll)
+            self.table.wait_for_peer(live, now)
+        else:
+            self.table.enqueue(live, now)
 
     def _cancel(self, live: LiveRequest, reason: str, now: float) -> None:
         """Client abort, stop string ("stop": the request finished, wherever it is) or drain."""
@@ -303,7 +282,7 @@ class DecodeEngine:
             if self.host_tier is not None and not self._restore(live, d, now):
                 continue
             try:
-                self.fetcher.fetch(live, d, now)
+                self.table.fetch(live, d, now)
             except DecodeWorkerError as exc:  # this request's inputs, not the engine
                 log.warning("rid=%s failed to start: %s", live.rid, exc)
                 self.table.end(live, "bad_request", str(exc), now, failed=True)

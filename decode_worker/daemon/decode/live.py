@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from decode_worker.core.request import DecodeRequest
 from decode_worker.core.sampling import TopLogprobs
@@ -11,6 +11,9 @@ from decode_worker.daemon.decode.bridge import AddRequest, Ended, Tokens
 from decode_worker.device.grammar import GrammarState
 from decode_worker.device.sampler import SampleRow
 from decode_worker.io.api.backend import FinishReason, OutputChunk
+
+if TYPE_CHECKING:
+    from decode_worker.daemon.decode.parking import Parked
 
 
 class PendingRestore(Protocol):
@@ -44,6 +47,7 @@ class LiveRequest:
     ended: Ended | None = None
     emitted: int = 0  # output tokens already sent to the client
     slot: int = 0  # its row of the running batch (0: not running)
+    parked: Parked | None = None  # what it waits for outside the queue and the batch
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)  # when cmd.top_logprobs
     grammar: GrammarState | None = field(default=None, init=False)  # made by the first row

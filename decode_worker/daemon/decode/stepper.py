@@ -23,7 +23,7 @@ dropped. Requests that finish by length are left out of N+1 up front. Logprobs a
 the device beside the tokens and copied with them; a batch with a grammar row samples
 synchronously (the grammar's mask needs the committed tokens). A request that ends while a
 launched step still uses its pages keeps them until that step is waited for
-(`RequestTable.settling`).
+(the request table parks it: STEPS).
 ```
 engine.step k:  [admit, start]  plan N+1 -> launch N+1 -> wait N -> commit N  [publish]
 device:         ...... step N ...... | ........ step N+1 ........
@@ -201,7 +201,7 @@ class DecodeStepper:
         batch, order, out = self.batch, step.order, step.sampled
         tokens = (np.asarray(out.token_ids, np.int64) if out is not None
                   else step.tokens.wait_array())  # type: ignore[union-attr]  # [n]
-        self.table.step_done(now)  # the step is over: pages only it used may go
+        batch.steps_done += 1  # the step is over: pages only it used may go (table.poll)
         rows = None
         if step.version != batch.version:  # some left: ended (a stop token, an abort), retracted
             same = batch.gen[order.slots] == step.gen  # [n] the row's request is still there

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from decode_worker.core.decode_alloc import NEVER, DecodeAllocator
+from decode_worker.core.request import StepCommit
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.device.decode_slots import DecodeSlots
 from decode_worker.device.sampler import ParamsBatch, noise_seed, param_columns
@@ -53,22 +54,23 @@ class SampleKind(enum.IntEnum):
 
 
 class Order:
-    """The batch in row order, as of one membership (cached until a join or leave), with each
-    row's output list and KV token list (a member's lists are never replaced: `join` makes its
-    KV token list its own) for the per-step append."""
+    """The batch in row order, as of one membership (cached until a join or leave), with the
+    core's `StepCommit` over its requests (the one way a step's tokens are committed)."""
 
-    __slots__ = ("kv_tokens", "lives", "outputs", "rids", "slots")
+    __slots__ = ("commit", "lives", "rids", "slots")
 
-    def __init__(self, slots: np.ndarray, lives: list[LiveRequest]) -> None:
+    def __init__(self, slots: np.ndarray, lives: list[LiveRequest],
+                 commit: StepCommit | None = None) -> None:
         self.slots = slots  # [n] i64 rows
         self.lives = lives
         self.rids = [lv.rid for lv in lives]
-        self.outputs = [lv.req.output_ids for lv in lives]
-        self.kv_tokens = [lv.req.kv.token_ids for lv in lives]  # type: ignore[union-attr]
+        self.commit = commit or StepCommit([lv.req for lv in lives])
 
     def subset(self, mask: np.ndarray) -> Order:
         """The rows where `mask` ([n] bool) is set."""
-        return Order(self.slots[mask], list(itertools.compress(self.lives, mask.tolist())))
+        keep = mask.tolist()
+        return Order(self.slots[mask], list(itertools.compress(self.lives, keep)),
+                     self.commit.subset(keep))
 
 
 class RunningBatch:
@@ -131,7 +133,6 @@ class RunningBatch:
         """Give RUNNING `live` a row: its page table, input token and step state."""
         req, kv = live.req, live.req.kv
         assert kv is not None and req.output_ids  # RUNNING holds kv and its next input
-        kv.own_tokens()  # the batch appends to kv.token_ids directly
         slot = self.slots.acquire()
         live.slot, self.lives[slot] = slot, live
         self.gen[slot] += 1  # odd: a member

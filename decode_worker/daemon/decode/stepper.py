@@ -214,9 +214,7 @@ class DecodeStepper:
             self._commit_host(order, tokens, out, rows, now)
             return
         toks = tokens.tolist()
-        for output, kv_tokens, token in zip(order.outputs, order.kv_tokens, toks, strict=True):
-            kv_tokens.append(output[-1])  # the step wrote the KV of the input token
-            output.append(token)
+        order.commit.commit(toks)
         self.generated_tokens_total += len(toks)
         extras = step.tokens.extras()  # type: ignore[union-attr]
         if extras:  # rows with logprobs go out one by one, with them
@@ -240,7 +238,7 @@ class DecodeStepper:
         plain = ~wants
         if plain.any():
             rest = order.subset(plain)
-            self.table.outbox.put(StepTokens(rest.rids, [out[-1] for out in rest.outputs]))
+            self.table.outbox.put(StepTokens(rest.rids, rest.commit.last_tokens()))
         for i in np.flatnonzero(wants).tolist():
             live = order.lives[i]
             live.record_logprobs(lps[i], tops[i])
@@ -252,8 +250,8 @@ class DecodeStepper:
                      rows: np.ndarray | None, now: float) -> None:
         """A host-sampled step (a grammar row): each row's token, logprobs and end."""
         index = range(len(out.token_ids)) if rows is None else rows.tolist()
-        for live, token, i in zip(order.lives, tokens.tolist(), index, strict=True):
-            live.req.append_token(token)
+        order.commit.commit(tokens.tolist())
+        for live, i in zip(order.lives, index, strict=True):
             live.emitted = len(live.req.output_ids) - 1  # stale while fast steps sent tokens
             live.record_logprobs(out.logprobs[i], out.top_logprobs[i])
             self._commit(live, now)

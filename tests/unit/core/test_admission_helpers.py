@@ -9,7 +9,7 @@ from decode_worker.core.decode_alloc import DecodeAllocator
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
-from decode_worker.core.request import DecodeRequest, held_page_ids
+from decode_worker.core.request import DecodeRequest, StepCommit, held_page_ids
 from decode_worker.core.stats import SchedulerStats
 
 PS, WIN = 64, 127
@@ -87,5 +87,5 @@ def run_to_finish(rig: Rig, r: DecodeRequest, steps: int = 1, now: float = 1.0) 
     for i in range(steps):
         plan = rig.dec.prepare_step([r], now)
         assert plan.runnable == [r]
-        r.append_token(i)
+        StepCommit([r]).commit([i])
     rig.dec.finish(r, now)

@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from decode_worker.core.admission import Admit
 from decode_worker.core.radix_node import Node
 from decode_worker.core.req_kv import ReqKV
-from decode_worker.core.request import DecodeRequest, RequestState
+from decode_worker.core.request import DecodeRequest, RequestState, StepCommit
 from decode_worker.core.window import sglang_window_start
 from decode_worker.errors import ServiceUnavailable
 from tests.examples import examples
@@ -103,8 +103,8 @@ class AdmissionMachine(RuleBasedStateMachine):
         plan = self.rig.dec.prepare_step(self.running, self.now)
         self.rig.queue.requeue(plan.retracted, self.now)
         self.running = plan.runnable
+        StepCommit(self.running).commit([tok] * len(self.running))
         for r in list(self.running):
-            r.append_token(tok)
             if len(r.output_ids) >= r.max_new_tokens:
                 self.rig.dec.finish(r, self.now)
                 self.running.remove(r)

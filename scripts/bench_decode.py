@@ -76,7 +76,7 @@ def bench_slots(runner: ModelRunner, prompts: list[list[int]], steps: int
     """`bench_runtime` through the daemon's path: persistent page-table rows and next tokens
     written on the device by the argmax (`decode_slots`), only new pages written per step."""
     ps, dev = runner.pools.page_size, runner.device
-    slots = runner.new_slots(len(prompts))
+    slots = runner.new_inputs(len(prompts))
     ids, seqs, tables, nxt = [], [], [], 1
     for prompt in prompts:
         pages = list(range(nxt, nxt + cdiv(len(prompt) + steps, ps)))
@@ -95,7 +95,7 @@ def bench_slots(runner: ModelRunner, prompts: list[list[int]], steps: int
         for slot, pages, pos in zip(ids, tables, positions, strict=True):
             if pos % ps == 0:  # the page the core just added
                 slots.write_swa(slot, pos // ps, [pages[pos // ps]])
-        logits, slots_t = runner.decode_slots(slots, ids, positions)
+        logits, slots_t = runner.decode_rows(slots, ids, positions)
         chosen = logits.argmax(-1)  # [bs]
         slots.tokens[slots_t] = chosen
         tokens = runner.fetch_tokens(chosen).wait()

@@ -52,12 +52,12 @@ class _TimedRunner:
     def __init__(self, inner: Any) -> None:
         self.inner, self.wait_s, self.wait_cpu_s, self.compute_cpu_s = inner, 0.0, 0.0, 0.0
 
-    def new_slots(self, num_rows: int) -> Any:
-        return self.inner.new_slots(num_rows)
+    def new_inputs(self, num_rows: int) -> Any:
+        return self.inner.new_inputs(num_rows)
 
-    def decode_slots(self, slots: Any, slot_ids: list[int], positions: list[int]) -> Any:
+    def decode_rows(self, inputs: Any, rows: list[int], positions: list[int]) -> Any:
         t0, cpu0 = time.perf_counter(), time.thread_time()
-        out = self.inner.decode_slots(slots, slot_ids, positions)
+        out = self.inner.decode_rows(inputs, rows, positions)
         self.wait_s += time.perf_counter() - t0
         self.wait_cpu_s += time.thread_time() - cpu0
         return out

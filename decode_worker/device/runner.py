@@ -24,8 +24,8 @@ from decode_worker.device.attention_backend import (
     resolve_attention_backend,
 )
 from decode_worker.device.cuda_graph import CudaGraphDecoder, GraphBackend, capture_widths
-from decode_worker.device.decode_slots import (
-    DecodeSlots,
+from decode_worker.device.decode_inputs import (
+    DecodeInputs,
     HostTokens,
     check_page_ids,
     swa_ring_width,
@@ -56,9 +56,9 @@ class DecodeRunner(Protocol):
     """What the decode stepper needs of a runner: `ModelRunner`, or a test/benchmark stand-in
     (`tests/fakes/fake_device.py`)."""
 
-    def new_slots(self, num_rows: int) -> DecodeSlots: ...
+    def new_inputs(self, num_rows: int) -> DecodeInputs: ...
 
-    def decode_slots(self, slots: DecodeSlots, slot_ids: Sequence[int] | np.ndarray,
+    def decode_rows(self, inputs: DecodeInputs, rows: Sequence[int] | np.ndarray,
                      positions: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         ...
 
@@ -140,29 +140,29 @@ class ModelRunner:
         check_page_ids(swa_page_ids[:need], self.pools.num_pages["swa"], "swa")
         return need
 
-    def new_slots(self, num_rows: int) -> DecodeSlots:
-        """Persistent decode inputs for up to `num_rows` running requests (`decode_slots`)."""
+    def new_inputs(self, num_rows: int) -> DecodeInputs:
+        """Persistent decode inputs for up to `num_rows` running requests (`decode_rows`)."""
         pools = self.pools
-        return DecodeSlots(num_rows, self.max_pages, self.window, pools.page_size,
+        return DecodeInputs(num_rows, self.max_pages, self.window, pools.page_size,
                            (pools.num_pages["full"], pools.num_pages["swa"]), self.device)
 
     @torch.inference_mode()
-    def decode_slots(self, slots: DecodeSlots, slot_ids: Sequence[int] | np.ndarray,
+    def decode_rows(self, inputs: DecodeInputs, rows: Sequence[int] | np.ndarray,
                      positions: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step for the requests in rows `slot_ids` of `slots`, each at `positions[i]`,
-        its input token `slots.tokens[slot]`. The caller keeps the rows' tables covering the
+        """One step for the requests in `rows` of `inputs`, each at `positions[i]`, its input
+        token `inputs.tokens[row]`. The caller keeps the rows' tables covering the
         positions (SWA: the window) and page ids are checked when written, not here.
 
-        Returns (logits [bs, V] f32, slot ids [bs] i64 on the device). The logits may be the
+        Returns (logits [bs, V] f32, row ids [bs] i64 on the device). The logits may be the
         graph's static output: valid until the next decode call (sample before it).
         """
-        slots.flush()
-        slot_a, pos_a = np.asarray(slot_ids, np.int64), np.asarray(positions, np.int64)
-        bs, width = len(slot_a), int(pos_a.max()) // self.pools.page_size + 1
-        both = slots.to_device(np.concatenate((slot_a, pos_a)))  # [2 bs] i64: slots, positions
-        slots_t, positions_t = both[:bs], both[bs:]  # [bs] each
-        tokens, full_t, swa_t = slots.gather(slots_t, width)  # [bs], [bs, width], [bs, ring]
-        return self._run(tokens, positions_t, full_t, swa_t), slots_t
+        inputs.flush()
+        row_a, pos_a = np.asarray(rows, np.int64), np.asarray(positions, np.int64)
+        bs, width = len(row_a), int(pos_a.max()) // self.pools.page_size + 1
+        both = inputs.to_device(np.concatenate((row_a, pos_a)))  # [2 bs] i64: rows, positions
+        rows_t, positions_t = both[:bs], both[bs:]  # [bs] each
+        tokens, full_t, swa_t = inputs.gather(rows_t, width)  # [bs], [bs, width], [bs, ring]
+        return self._run(tokens, positions_t, full_t, swa_t), rows_t
 
     def fetch_tokens(self, chosen: torch.Tensor, extras: tuple[torch.Tensor, ...] = ()
                      ) -> HostTokens:
@@ -181,7 +181,7 @@ class ModelRunner:
     def decode(self, batch: DecodeBatch) -> torch.Tensor:
         """One step for every request of `batch`: logits [bs, V] float32 (row i = request i).
 
-        Page lists are checked and converted on every call: the daemon uses `decode_slots`."""
+        Page lists are checked and converted on every call: the daemon uses `decode_rows`."""
         bs = len(batch.token_ids)
         if not bs or not (bs == len(batch.positions) == len(batch.full_page_tables)
                           == len(batch.swa_page_tables)):

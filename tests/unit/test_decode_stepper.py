@@ -94,7 +94,7 @@ def test_a_stop_token_ends_each_request_at_its_first_occurrence(overlap: bool) -
         else:
             assert ended[rid].reason == "length" and len(got) == 30 and stop not in got, rid
     assert ended["r0"].reason == "stop" and sent["r0"] == seqs["r0"][:7]
-    assert not stepper.batch and stepper.batch.slots.num_free == 6  # every row came back
+    assert not stepper.batch and stepper.batch.inputs.num_free == 6  # every row came back
 
 
 def test_the_batch_samples_with_the_parameters_of_each_request() -> None:
@@ -112,9 +112,9 @@ def test_the_batch_samples_with_the_parameters_of_each_request() -> None:
         stepper.step(time.monotonic())
     batch = stepper.batch
     order = batch.order()
-    ahead = batch.ahead[order.slots]
+    ahead = batch.ahead[order.rows]
     assert ahead.tolist() == [1] * len(params)  # overlapped: a step is in flight
-    got = batch.sample_params(order.slots, ahead, 64, torch.device("cpu"))
+    got = batch.sample_params(order.rows, ahead, 64, torch.device("cpu"))
     rows = [replace(lv.sample_row(), step=len(lv.req.output_ids) + 1) for lv in order.lives]
     want = ParamsBatch.of_rows(rows, 64, torch.device("cpu"))
     for name in ("temperature", "top_k", "top_p", "min_p", "greedy"):

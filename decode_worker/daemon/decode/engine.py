@@ -119,7 +119,7 @@ class DecodeEngine:
             kv_timeout_s=sched.kv_timeout_s)
         sampler = Sampler(rt.pools.device)
         self.inbox = Inbox()
-        batch = RunningBatch(rt.runner.new_slots(sched.max_running_requests), decode_alloc,
+        batch = RunningBatch(rt.runner.new_inputs(sched.max_running_requests), decode_alloc,
                              sample_kind)
         self.fetcher = KVFetcher(self.receiver, AuxRows(aux, sglang_aux), self.kv_ctx,
                                  rt.runner, sampler)

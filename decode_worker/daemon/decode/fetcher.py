@@ -100,7 +100,7 @@ class KVFetcher:
         except BaseException:
             self._free_rows.append(row)
             raise
-        live.transfer_id, live.aux_slot = tid, row
+        live.transfer_id, live.aux_row = tid, row
         req.transition(RequestState.RECEIVING, now)
 
     def events(self) -> list[TransferEvent]:
@@ -109,7 +109,7 @@ class KVFetcher:
     def transfer_over(self, live: LiveRequest, ev: TransferEvent) -> FirstToken | None:
         """`live`'s transfer stopped ("done" or "released"): its id and aux row are free. For
         "done", the first token as its aux row holds it (None: missing, or another room's)."""
-        row, live.transfer_id, live.aux_slot = live.aux_slot, None, None
+        row, live.transfer_id, live.aux_row = live.aux_row, None, None
         if row is None:
             return None
         self._free_rows.append(row)  # not reused before it is read below

@@ -1,4 +1,4 @@
-"""Persistent decode inputs (`DecodeSlots`, `ModelRunner.decode_slots`): the same logits as the
+"""Persistent decode inputs (`DecodeInputs`, `ModelRunner.decode_rows`): the same logits as the
 page-list path, eager and through the graph path, across page edges and the SWA window; bad
 page ids refused when written."""
 
@@ -47,7 +47,7 @@ def decode_both_ways(runner_of: Callable[[], ModelRunner], lengths: list[int], s
             nxt += len(pages)
             tables.append(pages)
             seqs.append([*p, int(runner.prefill(p, pages, pages).argmax())])
-        slots = runner.new_slots(len(prompts) + 1)
+        slots = runner.new_inputs(len(prompts) + 1)
         ids = [slots.acquire() for _ in prompts]
         for slot, pages, s in zip(ids, tables, seqs, strict=True):
             slots.write_full(slot, 0, pages)
@@ -60,7 +60,7 @@ def decode_both_ways(runner_of: Callable[[], ModelRunner], lengths: list[int], s
                 for slot, pages, pos in zip(ids, tables, positions, strict=True):
                     if pos % PAGE == 0:  # a new page: the daemon writes it when it is added
                         slots.write_swa(slot, pos // PAGE, [pages[pos // PAGE]])
-                logits, slots_t = runner.decode_slots(slots, ids, positions)
+                logits, slots_t = runner.decode_rows(slots, ids, positions)
                 chosen = logits.argmax(-1)
                 slots.tokens[slots_t] = chosen  # the next step reads these on the device
                 out.append(logits.clone())
@@ -85,7 +85,7 @@ def test_slots_path_equals_the_page_list_path(model: GptOssModel, graphs: bool) 
 
 def test_slots_refuse_bad_page_ids_and_reuse_released_rows(model: GptOssModel) -> None:
     runner = runner_for(model, False)
-    slots = runner.new_slots(2)
+    slots = runner.new_inputs(2)
     a, b = slots.acquire(), slots.acquire()
     assert {a, b} == {1, 2}  # row 0 is the dummy row
     with pytest.raises(PageError, match="every row"):
@@ -113,7 +113,7 @@ def test_a_flush_applies_the_last_write_of_an_entry_written_twice(model: GptOssM
     """A freed row reused in the same step, an SWA ring column written for two pages: the
     entry ends with the value queued last (a scatter with repeated indices is unordered on
     CUDA, so the flush drops the earlier writes)."""
-    slots = runner_for(model, False).new_slots(2)
+    slots = runner_for(model, False).new_inputs(2)
     row = slots.acquire()
     slots.write_swa(row, 0, [5])
     slots.write_full(row, 3, [4])

@@ -109,13 +109,13 @@ def reserved_kv(ctx: KVContext, req: DecodeRequest, r: Reuse, keys: list[PageKey
     """The `ReqKV` of an admission by plan `r` with the new pages: the reused prefix (locked)
     then `new_full`; SWA 0 below the window start, the tree's live pages, then `new_swa`. Its
     tokens are the prompt itself while that is the whole fill (`ReqKV.shares_tokens`: no copy)
-    and its keys a copy of the request's (the `ReqKV` extends its own as it decodes)."""
+    and its keys the request's own cached list: both are the keys of the same growing token
+    sequence (`fill_ids` is `kv.token_ids`), so they are cached once and extended by either."""
     ps = ctx.page_size
     swa_ids = [0] * (r.swa_start // ps) + r.tree_swa + new_swa if ctx.swa is not None else []
     tokens, shared = req.kv_tokens()
     kv = ReqKV(tokens, r.full_ids + new_full, swa_ids, r.swa_start, r.device_prefix, r.lock,
-               keys[:],
-               shares_tokens=shared)
+               keys, shares_tokens=shared)
     if ctx.swa is not None and r.fresh_from < r.device_prefix:  # the tail starts in the prefix
         kv.swa_owned_from = r.fresh_from
     return kv

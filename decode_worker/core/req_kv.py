@@ -35,7 +35,8 @@ class ReqKV:
       live SWA entries at or past it; below it they are the tree's (or 0). It is below
       `cache_protected_len` only between admission and the first insert into the tree.
     - `page_keys` caches the page keys of `token_ids` (computed once, extended as tokens are
-      appended; reset it if `token_ids` is ever rewritten other than by appending).
+      appended; reset it if `token_ids` is ever rewritten other than by appending). Admission
+      hands it the request's own list (`DecodeRequest.page_keys`): one cache per request.
     - `shares_tokens`: `token_ids` is the request's own prompt list (admission copies nothing:
       a 1,000-token copy per admission was most of a pass's cost, in the copy and in garbage
       collection of it); `request.StepCommit` copies it before the first decode step appends.

@@ -17,6 +17,7 @@ from decode_worker.daemon.decode.bridge import (
     EngineDead,
     FlushCache,
     Inbox,
+    PromptTotals,
     StepTokens,
     Tokens,
 )
@@ -85,13 +86,13 @@ def test_step_tokens_reach_each_stream_with_its_totals_and_end_in_one_chunk() ->
         got: dict[str, list[OutputChunk]] = {"a": [], "b": []}
         firsts = {rid: asyncio.ensure_future(s.__anext__()) for rid, s in streams.items()}
         await asyncio.sleep(0)
-        backend.deliver([Tokens("a", OutputChunk([7], prompt_tokens=3, cached_tokens=2,
-                                                 host_cached_tokens=1)),
-                         Tokens("b", OutputChunk([8], prompt_tokens=3, cached_tokens=0))])
+        backend.deliver([Tokens("a", OutputChunk([7]), PromptTotals(3, 2, 1)),
+                         Tokens("b", OutputChunk([8]), PromptTotals(3, 0))])
         for rid, first in firsts.items():
             got[rid].append(await first)
         backend.deliver([StepTokens(["a", "b"], [9, 10])])
-        backend.deliver([StepTokens(["b", "a"], [11, 12]), Ended("a", "length", "", None, 3, 2, 1)])
+        backend.deliver([StepTokens(["b", "a"], [11, 12]),
+                         Ended("a", "length", "", None, PromptTotals(3, 2, 1))])
         for rid, stream in streams.items():
             async for chunk in stream:
                 got[rid].append(chunk)

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.decode.backend import BackendInfo, DecodeBackend
-from decode_worker.daemon.decode.bridge import AddRequest, Ended, Inbox, RefuseRequest, Tokens
+from decode_worker.daemon.decode.bridge import (
+    AddRequest,
+    Ended,
+    Inbox,
+    PromptTotals,
+    RefuseRequest,
+    Tokens,
+)
 from decode_worker.errors import QueueFull
 from decode_worker.io.api.backend import GenerateInput, Load, OutputChunk
 from decode_worker.io.api.targets import Target
@@ -49,7 +56,7 @@ async def play(max_queued: int, ops: list[tuple[str, int]]) -> int:
                 waiting[rid] = (it, task)
         elif op == "start" and waiting:
             rid = sorted(waiting)[k % len(waiting)]
-            backend.deliver([Tokens(rid, OutputChunk([7], prompt_tokens=2))])
+            backend.deliver([Tokens(rid, OutputChunk([7]), PromptTotals(2))])
             running[rid] = waiting.pop(rid)
             assert (await running[rid][1]).token_ids == [7]
         elif op == "end" and (waiting or running):

@@ -25,6 +25,7 @@ from decode_worker.daemon.decode.bridge import (
     FinishRequest,
     FlushCache,
     Inbox,
+    PromptTotals,
     RefuseRequest,
     StepTokens,
     Tokens,
@@ -75,8 +76,7 @@ class DecodeBackend:
         self._load = load
         self._queues: dict[str, asyncio.Queue[OutputChunk]] = {}
         self._waiting: set[str] = set()  # rids in `_queues` not yet given a token (queued)
-        # rid -> (prompt, cached, host-cached) tokens, last sent
-        self._totals: dict[str, tuple[int, int, int]] = {}
+        self._totals: dict[str, PromptTotals] = {}  # rid -> the totals last sent
         self._flushes: dict[int, asyncio.Future[FlushResult]] = {}
         self._flush_tokens = itertools.count(1)
         self.announcing = False  # the drain's announce window: /health 503, work still taken
@@ -187,29 +187,24 @@ class DecodeBackend:
                 if done is not None and not done.done():  # else: the caller gave up
                     done.set_result(event.result)
             elif isinstance(event, StepTokens):
-                totals = self._totals
+                totals, none = self._totals, PromptTotals()
                 for rid, token in zip(event.rids, event.token_ids, strict=True):
-                    prompt, cached, host = totals.get(rid, (0, 0, 0))
-                    step_chunk = OutputChunk([token], prompt_tokens=prompt,
-                                             cached_tokens=cached, host_cached_tokens=host)
+                    step_chunk = totals.get(rid, none).stamp(OutputChunk([token]))
                     last[rid] = step_chunk
                     self._put(rid, step_chunk)
             elif isinstance(event, Tokens):  # a request's first token always comes so
-                last[event.rid] = event.chunk
+                chunk = event.totals.stamp(event.chunk)
+                last[event.rid] = chunk
                 self._waiting.discard(event.rid)
                 if event.rid in self._queues:
-                    self._totals[event.rid] = (event.chunk.prompt_tokens,
-                                               event.chunk.cached_tokens,
-                                               event.chunk.host_cached_tokens)
-                self._put(event.rid, event.chunk)
+                    self._totals[event.rid] = event.totals
+                self._put(event.rid, chunk)
             else:
-                chunk = last.get(event.rid) if event.finished else None
-                if chunk is None:  # an error goes alone: the tokens before it stay tokens
-                    chunk = OutputChunk(prompt_tokens=event.prompt_tokens,
-                                        cached_tokens=event.cached_tokens,
-                                        host_cached_tokens=event.host_cached_tokens)
-                    self._put(event.rid, chunk)
-                _end_chunk(chunk, event)
+                end = last.get(event.rid) if event.finished else None
+                if end is None:  # an error goes alone: the tokens before it stay tokens
+                    end = OutputChunk()
+                    self._put(event.rid, end)
+                _end_chunk(end, event)
 
     def _put(self, rid: str, chunk: OutputChunk) -> None:
         queue = self._queues.get(rid)
@@ -273,8 +268,7 @@ class DecodeBackend:
 def _end_chunk(chunk: OutputChunk, ended: Ended) -> None:
     """Make `chunk` the request's last: finished ("stop" / "length") or an error whose reason
     the API layer maps to an HTTP status."""
-    chunk.prompt_tokens, chunk.cached_tokens = ended.prompt_tokens, ended.cached_tokens
-    chunk.host_cached_tokens = ended.host_cached_tokens
+    ended.totals.stamp(chunk)
     if ended.finished:
         chunk.finish_reason = "stop" if ended.reason == "stop" else "length"
         chunk.matched_stop = ended.matched_stop

@@ -173,7 +173,7 @@ class RunningBatch:
         self.version += 1
         self._kinds[SampleKind(int(self.kind[row]))] += sign
         self.logprob_members += sign * _wants_logprobs(live)
-        stops = _stop_ids(live)
+        stops = live.stop_ids
         if sign > 0:
             self._stops.update(stops)
         else:
@@ -233,9 +233,3 @@ class RunningBatch:
 
 def _wants_logprobs(live: LiveRequest) -> bool:
     return live.cmd.return_logprob or live.cmd.top_logprobs > 0
-
-
-def _stop_ids(live: LiveRequest) -> set[int]:
-    """The tokens that may end `live`: its stop tokens, and EOS unless it ignores EOS."""
-    sp = live.cmd.sampling
-    return set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(live.eos_ids))

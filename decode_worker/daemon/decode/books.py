@@ -49,6 +49,12 @@ def receiver_totals(stats: ReceiverStats) -> dict[str, int | dict[str, int]]:
 
 
 PUBLISH_EVERY_S = 0.005
+# of the host tier's counts: those that are Prometheus counters (`decode_worker_host_*_total`),
+# and those `/server_info`'s `host_tier` shows
+_HOST_TOTALS = ("hit_tokens", "restored_tokens", "restored_bytes", "written_bytes",
+                "evicted_pages", "write_failures", "restore_failures", "write_waits")
+_HOST_LIVE = ("hit_tokens", "restored_tokens", "restores_in_flight", "restore_failures",
+              "written_bytes")
 
 
 class Books:
@@ -92,36 +98,30 @@ class Books:
         if ht is None or tree is None:
             return
         st, hst = tree.host_stats_pages(), tree.host_stats
-        seen = (st, self.kv_ctx.stats.host_hit_tokens_total, ht.restored_pages_total,
-                ht.restored_bytes_total, ht.pool.written_bytes_total, ht.restore_failures_total,
-                ht.num_restoring, hst.host_evicted_pages_total, hst.write_failures_total,
-                ht.pool.write_waits_total)
+        counts = {  # the one list of the host tier's counts
+            "hit_tokens": self.kv_ctx.stats.host_hit_tokens_total,
+            "restored_tokens": ht.restored_pages_total * self.kv_ctx.page_size,
+            "restored_bytes": ht.restored_bytes_total,
+            "written_bytes": ht.pool.written_bytes_total,
+            "evicted_pages": hst.host_evicted_pages_total,
+            "write_failures": hst.write_failures_total,
+            "restore_failures": ht.restore_failures_total,
+            "write_waits": ht.pool.write_waits_total,
+            "restores_in_flight": ht.num_restoring,
+        }
+        seen = (st, counts)
         if seen == self._host_published:  # a done restore moved `restored_pages_total`
             return
         self._host_published = seen
         self.metrics.update_pool("host", available=st.available, used=st.total - st.available,
                                  evictable=st.evictable, protected=st.protected, total=st.total)
-        self.metrics.set_totals({
-            "host_hit_tokens": self.kv_ctx.stats.host_hit_tokens_total,
-            "host_restored_tokens": ht.restored_pages_total * self.kv_ctx.page_size,
-            "host_restored_bytes": ht.restored_bytes_total,
-            "host_written_bytes": ht.pool.written_bytes_total,
-            "host_evicted_pages": hst.host_evicted_pages_total,
-            "host_write_failures": hst.write_failures_total,
-            "host_restore_failures": ht.restore_failures_total,
-            "host_write_waits": ht.pool.write_waits_total,
-        })
+        self.metrics.set_totals({f"host_{k}": counts[k] for k in _HOST_TOTALS})
         self.metrics.observe_host_restores(ht.restore_durations_s)
         ht.restore_durations_s.clear()
         self.host_live = {
             "pages_used": st.total - st.available, "pages_evictable": st.evictable,
             "pages_protected": st.protected, "pages_available": st.available,
-            "hit_tokens": self.kv_ctx.stats.host_hit_tokens_total,
-            "restored_tokens": ht.restored_pages_total * self.kv_ctx.page_size,
-            "restores_in_flight": ht.num_restoring,
-            "restore_failures": ht.restore_failures_total,
-            "written_bytes": ht.pool.written_bytes_total,
-        }
+            **{k: counts[k] for k in _HOST_LIVE}}
 
     def _load(self, stats: dict[str, PoolStats | None], q: QueueSizes) -> Load:
         # tokens in use: pages held by requests or locked for them, not the evictable cache (as

@@ -79,22 +79,40 @@ class FlushCache:
 
 Command = (AddRequest | AbortRequest | FinishRequest | RefuseRequest | Drain | Shutdown
            | FlushCache)
+FINISH_REASONS = frozenset({"stop", "length"})  # the end reasons of a request that finished
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTotals:
+    """A request's prompt tokens, how many of them were cached (reused, not transferred) and
+    how many of those the host tier restored: every chunk of its answer repeats them."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    host_cached_tokens: int = 0
+
+    def stamp(self, chunk: OutputChunk) -> OutputChunk:
+        """`chunk` with these totals (the one place a chunk gets them)."""
+        chunk.prompt_tokens, chunk.cached_tokens = self.prompt_tokens, self.cached_tokens
+        chunk.host_cached_tokens = self.host_cached_tokens
+        return chunk
 
 
 @dataclass(slots=True)
 class Tokens:
     """New tokens of request `rid` (the API layer's own `OutputChunk`, so nothing is translated
-    on the loop); the request's end follows as `Ended`."""
+    on the loop) and its totals; the request's end follows as `Ended`."""
 
     rid: str
     chunk: OutputChunk
+    totals: PromptTotals = PromptTotals()
 
 
 @dataclass(slots=True)
 class StepTokens:
     """One decode step's token for each of `rids` (rows without logprobs): one event per step,
-    not one per request. Prompt and cached-token totals are those of the request's last
-    `Tokens` (a request's first token always goes as `Tokens`)."""
+    not one per request. The totals are those of the request's last `Tokens` (a request's first
+    token always goes as `Tokens`)."""
 
     rids: list[str]
     token_ids: list[int]
@@ -109,19 +127,17 @@ class StepTokens:
 class Ended:
     """Request `rid` ended: `reason` is "stop" or "length" when it finished, else its abort or
     failure label (docs/CONTRACTS.md; the API layer maps it to an HTTP status) with `message`.
-    `matched_stop` is the stop token that finished it; the totals are as in `OutputChunk`."""
+    `matched_stop` is the stop token that finished it."""
 
     rid: str
     reason: str
     message: str = ""
     matched_stop: int | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    host_cached_tokens: int = 0
+    totals: PromptTotals = PromptTotals()
 
     @property
     def finished(self) -> bool:
-        return self.reason in ("stop", "length")
+        return self.reason in FINISH_REASONS
 
 
 @dataclass(slots=True)

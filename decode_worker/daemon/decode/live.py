@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from decode_worker.core.request import DecodeRequest
 from decode_worker.core.sampling import TopLogprobs
-from decode_worker.daemon.decode.bridge import AddRequest, Ended, Tokens
+from decode_worker.daemon.decode.bridge import AddRequest, Ended, PromptTotals, Tokens
 from decode_worker.device.grammar import GrammarState
 from decode_worker.device.sampler import SampleRow
 from decode_worker.io.api.backend import FinishReason, OutputChunk
@@ -51,7 +51,14 @@ class LiveRequest:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)  # when cmd.top_logprobs
     grammar: GrammarState | None = field(default=None, init=False)  # made by the first row
+    # the tokens that end it: its stop tokens, and EOS unless it ignores EOS (the one stop rule)
+    stop_ids: frozenset[int] = field(init=False)
     _grammar_made: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        sp = self.cmd.sampling
+        self.stop_ids = frozenset(sp.stop_token_ids) | (
+            frozenset() if sp.ignore_eos else self.eos_ids)
 
     @property
     def rid(self) -> str:
@@ -88,13 +95,8 @@ class LiveRequest:
     def finish_reason(self) -> tuple[FinishReason, int | None] | None:
         """("stop", token) / ("length", None) when the last output token ends the request."""
         out = self.req.output_ids
-        sp = self.cmd.sampling
-        if out:
-            last = out[-1]
-            if last in sp.stop_token_ids:
-                return "stop", last
-            if not sp.ignore_eos and last in self.eos_ids:
-                return "stop", last
+        if out and out[-1] in self.stop_ids:
+            return "stop", out[-1]
         if len(out) >= self.req.max_new_tokens:
             return "length", None
         return None
@@ -108,13 +110,15 @@ class LiveRequest:
         ids = out[start:] if self.req.max_new_tokens else []
         lps = self.logprobs[start:len(out)] if self.cmd.return_logprob else None
         tops = self.top_logprobs[start:len(out)] if self.cmd.top_logprobs else None
-        return Tokens(self.rid, OutputChunk(
-            ids, lps, None, None, len(self.req.prompt_ids), self.cached_tokens,
-            self.host_cached_tokens, top_logprobs=tops))
+        return Tokens(self.rid, OutputChunk(ids, lps, top_logprobs=tops), self.totals)
 
     def ended_event(self, reason: str, message: str, matched_stop: int | None) -> Ended:
-        return Ended(self.rid, reason, message, matched_stop, len(self.req.prompt_ids),
-                     self.cached_tokens, self.host_cached_tokens)
+        return Ended(self.rid, reason, message, matched_stop, self.totals)
+
+    @property
+    def totals(self) -> PromptTotals:
+        return PromptTotals(len(self.req.prompt_ids), self.cached_tokens,
+                            self.host_cached_tokens)
 
     @property
     def is_restoring(self) -> bool:

@@ -31,7 +31,7 @@ from decode_worker.core.decode_alloc import DecodeAllocator
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.request import TERMINAL, DecodeRequest, RequestState
 from decode_worker.daemon.decode.batch import RunningBatch
-from decode_worker.daemon.decode.bridge import AddRequest, Outbox, RefuseRequest
+from decode_worker.daemon.decode.bridge import FINISH_REASONS, AddRequest, Outbox, RefuseRequest
 from decode_worker.daemon.decode.fetcher import KVFetcher
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.parking import Parked, ParkingLot, Wait
@@ -39,7 +39,6 @@ from decode_worker.errors import ServiceUnavailable
 from decode_worker.io.kv.peer import TransferEvent
 
 log = logging.getLogger(__name__)
-FINISHED = frozenset({"stop", "length"})  # end reasons of a request that finished normally
 
 
 class TransferStopper(Protocol):
@@ -230,7 +229,7 @@ class RequestTable:
         live.ended = live.ended_event(reason, message, matched_stop)
         self.lives.pop(live.rid, None)
         in_flight = self.running.leave(live)
-        status = "finished" if reason in FINISHED else "failed" if failed else "aborted"
+        status = "finished" if reason in FINISH_REASONS else "failed" if failed else "aborted"
         self._count(live.req, status, reason)
         self.outbox.put(live.ended)
         self._tell_peer(live, reason, message)
@@ -293,7 +292,7 @@ class RequestTable:
         router's copy at once instead of at its own timeout; sent for a peer found dead too
         (one that restarts within seconds may still get the router's copy)."""
         cmd = live.cmd
-        if live.req.output_ids or reason in FINISHED:
+        if live.req.output_ids or reason in FINISH_REASONS:
             return
         self._cancel_room(cmd.bootstrap_host, cmd.bootstrap_port or 0, cmd.bootstrap_room,
                           reason, message)

@@ -15,7 +15,7 @@ is cached in the tree (`cache_finished_req(insert=True)`) and the shell requeues
 `PreallocQueue.requeue`; it is readmitted (matching what is still cached) before any new request.
 The last running request is retracted too if it alone cannot get a page, so pages held by
 requests still receiving KV can never deadlock the batch: admission keeps no request from ever
-fitting alone (it aborts those at `add`).
+fitting alone (it aborts those at `enqueue`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class DecodeAllocator:
         if self.ctx.tree is not None and req.kv is not None:
             self.ctx.tree.cache_unfinished_req(req.kv)
 
-    def finish(self, req: DecodeRequest, now: float) -> None:
+    def finish_request(self, req: DecodeRequest, now: float) -> None:
         """RUNNING -> FINISHED: cache the computed KV, return the rest, drop the lock."""
         req.transition(S.FINISHED, now, releaser=self.ctx)
 

@@ -80,7 +80,7 @@ class EngineSide:
         cpu0 = time.thread_time()
         self.stepper.table.poll(now)
         if self.host_tier is not None:
-            self.host_tier.poll(now)
+            self.host_tier.count_done_restores(now)
         self.stepper.step(now)
         self.books.publish(now, decoding=True)
         self.stepper.table.outbox.flush()

@@ -184,7 +184,7 @@ class Worker:
         while pending or running or self.queue.num_queued:
             now = step * 1e-3
             while pending:
-                assert self.queue.add(pending.popleft(), now) is None
+                assert self.queue.enqueue(pending.popleft(), now) is None
             for d in self.queue.pop_admitted(now):
                 if not isinstance(d, Admit):
                     raise AssertionError(f"{d.req.rid} aborted: {d.message}")
@@ -238,7 +238,7 @@ class Worker:
             StepCommit([req]).commit([answer[len(req.output_ids)]])
             self._stamp(req, pos, pos + 1)
             if len(req.output_ids) == len(answer):
-                self.dec.finish(req, now)
+                self.dec.finish_request(req, now)
                 running.remove(req)
                 if t + 1 < len(chats[c].turns):
                     nxt = DecodeRequest(f"c{c}t{t + 1}", c, chats[c].prompt(t + 1),

@@ -49,10 +49,10 @@ class FakeQueue:
     def __init__(self) -> None:
         self.queued: list[str] = []
 
-    def add(self, req: DecodeRequest, now: float) -> None:
+    def enqueue(self, req: DecodeRequest, now: float) -> None:
         self.queued.append(req.rid)
 
-    def abort(self, rid: str, now: float, reason: str, message: str = "") -> None:
+    def abort_request(self, rid: str, now: float, reason: str, message: str = "") -> None:
         return None
 
 

@@ -213,7 +213,7 @@ class DecodeEngine:
         now = time.monotonic()  # the inbox wait may have blocked
         table.poll(now)
         if self.host_tier is not None:
-            self.host_tier.poll(now)
+            self.host_tier.count_done_restores(now)
         self._admit(now)
         for live in table.take_ready():
             self.stepper.start(live, now)

@@ -96,7 +96,7 @@ class RequestTable:
     def enqueue(self, live: LiveRequest, now: float) -> None:
         """Into the prealloc queue (or ended: the queue is full, or it can never fit)."""
         try:
-            ab = self.queue.add(live.req, now)
+            ab = self.queue.enqueue(live.req, now)
         except ServiceUnavailable as exc:  # the prealloc queue is full
             self.end(live, "queue_full", str(exc), now)
             return
@@ -316,9 +316,9 @@ class RequestTable:
         req, ended = live.req, live.ended
         assert ended is not None
         if req.state is RequestState.QUEUED:
-            self.queue.abort(req.rid, now, ended.reason, ended.message)
+            self.queue.abort_request(req.rid, now, ended.reason, ended.message)
         elif req.state is RequestState.RUNNING and status == "finished":
-            self.decode_alloc.finish(req, now)
+            self.decode_alloc.finish_request(req, now)
         elif req.state not in TERMINAL:
             to = RequestState.FAILED if status == "failed" else RequestState.ABORTED
             req.transition(to, now, releaser=self.kv_ctx, reason=ended.reason,

@@ -74,7 +74,7 @@ def req(rid: str, n: int, *, base: int = 0, max_new: int = 8) -> DecodeRequest:
 
 
 def admit_one(rig: Rig, r: DecodeRequest, now: float = 0.0) -> Admit:
-    assert rig.queue.add(r, now) is None
+    assert rig.queue.enqueue(r, now) is None
     (d,) = rig.queue.pop_admitted(now)
     assert isinstance(d, Admit), d
     return d
@@ -88,4 +88,4 @@ def run_to_finish(rig: Rig, r: DecodeRequest, steps: int = 1, now: float = 1.0) 
         plan = rig.dec.prepare_step([r], now)
         assert plan.runnable == [r]
         StepCommit([r]).commit([i])
-    rig.dec.finish(r, now)
+    rig.dec.finish_request(r, now)

@@ -68,7 +68,7 @@ def test_retraction_frees_and_readmits() -> None:
     keeper = b if victim is a else a
     rig.check([keeper])
     # the keeper finishes, the victim is readmitted with its cached prefix and its outputs
-    rig.dec.finish(keeper, 2.0)
+    rig.dec.finish_request(keeper, 2.0)
     (d,) = rig.queue.pop_admitted(3.0)
     assert d.req is victim and victim.is_resumed and d.prefix_len > 0
     assert victim.kv is not None and victim.kv.token_ids == victim.fill_ids
@@ -108,7 +108,7 @@ def test_without_radix_cache_swa_pages_are_freed_as_the_window_moves() -> None:
         _step(rig, [r])
     rig.check([r])
     assert rig.stats.swa_pages_released_total >= (800 - 300) // PS - 1
-    rig.dec.finish(r, 2.0)
+    rig.dec.finish_request(r, 2.0)
     rig.check([])
 
 

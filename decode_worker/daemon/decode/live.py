@@ -30,10 +30,9 @@ class LiveRequest:
     """One request the engine knows: its state machine, what the client asked, its transfer.
 
     `transfer_id` / `aux_row` are set while a transfer is in flight. `ended` is set by the
-    request table's one exit: the answer went out, and when a transfer was still in flight the
-    pages wait for it to stop before they are released (`RequestTable.transfer_over`).
-    `restore` is its host-tier restore from admission until the request saw it done: it joins
-    the batch only then, and pages of a request that ends meanwhile wait for it too.
+    request table's one exit: the answer went out. `restore` is its host-tier restore from
+    admission until the request saw it done. `parked` says what it waits for outside the
+    prealloc queue and the batch (`parking.py`), before its end or, for its pages, after it.
     """
 
     req: DecodeRequest

@@ -196,6 +196,7 @@ class Books:
         """Every pool page is free, cached by the tree or held by exactly one request (live, or
         ended while a transfer still holds its pages). Raises FatalError otherwise."""
         ctx = self.kv_ctx
+        self.table.parked.check_integrity()
         held_full, held_swa = held_page_ids(self.table.holders(), ctx.page_size)
         if ctx.tree is not None:
             ctx.tree.check_integrity(held_full, held_swa)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from decode_worker.daemon.decode.live import LiveRequest
+from decode_worker.errors import InvalidTransition
 
 
 class Wait(enum.Enum):
@@ -77,14 +78,16 @@ class ParkingLot:
              since: float = 0.0, until_step: int = 0,
              then: Callable[[float], None] | None = None) -> Parked:
         """`live` (not parked) starts waiting for `wait`."""
-        assert live.parked is None, f"rid={live.rid} is parked already"
+        if live.parked is not None:
+            raise InvalidTransition(f"rid={live.rid} is parked already")
         rec = Parked(live, wait, status, since, until_step, then)
         self._check(rec, None, wait)
         self._enter(rec, wait)
         return rec
 
     def move(self, rec: Parked, to: Wait | None) -> None:
-        """`rec` waits for `to` now (None: it leaves the lot)."""
+        """`rec` waits for `to` now (None: it leaves the lot). Raises `InvalidTransition`
+        (nothing changed) for a move `_MOVES` lacks."""
         self._check(rec, rec.wait, to)
         self._at[rec.wait].pop(rec)
         if rec.transfer_id is not None:
@@ -97,7 +100,8 @@ class ParkingLot:
 
     def end(self, rec: Parked, status: str) -> None:
         """`rec`'s request ended: it keeps waiting, now for its pages to be free."""
-        assert rec.wait not in _LIVE_ONLY and rec.status is None
+        if rec.status is not None or rec.wait in _LIVE_ONLY:
+            raise InvalidTransition(f"rid={rec.live.rid}: ended while waiting for {rec.wait}")
         rec.status = status
 
     def at(self, wait: Wait) -> list[Parked]:
@@ -126,6 +130,20 @@ class ParkingLot:
     def __bool__(self) -> bool:
         return any(self._at.values())
 
+    def check_integrity(self) -> None:
+        """Every record sits in the index of its wait, once, its request points back at it, and
+        the transfer index holds exactly the TRANSFER records. Raises AssertionError."""
+        seen: set[int] = set()
+        for wait, recs in self._at.items():
+            for rec in recs:
+                assert rec.wait is wait and rec.live.parked is rec and id(rec) not in seen
+                assert (rec.transfer_id is not None) == (wait is Wait.TRANSFER)
+                assert wait not in (_LIVE_ONLY if rec.status is not None else _ENDED_ONLY)
+                seen.add(id(rec))
+        assert {id(r) for r in self._by_transfer.values()} == {
+            id(r) for r in self._at[Wait.TRANSFER]}
+        assert all(r.transfer_id == t for t, r in self._by_transfer.items())
+
     def _enter(self, rec: Parked, wait: Wait) -> None:
         rec.wait = wait
         self._at[wait][rec] = None
@@ -138,7 +156,7 @@ class ParkingLot:
     @staticmethod
     def _check(rec: Parked, frm: Wait | None, to: Wait | None) -> None:
         if to not in _MOVES[frm]:
-            raise AssertionError(f"rid={rec.live.rid}: no move {frm} -> {to}")
+            raise InvalidTransition(f"rid={rec.live.rid}: no move {frm} -> {to}")
         if to in (_LIVE_ONLY if rec.status is not None else _ENDED_ONLY):
-            raise AssertionError(f"rid={rec.live.rid}: {to} while "
-                                 f"{'ended' if rec.status else 'live'}")
+            raise InvalidTransition(f"rid={rec.live.rid}: {to} while "
+                                    f"{'ended' if rec.status else 'live'}")

@@ -139,18 +139,9 @@ class DecodeBackend:
             self._inbox.put(FinishRequest(rid))
 
     def refuse(self, targets: Sequence[Target], reason: str, message: str) -> None:
-        """The one function every refusal of a generation request before it reached the engine
-        goes through (`GenerateBackend.refuse`: the front-end calls it once per refused
-        request, whatever refused it: the API's own checks, or `generate` raising for a full
-        queue, a drain, a grammar that does not compile).
-
-        Posts one `RefuseRequest` to the engine, which counts the request once per target
-        (`decode_worker_requests_total{status="aborted"}`, `decode_worker_aborts_total{reason}`)
-        and ends each target's room at its prefill peer at once, through the path the
-        engine's own refusals take (`RequestTable.end` -> the receiver's `cancel_room`: a native
-        `Abort` carrying `reason`, or SGLang's `ABORT room` to the ranks holding the room), so
-        the peer answers its copy of the request now rather than at its `kv_timeout_s`. A target
-        without a port gets `transfer.bootstrap_port`. Never raises, never blocks."""
+        """`GenerateBackend.refuse`: one `RefuseRequest` to the engine, which counts the
+        refusal and ends each target's room at its prefill peer (`RequestTable.refuse`). A
+        target without a port gets `transfer.bootstrap_port`. Never raises, never blocks."""
         rooms = tuple((t.host, t.port or self.default_bootstrap_port, t.room) for t in targets
                       if t.host and t.room is not None)
         self._inbox.put(RefuseRequest(rooms, reason, message, max(1, len(targets))))

@@ -49,8 +49,8 @@ class SampleKind(enum.IntEnum):
     """How a request's tokens are chosen; a batch takes its rows' largest kind."""
 
     GREEDY = 0  # argmax on the device
-    DEVICE = 1  # `Sampler.choose` on the device
-    HOST = 2  # `Sampler.sample`, waiting for the step (logprobs, grammar)
+    DEVICE = 1  # `Sampler.choose_batch` on the device
+    HOST = 2  # `Sampler.sample`, waiting for the step (a grammar's mask)
 
 
 class Order:

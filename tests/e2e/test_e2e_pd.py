@@ -79,6 +79,9 @@ def test_multi_turn_direct_matches_reference(
     metrics = driver.get_text(f"{workers.decode.url}/metrics")
     check_turns(turns, reference_run, 8,
                 _metric(before, "decode_worker_transfer_bytes_total"))
+    print(f"\ndirect/{protocol}: {len(turns)} requests token-exact; (prompt length, cached "
+          "tokens): " + ", ".join(f"({len(t['input_ids'])}, {t['meta_info']['cached_tokens']})"
+                                  for t in turns))
 
     def grew(name: str) -> float:
         return _metric(metrics, name) - _metric(before, name)
@@ -109,16 +112,18 @@ TIGHT_POOL = ["--chats", "3", "--decode-set", "cache.num_full_pages=32",
               "--decode-set", "scheduler.integrity_check_interval_s=0.1"]
 
 
-# the conversations' seed (chat c plays seed + c); another value replays the router tests on
-# other conversations, e.g. E2E_PD_SEED=7 pytest tests/e2e/test_e2e_pd.py -k router
+# the conversations' seed (chat c plays seed + c). A hand run with another seed replays the
+# router tests on other conversations, and sglang-router with the SGLang protocol too:
+#     E2E_PD_SEED=7 pytest -s tests/e2e/test_e2e_pd.py -k router
 SEED = int(os.environ.get("E2E_PD_SEED", "0"))
+ROUTER_CASES = [(SMG, "native"), (SMG, "sglang"),
+                (SGLANG_ROUTER, "native")]  # compatibility: the older router drives the worker
+if SEED:
+    ROUTER_CASES.append((SGLANG_ROUTER, "sglang"))
 
 
 @pytest.mark.router
-@pytest.mark.parametrize(("kind", "protocol"), [
-    (SMG, "native"), (SMG, "sglang"),
-    (SGLANG_ROUTER, "native"),  # compatibility: the older router still drives the worker
-])
+@pytest.mark.parametrize(("kind", "protocol"), ROUTER_CASES)
 def test_multi_turn_through_router(
         e2e_model_dir: Path, reference_run: Any, tmp_path: Path, kind: str,
         protocol: str) -> None:
@@ -138,6 +143,10 @@ def test_multi_turn_through_router(
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     check_turns(result["turns"], reference_run, 8)
+    turns = result["turns"]
+    print(f"\n{kind}/{protocol} seed {SEED}: {len(turns)} requests token-exact; (prompt "
+          "length, cached tokens): " + ", ".join(
+              f"({len(t['input_ids'])}, {t['meta_info']['cached_tokens']})" for t in turns))
     assert _metric(result["metrics"], "decode_worker_prefix_cache_hit_tokens_total") > 0
     if tight:
         check_host_tier(result["metrics_idle"])

@@ -76,17 +76,23 @@ def plan_sglang(ctx: KVContext, req: DecodeRequest, keys: list[PageKey]) -> Reus
     """SGLang's prefill sends SWA for `[floor(max(P, fill - window)), fill)` (its page): a
     `P` above `fill - window` is asked for only when the tree holds live SWA for
     `[fill - window, P)` (a RESUME match); else the reuse stops at the window's start and
-    the whole window arrives fresh. `window` = earlier tokens a query sees (127)."""
+    the whole window arrives fresh. `window` = earlier tokens a query sees (127).
+
+    P stays below `fill` even when the tree holds the whole prompt (a retry of a prompt of
+    whole pages): at `P = fill` SGLang 0.5.23's sender sends no SWA and no KV (its window
+    `[fill, fill)` is empty), and its own decode never asks so (`_match_prefix_and_lock`
+    caps the prefix at `fill - _swa_tail_len(fill)`). So the last page, full and SWA,
+    arrives with the first token, as for any other hit."""
     fill, ps, tree = req.fill_len, ctx.page_size, ctx.tree
-    low = max(fill - ctx.window, 0)
+    low, top = max(fill - ctx.window, 0), align_down(fill - 1, ps)
     if tree is not None:
-        m = tree.match_prefix((), MatchMode.RESUME, align_down(fill, ps), keys=keys)
+        m = tree.match_prefix((), MatchMode.RESUME, top, keys=keys)
         if m.prefix_len > low:  # live SWA of [low, P) in the tree: SWA arrives from P
             start = align_down(low, ps)
             return Reuse(m.prefix_len, m.prefix_len, [], m.full_page_ids, tree.lock(m.node),
                          start, m.swa_page_ids[start // ps :], m.prefix_len, m.prefix_len)
     r = Reuse()
-    cap = align_down(low, ps) if ctx.radix_cache else 0
+    cap = min(align_down(low, ps), top) if ctx.radix_cache else 0
     if tree is not None and cap > 0:
         m = tree.match_prefix((), MatchMode.TRANSFER, cap, keys=keys)
         if m.total_len > 0:

@@ -191,6 +191,8 @@ def mismatches(d: Decode, r: Room) -> list[str]:
         pool, index = d.pools.layer_slot(layer)
         is_swa = kind_name == SLIDING
         positions = np.arange(r.ws if is_swa else r.prefix, r.seq_len)
+        if not len(positions):  # a full hit: nothing of this layer is sent
+            continue
         table = r.swa if is_swa else r.full
         first = r.swa_base if is_swa else r.prefix
         t = d.pools.tensor(pool)[index]  # [pages + 1, 2, ps, heads, head_dim]
@@ -219,11 +221,18 @@ def check_room(d: Decode, r: Room, timeout_s: float = 30.0) -> TransferEvent:
 def test_two_rooms_land_byte_exact_with_equal_pages(
     harnesses: dict[str, SglangPrefill], decode16: Decode
 ) -> None:
+    """Then a full hit (P = L = 256): SGLang's sender takes our TransferInfo with no KV ids
+    and an empty state list as its own decode's, and writes the aux row only."""
     first = submit(decode16, harnesses["A"], A.bootstrap, 3001, 300, seed=11)
     check_room(decode16, first)
     second = submit(decode16, harnesses["A"], A.bootstrap, 3002, 250, prefix=64, seed=12)
     check_room(decode16, second)
     assert harnesses["A"].wait_room(3002)["ranks"][0]["decode_prefix_len"] == 64
+    hit = submit(decode16, harnesses["A"], A.bootstrap, 3003, 256, prefix=256, seed=13)
+    assert (hit.full, hit.swa, hit.ws) == ([], [], 256)
+    check_room(decode16, hit)
+    rank = harnesses["A"].wait_room(3003)["ranks"][0]
+    assert (rank["status"], rank["decode_prefix_len"]) == ("success", 256), rank
 
 
 def test_decode_page_twice_the_prefill_page(

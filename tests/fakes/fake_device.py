@@ -123,7 +123,7 @@ class FakeIdleReceiver:
     def __init__(self) -> None:
         self.stats = ReceiverStats()
 
-    def poll(self) -> list[TransferEvent]:
+    def take_events(self) -> list[TransferEvent]:
         return []
 
     def peers_by_protocol(self) -> dict[str, int]:
@@ -133,7 +133,7 @@ class FakeIdleReceiver:
 class _NoTransfers:
     """No request of `running_stepper` has a transfer or a prefill peer."""
 
-    def abort(self, transfer_id: int) -> None:
+    def abort_transfer(self, transfer_id: int) -> None:
         pass
 
     def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None:

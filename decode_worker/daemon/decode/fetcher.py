@@ -132,11 +132,11 @@ class KVFetcher:
                 cmd.bootstrap_host or "", cmd.bootstrap_port or 0, rid=req.rid,
                 room=cmd.bootstrap_room or 0, prompt_len=req.fill_len,
                 reused_len=admit.prefix_len, swa_window_start=admit.swa_start,
-                full_page_ids=sent_full, swa_page_ids=admit.swa_page_ids, aux_slot=slot)
+                full_page_ids=sent_full, swa_page_ids=admit.swa_page_ids, aux_row=slot)
         except BaseException:
             self._free_slots.append(slot)
             raise
-        live.transfer_id, live.aux_slot = tid, slot
+        live.transfer_id, live.aux_row = tid, slot
         self.by_transfer[tid] = live
         req.transition(RequestState.RECEIVING, now)
 
@@ -170,14 +170,14 @@ class KVFetcher:
         self.gated = still
 
     def _poll_events(self, now: float) -> None:
-        for event in self.receiver.poll():
+        for event in self.receiver.take_events():
             live = self.by_transfer.get(event.transfer_id)
             if live is None:
                 continue
             if event.kind == "failed":
                 self._on_failed(live, event, now)
                 continue
-            slot = live.aux_slot
+            slot = live.aux_row
             self._forget(live, event.transfer_id)
             if self.table.transfer_over(event.transfer_id, now):
                 continue  # it had ended: its pages went back
@@ -222,9 +222,9 @@ class KVFetcher:
         """The transfer is over: its id and aux row are free (the row was read, if needed)."""
         self.by_transfer.pop(transfer_id, None)
         live.transfer_id = None
-        if live.aux_slot is not None:
-            self._free_slots.append(live.aux_slot)
-            live.aux_slot = None
+        if live.aux_row is not None:
+            self._free_slots.append(live.aux_row)
+            live.aux_row = None
 
     def _compute_locally(self, live: LiveRequest, prefix_len: int, now: float) -> None:
         """Prefill here: positions from 0, writing full KV only past the tree-owned prefix (its

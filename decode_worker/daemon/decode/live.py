@@ -26,7 +26,7 @@ class PendingRestore(Protocol):
 class LiveRequest:
     """One request the engine knows: its state machine, what the client asked, its transfer.
 
-    `transfer_id` / `aux_slot` are set while a transfer is in flight. `ended` is set by the
+    `transfer_id` / `aux_row` are set while a transfer is in flight. `ended` is set by the
     request table's one exit: the answer went out, and when a transfer was still in flight the
     pages wait for it to stop before they are released (`RequestTable.transfer_over`).
     `restore` is its host-tier restore from admission until the request saw it done: it joins
@@ -37,7 +37,7 @@ class LiveRequest:
     cmd: AddRequest
     eos_ids: frozenset[int]
     transfer_id: int | None = None
-    aux_slot: int | None = None
+    aux_row: int | None = None
     restore: PendingRestore | None = None
     cached_tokens: int = 0  # prompt tokens not transferred (reused at admission)
     host_cached_tokens: int = 0  # the part of them restored from the host tier

@@ -41,7 +41,7 @@ class TransferStopper(Protocol):
     """What the table needs of the KV receiver: stop one transfer (its pages come back with the
     receiver's "released" or "done" event); tell a prefill peer that a room's request ended."""
 
-    def abort(self, transfer_id: int) -> None: ...
+    def abort_transfer(self, transfer_id: int) -> None: ...
 
     def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None: ...
 
@@ -112,7 +112,7 @@ class RequestTable:
         self._tell_peer(live, reason, message)
         if live.transfer_id is not None:  # the peer may still be writing: wait for it
             self.draining[live.transfer_id] = (live, status)
-            self.transfers.abort(live.transfer_id)
+            self.transfers.abort_transfer(live.transfer_id)
             return
         if live.is_restoring:  # the restore stream still writes its pages: wait for it
             self.restoring.append((live, status))

@@ -149,10 +149,9 @@ class SglangReceiver(ReceiverBase[SglangPeer]):
         return events
 
     def _read_inbox(self, now: float) -> None:
-        """Account every KV_STATUS / ABORT_ACK received so far (events wait for `take_events`):
-        all of them first, then each transfer they touched settles once. A failure and another
-        rank's report in the same read: the ABORT that failure sends skips both reporting
-        ranks."""
+        """Account every KV_STATUS / ABORT_ACK received so far (events: `take_events`): all of
+        them first, then each transfer they touched settles once. A failure and another rank's
+        report in the same read: the ABORT that failure sends skips both reporting ranks."""
         touched: dict[int, tuple[Transfer, SglangTransfer]] = {}
         for msg in self._inbox.recv_all():
             if (hit := self._record(msg)) is not None:

@@ -36,7 +36,7 @@ class FakeRouter:
     def count_failure(self, reason: str) -> None:
         self.failures.append(reason)
 
-    def poll(self) -> list[object]:
+    def take_events(self) -> list[object]:
         return []  # no transfer in flight
 
     def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None:

@@ -13,6 +13,9 @@ transfer in flight   nothing yet: the peer may still write into its pages; the r
 restore in flight    nothing yet: the host tier's copy may still write into its pages;
                      `restores_done` releases them once the copy is done
 RESERVED..RUNNING    its pages and prefix lock (valid KV stays cached in the tree)
+RUNNING, a launched  its valid KV enters the tree at once (so the step's KV events, published
+step still using it  before its answer leaves, name it); its pages and lock wait in `settling`
+                     until the stepper has waited for that step
 already terminal     nothing (admission aborted it and returned its pages itself)
 ```
 Compute thread only.
@@ -118,6 +121,8 @@ class RequestTable:
             self.restoring.append((live, status))
             return
         if in_flight:  # a launched step still reads and writes its pages on the device
+            if status != "failed":  # its valid KV enters the tree now, before its answer
+                self.decode_alloc.cache_computed(live.req)
             self.settling.append((live, status, in_flight))
             return
         self._release(live, status, now)

@@ -21,6 +21,7 @@ Cancelling the call closes the subscription.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -102,9 +103,11 @@ class LoadRecords:
 
 
 async def kv_batches(hub: KvEventHub, request: cpb.SubscribeKvEventsRequest,
-                     server_info: Callable[[], dict[str, Any]]) -> AsyncIterator[cpb.KvEventBatch]:
+                     server_info: Callable[[], dict[str, Any]],
+                     lag: Callable[[float], None] | None = None,
+                     ) -> AsyncIterator[cpb.KvEventBatch]:
     """The stream of one subscriber (see the module docstring); closes its subscription when
-    the consumer stops."""
+    the consumer stops. `lag` gets, for each batch sent, the seconds since its append."""
     start = request.start_sequence_number or None
     sub = hub.subscribe(start)
     loads = LoadRecords(hub, server_info)
@@ -131,6 +134,8 @@ async def kv_batches(hub: KvEventHub, request: cpb.SubscribeKvEventsRequest,
             if record is not None:
                 batch.load.CopyFrom(record)
             last = item.seq
+            if lag is not None and item.at:
+                lag(time.monotonic() - item.at)
             yield batch
     finally:
         sub.close()

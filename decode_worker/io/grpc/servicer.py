@@ -13,7 +13,8 @@ a `request_id` the same way.
 RPCs with no meaning here answer UNIMPLEMENTED with a message: `Embed` (a generation model),
 the LoRA adapter calls (no adapters), `StartProfile` / `StopProfile` (no profiler hook).
 `SubscribeKvEvents` streams the decode tree's KV events when the server has an event log
-(the backend's `kv_events` hub, `kv_stream.py`), else it is UNIMPLEMENTED (smg then stops
+(the backend's `kv_events` hub, `kv_stream.py`: a decode worker with its radix cache on has one
+whenever the gRPC port is, ZMQ publisher or not), else it is UNIMPLEMENTED (smg then stops
 asking that worker).
 
 API key: with `server.api_key` set (and `server.grpc_require_api_key`, the default), the
@@ -284,18 +285,22 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
         hub = getattr(self.app.backend, "kv_events", None)
         if not isinstance(hub, KvEventHub):
             await self._unimplemented(
-                context, "SubscribeKvEvents", "this server publishes no KV cache events (on "
-                "a decode worker: serve --kv-events-config '{\"publisher\": \"zmq\"}' with "
-                "the decode radix cache on)")
+                context, "SubscribeKvEvents", "this server publishes no KV cache events (a "
+                "decode worker publishes them with the decode radix cache on, unless "
+                "kv_events.config says publisher \"null\")")
         log.info("SubscribeKvEvents: a subscriber from %s, start_sequence_number=%d",
                  context.peer(), request.start_sequence_number)
         outcome = StatusCode.CANCELLED
         try:
-            async for batch in kv_batches(hub, request, self.app.server_info):
+            async for batch in kv_batches(hub, request, self.app.server_info, self._kv_lag):
                 yield batch
             outcome = StatusCode.OK
         finally:
             self._count("SubscribeKvEvents", outcome)
+
+    def _kv_lag(self, lag_s: float) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_kv_event_lag("grpc", lag_s)
 
     async def Embed(self, request: Any, context: Context) -> Any:
         await self._unimplemented(context, "Embed", "this worker serves a generation model, "

@@ -2,11 +2,17 @@
 only from the worker's KV events (fetched over the replay socket, decoded from the wire)
 predicts `cached_tokens` of every later turn exactly (device pages, then host pages: the host
 tier is on by default), through the router, while the tree evicts to the host tier;
-`/server_info` reports `kv_events` as SGLang does; `/flush_cache` sends `AllBlocksCleared`."""
+`/server_info` reports `kv_events` as SGLang does; `/flush_cache` sends `AllBlocksCleared`.
+And the promise an agent's loop needs: the events a live subscriber holds when an answer
+arrives (nothing waited for) already say what that request left in the tree, whatever ended
+it. Both tests share one stack (worker, prefill peer, smg)."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +22,8 @@ import zmq
 
 from decode_worker.core.kv_event_index import KVEventIndex
 from decode_worker.core.radix_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from decode_worker.daemon.shared.procs import http_json, scrape_metric
-from decode_worker.daemon.shared.router import has_router
+from decode_worker.daemon.shared.procs import ServerProcess, http_json, scrape_metric
+from decode_worker.daemon.shared.router import Router, has_router
 from decode_worker.device.tokenizer import Tokenizer
 from scripts.scaleout_lib.stack import PAGE_SIZE, Stack
 from scripts.scaleout_lib.workload import SYSTEM, user_turns
@@ -51,55 +57,178 @@ def replay(sock: zmq.Socket[bytes], start: int) -> list[tuple[int, list[KVEvent]
             return out
         _, topic, seq, payload = frames
         assert topic == b"kv"
-        _ts, events, rank = msgspec.msgpack.decode(payload)
-        assert rank == 0
-        out.append((int.from_bytes(seq, "big"),
-                    [_TYPES[e.pop("type")](**e) for e in events]))
+        out.append((int.from_bytes(seq, "big"), decode_events(payload)))
 
 
-def test_event_index_predicts_cached_tokens_through_smg_with_eviction(e2e_model_dir: Path) -> None:
-    tok = Tokenizer.from_dir(e2e_model_dir)
-    convs = 2
-    systems = [tok.encode(f"Ticket {i}. {SYSTEM}") for i in range(convs)]
-    users = [[tok.encode(" " + t) for t in conv] for conv in user_turns(convs, 4, seed=5)]
+@dataclass
+class Events:
+    """The shared stack: one decode worker publishing events, smg in front, a replay DEALER."""
+
+    stack: EventsStack
+    router: Router
+    dealer: zmq.Socket[bytes]
+
+    @property
+    def worker(self) -> ServerProcess:
+        return self.stack.decodes[0]
+
+
+@pytest.fixture(scope="module")
+def events(e2e_model_dir: Path) -> Iterator[Events]:
     dealer = zmq.Context.instance().socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     try:
         with EventsStack(e2e_model_dir) as stack:
-            pub_port = stack.decodes[0].ports["kv_events"]
-            replay_port = stack.decodes[0].ports["kv_events_replay"]
-            info = http_json(f"{stack.decodes[0].url}/server_info")["kv_events"]
-            assert info == {"publisher": "zmq", "endpoint_host": "127.0.0.1",
-                            "endpoint_port_base": pub_port, "topic": "kv",
-                            "block_size": PAGE_SIZE, "dp_size": 1,
-                            "replay_endpoint_port_base": replay_port}
-            dealer.connect(f"tcp://127.0.0.1:{replay_port}")
-            index, next_seq = KVEventIndex(), 0
-            histories = [list(s) for s in systems]
-            checked = from_host = 0
+            dealer.connect(f"tcp://127.0.0.1:{stack.decodes[0].ports['kv_events_replay']}")
             with stack.routed("round_robin") as router:
-                for turn in range(4):
-                    for i in range(convs):
-                        for seq, events in replay(dealer, next_seq):
-                            assert seq == next_seq
-                            index.apply(events)
-                            next_seq += 1
-                        prompt = histories[i] + users[i][turn]
-                        # the worker restores host hits itself: cached = device + host hits
-                        predicted = index.match_len_across(prompt)
-                        from_host += predicted > index.match_len(prompt)
-                        answer = http_json(f"{router.url}/generate", {
-                            "input_ids": prompt, "sampling_params": {
-                                "max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})
-                        assert answer["meta_info"]["cached_tokens"] == predicted, (turn, i)
-                        checked += predicted > 0
-                        histories[i] = prompt + answer["output_ids"]
-            evicted = scrape_metric(stack.decodes[0].url, "decode_worker_kv_evicted_pages_total",
-                                    'pool="full"')
-            assert evicted > 0 and checked > 0 and from_host > 0, (evicted, checked, from_host)
-            assert index.orphan_stores == index.unknown_removals == 0
-            stack.flush()
-            tail = [e for _, evs in replay(dealer, next_seq) for e in evs]
-            assert tail and isinstance(tail[-1], AllBlocksCleared)
+                yield Events(stack, router, dealer)
     finally:
         dealer.close()
+
+
+def test_event_index_predicts_cached_tokens_through_smg_with_eviction(
+        e2e_model_dir: Path, events: Events) -> None:
+    tok = Tokenizer.from_dir(e2e_model_dir)
+    convs = 2
+    systems = [tok.encode(f"Ticket {i}. {SYSTEM}") for i in range(convs)]
+    users = [[tok.encode(" " + t) for t in conv] for conv in user_turns(convs, 4, seed=5)]
+    stack, dealer = events.stack, events.dealer
+    pub_port = events.worker.ports["kv_events"]
+    replay_port = events.worker.ports["kv_events_replay"]
+    info = http_json(f"{events.worker.url}/server_info")["kv_events"]
+    assert info == {"publisher": "zmq", "endpoint_host": "127.0.0.1",
+                    "endpoint_port_base": pub_port, "topic": "kv",
+                    "block_size": PAGE_SIZE, "dp_size": 1,
+                    "replay_endpoint_port_base": replay_port}
+    index, next_seq = KVEventIndex(), 0
+    histories = [list(s) for s in systems]
+    checked = from_host = 0
+    evicted_before = _evicted(events)
+    for turn in range(4):
+        for i in range(convs):
+            for seq, evs in replay(dealer, next_seq):
+                assert seq == next_seq
+                index.apply(evs)
+                next_seq += 1
+            prompt = histories[i] + users[i][turn]
+            # the worker restores host hits itself: cached = device + host hits
+            predicted = index.match_len_across(prompt)
+            from_host += predicted > index.match_len(prompt)
+            answer = http_json(f"{events.router.url}/generate", {
+                "input_ids": prompt, "sampling_params": {
+                    "max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})
+            assert answer["meta_info"]["cached_tokens"] == predicted, (turn, i)
+            checked += predicted > 0
+            histories[i] = prompt + answer["output_ids"]
+    evicted = _evicted(events) - evicted_before
+    assert evicted > 0 and checked > 0 and from_host > 0, (evicted, checked, from_host)
+    assert index.orphan_stores == index.unknown_removals == 0
+    stack.flush()
+    tail = [e for _, evs in replay(dealer, next_seq) for e in evs]
+    assert tail and isinstance(tail[-1], AllBlocksCleared)
+
+
+def _evicted(events: Events) -> float:
+    return scrape_metric(events.worker.url, "decode_worker_kv_evicted_pages_total", 'pool="full"')
+
+
+class LiveIndex:
+    """A router's view built from the live PUB stream: `sync()` applies every batch the SUB
+    socket has received so far, without waiting (a batch lost before the subscription took
+    hold is fetched over replay, up to the seq in hand: never one not yet sent)."""
+
+    def __init__(self, events: Events) -> None:
+        self.dealer = events.dealer
+        self.sub = zmq.Context.instance().socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        self.sub.connect(f"tcp://127.0.0.1:{events.worker.ports['kv_events']}")
+        self.index, self.next_seq, self.gaps = KVEventIndex(), 0, 0
+
+    def start(self, flush: Callable[[], None]) -> None:
+        """Flush the worker's cache until the SUB socket receives the `AllBlocksCleared` batch
+        (a subscription takes a moment to reach the publisher): the index starts there."""
+        for _ in range(20):
+            flush()
+            if self.sub.poll(1000):
+                _, seq_bytes, payload = self.sub.recv_multipart()
+                evs = decode_events(payload)
+                assert isinstance(evs[-1], AllBlocksCleared), evs
+                self.next_seq = int.from_bytes(seq_bytes, "big")
+                self._apply(self.next_seq, evs)
+                return
+        raise AssertionError("no KV event batch on the SUB socket after 20 cache flushes")
+
+    def sync(self) -> None:
+        while self.sub.poll(0):
+            _, seq_bytes, payload = self.sub.recv_multipart()
+            seq = int.from_bytes(seq_bytes, "big")
+            if seq > self.next_seq:
+                self.gaps += 1
+                for old, evs in replay(self.dealer, self.next_seq):
+                    if old < seq:
+                        self._apply(old, evs)
+            if seq == self.next_seq:
+                self._apply(seq, decode_events(payload))
+
+    def _apply(self, seq: int, evs: list[KVEvent]) -> None:
+        assert seq == self.next_seq, (seq, self.next_seq)
+        self.index.apply(evs)
+        self.next_seq += 1
+
+    def close(self) -> None:
+        self.sub.close()
+
+
+def test_the_events_received_with_each_answer_predict_the_next_turn(
+        e2e_model_dir: Path, events: Events) -> None:
+    """An agent's loop: each later turn goes to smg the moment the previous answer came, and
+    the events the subscriber holds by then (drained without waiting) predict its
+    `cached_tokens` exactly. Answers end on stop tokens (under overlap the request's pages
+    still wait for a launched step when its answer leaves), on stop strings (found by the API,
+    which tells the engine) and by length, while the small pool evicts."""
+    tok = Tokenizer.from_dir(e2e_model_dir)
+    users = [[tok.encode(" " + t) for t in conv] for conv in user_turns(3, 4, seed=11)]
+    stops: list[dict[str, Any]] = [{"stop_token_ids": list(range(100, 130))},
+                                   {"stop": list("defghijklmnopqrstuvwxyz")}, {}]
+    live = LiveIndex(events)
+    try:
+        live.start(events.stack.flush)  # an empty tree, and the subscription holds
+        gaps, ends, grown, evicted = live.gaps, Counter[str](), 0, _evicted(events)
+        for i, turns in enumerate(users):
+            history = last = tok.encode(f"Case {i}. {SYSTEM}")
+            for t, user in enumerate(turns):
+                prompt = history + user
+                live.sync()
+                predicted = live.index.match_len_across(prompt)
+                answer = http_json(f"{events.router.url}/generate", {
+                    "input_ids": prompt, "sampling_params": {
+                        "max_new_tokens": 24, "temperature": 0, **stops[t % 3]}})
+                meta = answer["meta_info"]
+                assert meta["cached_tokens"] == predicted, (i, t, meta["finish_reason"])
+                # pages the previous answer's own tokens filled
+                grown += t > 0 and predicted > len(last) - len(last) % PAGE_SIZE
+                last = prompt
+                ends[_end_kind(meta["finish_reason"])] += 1
+                history = prompt + answer["output_ids"]
+        assert live.gaps == gaps, "the SUB socket lost batches"
+        assert ends["stop token"] and ends["stop string"] and grown, (ends, grown)
+        assert _evicted(events) > evicted
+        assert live.index.orphan_stores == live.index.unknown_removals == 0
+        lag = scrape_metric(events.worker.url, "decode_worker_kv_event_lag_seconds_count",
+                            'transport="zmq"')
+        assert lag >= live.next_seq  # every batch sent since start, its lag observed
+    finally:
+        live.close()
+
+
+def _end_kind(finish: dict[str, Any]) -> str:
+    if finish["type"] != "stop":
+        return str(finish["type"])
+    return "stop string" if isinstance(finish["matched"], str) else "stop token"
+
+
+def decode_events(payload: bytes) -> list[KVEvent]:
+    _ts, evs, rank = msgspec.msgpack.decode(payload)
+    assert rank == 0
+    return [_TYPES[e.pop("type")](**e) for e in evs]

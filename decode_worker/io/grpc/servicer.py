@@ -55,7 +55,7 @@ from decode_worker.io.api.samples import Prompt, build_inputs, merged_steps, sta
 from decode_worker.io.api.schemas import sampling_from_generate
 from decode_worker.io.api.targets import Target
 from decode_worker.io.grpc import convert, info
-from decode_worker.io.grpc.kv_stream import kv_batches
+from decode_worker.io.grpc.kv_stream import StreamBook, kv_batches
 from decode_worker.io.grpc.status import code_for_error, code_for_reason
 from decode_worker.io.kv_events.hub import KvEventHub
 from decode_worker.io.metrics import Metrics
@@ -85,6 +85,7 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
         self._calls: dict[str, list[list[str]]] = {}  # request_id -> per call, sample rids
         self._started_at = time.time()
         self._bundle: info.TokenizerBundle | None = None
+        self._kv_streams = StreamBook(metrics)  # live SubscribeKvEvents streams
 
     # -- Generate --------------------------------------------------------------------------
 
@@ -163,10 +164,19 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
                 if fin is not None and fin.reason == "error":
                     raise _Ended(code_for_reason(fin.code, fin.status),
                                  fin.message or "internal error")
+                if fin is not None:  # the request's KV events go out first (`StreamBook`)
+                    await self._kv_handed_over()
                 if request.stream:
                     yield convert.chunk(rid, runs[k], step, k)
                 if fin is not None:
                     yield convert.complete(rid, runs[k], k, step if request.stream else None)
+
+    async def _kv_handed_over(self) -> None:
+        """Wait (bounded) until this server's SubscribeKvEvents streams have handed over every
+        KV-event batch appended so far."""
+        hub = getattr(self.app.backend, "kv_events", None)
+        if isinstance(hub, KvEventHub):
+            await self._kv_streams.wait_sent(hub.next_seq)
 
     def _forget(self, rid: str, rids: list[str]) -> None:
         left = [r for r in self._calls.get(rid, []) if r is not rids]
@@ -292,15 +302,11 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
                  context.peer(), request.start_sequence_number)
         outcome = StatusCode.CANCELLED
         try:
-            async for batch in kv_batches(hub, request, self.app.server_info, self._kv_lag):
+            async for batch in kv_batches(hub, request, self.app.server_info, self._kv_streams):
                 yield batch
             outcome = StatusCode.OK
         finally:
             self._count("SubscribeKvEvents", outcome)
-
-    def _kv_lag(self, lag_s: float) -> None:
-        if self.metrics is not None:
-            self.metrics.observe_kv_event_lag("grpc", lag_s)
 
     async def Embed(self, request: Any, context: Context) -> Any:
         await self._unimplemented(context, "Embed", "this worker serves a generation model, "

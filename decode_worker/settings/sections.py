@@ -252,8 +252,10 @@ class KvEventsSettings(_Section):
 
     config: str | None = Field(
         None, description="SGLang's --kv-events-config JSON (publisher zmq|null, endpoint, topic, "
-        "replay_endpoint, buffer_steps, hwm, max_queue_size, bind, format); unset or publisher "
-        "null: no events (the default, as in SGLang)"
+        "replay_endpoint, buffer_steps, hwm, max_queue_size, bind, format): publisher zmq opens "
+        "the ZMQ publisher. Unset (the default): no socket, but with server.grpc_port set the "
+        "decode worker still streams its events over gRPC (SubscribeKvEvents, for smg) from the "
+        "in-process log; publisher null: no events at all, as in SGLang"
     )
 
     @field_validator("config", mode="before")

@@ -17,6 +17,7 @@ from typing import Any
 
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.io.api.backend import FlushResult, OutputChunk
+from decode_worker.io.kv_events.gate import AnswerGate
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,11 +187,18 @@ class Inbox:
 @dataclass
 class Outbox:
     """Events from the compute thread to the loop, delivered in one batch per step. An outbox
-    built `unbound()` (before the loop runs) keeps its events until a bound one replaces it."""
+    built `unbound()` (before the loop runs) keeps its events until a bound one replaces it.
+
+    With a `gate` (the ZMQ publisher's `AnswerGate`), a batch holding an answer (`Ended`, or a
+    flush's `CacheFlushed`) goes to the loop only once the publisher has sent the KV-event
+    batches appended before it, and the batches after it keep their order (`io/kv_events/
+    gate.py`); the compute thread never waits for it."""
 
     loop: asyncio.AbstractEventLoop | None
     deliver: Callable[[list[Event]], Any]
     _pending: list[Event] = field(default_factory=list)
+    gate: AnswerGate | None = None
+    _final: bool = False  # `_pending` holds an answer
 
     @classmethod
     def unbound(cls) -> Outbox:
@@ -198,11 +206,25 @@ class Outbox:
 
     def put(self, event: Event) -> None:
         self._pending.append(event)
+        if isinstance(event, Ended | CacheFlushed):
+            self._final = True
 
     def flush(self) -> None:
+        gate = self.gate
+        if gate is not None:
+            gate.release_overdue()
         if not self._pending or self.loop is None:
             return
         batch, self._pending = self._pending, []
-        # A closed loop means we are shutting down and nobody is listening.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.deliver, batch)
+        final, self._final = self._final, False
+        loop, deliver = self.loop, self.deliver
+
+        def send() -> None:
+            # A closed loop means we are shutting down and nobody is listening.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(deliver, batch)
+
+        if gate is None:
+            send()
+        else:
+            gate.run_after(send, final=final)

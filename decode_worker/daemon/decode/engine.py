@@ -56,7 +56,7 @@ from decode_worker.device.sglang_aux import SglangAuxBuffers
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import DecodeWorkerError
 from decode_worker.io.kv.router import ProtocolRouter
-from decode_worker.io.kv_events.config import parse_kv_events_config
+from decode_worker.io.kv_events.config import keeps_event_log, parse_kv_events_config
 from decode_worker.io.kv_events.hub import KvEventHub
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import Settings
@@ -89,7 +89,9 @@ class DecodeEngine:
         self.swa = (PageAllocator(rt.layout.num_swa_pages, "swa")
                     if rt.facts.is_swa_hybrid else None)
         self.kv_events_config = parse_kv_events_config(settings.kv_events.config)
-        events_on = self.kv_events_config.enabled and c.decode_radix_cache
+        # a ZMQ publisher, or the gRPC port's SubscribeKvEvents, reads the tree's events
+        events_on = c.decode_radix_cache and keeps_event_log(settings.kv_events.config,
+                                                             settings.server.grpc_port)
         self.host_tier = HostTier(rt.host_plan or _plan(settings, rt), rt.pools) if (
             host_tier_enabled(c)) else None
         ht = self.host_tier

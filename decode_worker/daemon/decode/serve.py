@@ -56,6 +56,9 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
         elif publisher is not None:
             log.warning("kv_events.config: publisher zmq, but the decode radix cache is off: "
                         "the tree caches nothing, so no KV events are published")
+        elif engine.kv_events is not None:
+            log.info("KV events: served over gRPC (SubscribeKvEvents) from the in-process "
+                     "log; no ZMQ publisher (kv_events.config unset)")
         serving = _serve(settings, engine, metrics, sock, getattr(args, "ports_file", None),
                          publisher)
         return int(run_loop(serving))
@@ -76,7 +79,9 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics,
     events_cfg = engine.kv_events_config if publisher is None else publisher.bound_config()
     backend.kv_events_info = describe(events_cfg, engine.page_size)
     backend.host_tier_info = engine.host_tier_info
-    engine.start(Outbox(loop, backend.deliver))
+    # answers wait for the ZMQ publisher's sends of their steps' KV events (`AnswerGate`)
+    engine.start(Outbox(loop, backend.deliver,
+                        gate=publisher.gate if publisher is not None else None))
     app = ApiApp(backend, ApiConfig.from_settings(settings), metrics)
     sc = settings.server
     warning = check_model_path(backend.server_info())

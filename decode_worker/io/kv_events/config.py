@@ -1,11 +1,12 @@
 """SGLang's `--kv-events-config` JSON (sglang 0.5.23 `KVEventsConfig`), validated at start-up.
 
-Same keys and defaults as SGLang: `publisher` ("null" = off, the default; "zmq"), `endpoint`
+Same keys and defaults as SGLang: `publisher` ("null" = no socket, the default; "zmq"), `endpoint`
 (`tcp://*:5557`), `bind` (None: bind wildcard/ipc/inproc endpoints, connect otherwise),
 `replay_endpoint`, `buffer_steps`, `hwm`, `max_queue_size`, `topic`, `format`. Unlike SGLang, a
 bad value or an unknown key stops the daemon with one line naming the key (SGLang fails later,
 or ignores unknown keys); `format` "dynamo" only changes namespaced (salted/LoRA) hashes, which
-this worker never has, so both formats publish the same hashes.
+this worker never has, so both formats publish the same hashes. Unset, a decode worker with
+its gRPC port on still keeps the event log for SubscribeKvEvents (`keeps_event_log`).
 """
 
 from __future__ import annotations
@@ -68,6 +69,16 @@ def parse_kv_events_config(raw: str | dict[str, Any] | None,
             raise ConfigError(f"{where}: unknown key {key!r} (keys: {allowed})") from None
         value = data.get(key, "<missing>")
         raise ConfigError(f"{where}: key {key!r}={value!r}: {err['msg']}") from None
+
+
+def keeps_event_log(raw: str | dict[str, Any] | None, grpc_port: int | None) -> bool:
+    """Whether a decode worker (with its radix cache on) keeps a KV-event log: when `raw`
+    configures the zmq publisher, or when `raw` is unset and the gRPC port is on (smg's
+    SubscribeKvEvents then streams the in-process log, no socket); an explicit publisher
+    "null" keeps events off, as in SGLang. Raises `ConfigError` as `parse_kv_events_config`."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return grpc_port is not None
+    return parse_kv_events_config(raw).enabled
 
 
 def offset_endpoint_port(endpoint: str | None, rank: int) -> str | None:

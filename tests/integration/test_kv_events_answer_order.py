@@ -15,10 +15,10 @@ import zmq
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
 from decode_worker.daemon.decode.bridge import Ended, Event, Outbox, StepTokens
-from decode_worker.io.kv_events.config import parse_kv_events_config
 from decode_worker.io.kv_events.hub import KvEventBatch, KvEventHub
 from decode_worker.io.kv_events.publisher import ZmqKvEventPublisher
 from decode_worker.io.metrics import Metrics
+from decode_worker.settings.kv_events import parse_kv_events_config
 from tests.waiting import wait_for
 
 PS = 4

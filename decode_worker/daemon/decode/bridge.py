@@ -78,6 +78,20 @@ class FlushCache:
     token: int
 
 
+@dataclass(frozen=True, slots=True)
+class BackendInfo:
+    """What /server_info and /model_info report."""
+
+    model_path: str
+    served_model_name: str
+    page_size: int
+    window: int
+    max_total_tokens: int
+    max_running_requests: int
+    kv_full_bytes_per_token: int  # all full-attention layers, K and V
+    context_length: int  # longest sequence the model takes (max_position_embeddings)
+
+
 Command = (AddRequest | AbortRequest | FinishRequest | RefuseRequest | Drain | Shutdown
            | FlushCache)
 FINISH_REASONS = frozenset({"stop", "length"})  # the end reasons of a request that finished

@@ -33,16 +33,12 @@ import time
 import zmq
 
 from decode_worker.errors import ConfigError
-from decode_worker.io.kv_events.config import (
-    KvEventsConfig,
-    offset_endpoint_port,
-    tcp_host_port,
-    with_port,
-)
+from decode_worker.io.kv_events.config import offset_endpoint_port, tcp_host_port, with_port
 from decode_worker.io.kv_events.gate import AnswerGate
 from decode_worker.io.kv_events.hub import KvEventBatch, KvEventHub, KvSubscription
 from decode_worker.io.kv_events.wire import END_SEQ, encode_batch, seq_bytes
 from decode_worker.io.metrics import Metrics
+from decode_worker.settings.kv_events import KvEventsConfig
 
 log = logging.getLogger(__name__)
 _WAIT_S = 0.01  # the sender's wait for a batch; replay requests are served between waits

@@ -27,6 +27,9 @@ _SUBCOMMANDS = {
     "models": ("decode_worker.device.model.catalog",
                "list the supported model families: what each reads, what serves it"),
     "config": ("decode_worker.cli", "print the resolved settings and where each came from"),
+    "harmony-vocab": ("decode_worker.daemon.shared.harmony_vocab",
+                      "write the o200k_base.tiktoken directory smg needs for gpt-oss (harmony) "
+                      "without network: point TIKTOKEN_ENCODINGS_BASE at it"),
 }
 
 
@@ -87,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("dir", type=Path, help="output directory (Hugging Face layout)")
         if name in ("config", "models"):
             p.add_argument("--json", action="store_true", help="print JSON instead of text")
+        if name == "harmony-vocab":
+            p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                           help="directory to write o200k_base.tiktoken into (created if "
+                           "missing)")
+            p.add_argument("--from", dest="source", type=Path, metavar="FILE",
+                           help="copy and verify this o200k_base.tiktoken instead of rebuilding "
+                           "it from the quicktok-v1 package")
     return parser
 
 

@@ -95,7 +95,7 @@ def time_cell(model: GptOssModel, pools: KVPools, batch: int, context: int,
     ps, cfg = pools.page_size, model.cfg
     need, ring = cdiv(context, ps), cdiv(cfg.window, ps) + 1
     runner = make_runner(model, pools, batch, need, args.attention_backend)
-    slots = runner.new_slots(batch)
+    slots = runner.new_inputs(batch)
     last = (context - 1) // ps
     ids = []
     for i in range(batch):
@@ -110,7 +110,7 @@ def time_cell(model: GptOssModel, pools: KVPools, batch: int, context: int,
         for step in range(args.warmup + args.steps):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            logits, slots_t = runner.decode_slots(slots, ids, positions)
+            logits, slots_t = runner.decode_rows(slots, ids, positions)
             slots.tokens[slots_t] = logits.argmax(-1)  # [bs]
             torch.cuda.synchronize()
             if step >= args.warmup:

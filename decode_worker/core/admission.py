@@ -108,7 +108,7 @@ class PreallocQueue:
         return self._queued.get(rid) or self._budget.get(rid)
 
     # -- arrivals ------------------------------------------------------------------------------
-    def add(self, req: DecodeRequest, now: float) -> Abort | None:
+    def enqueue(self, req: DecodeRequest, now: float) -> Abort | None:
         """Queue a new (QUEUED) request. A request that can never fit is aborted at once
         (`too_large`, returned); a full queue raises `ServiceUnavailable` (nothing changes)."""
         if len(self._queued) >= self.limits.max_queued:
@@ -135,7 +135,7 @@ class PreallocQueue:
         self._queued[req.rid] = req
         q.append(req)
 
-    def abort(self, rid: str, now: float, reason: str, message: str = "") -> Abort | None:
+    def abort_request(self, rid: str, now: float, reason: str, message: str = "") -> Abort | None:
         """Abort a request queued here or admitted from here (in any non-terminal state),
         returning its pages; None if unknown or already done. The shell decided this abort and
         counts it (`stats` counts only the aborts admission decides). The shell tells the peer,

@@ -15,7 +15,7 @@ is cached in the tree (`cache_finished_req(insert=True)`) and the shell requeues
 `PreallocQueue.requeue`; it is readmitted (matching what is still cached) before any new request.
 The last running request is retracted too if it alone cannot get a page, so pages held by
 requests still receiving KV can never deadlock the batch: admission keeps no request from ever
-fitting alone (it aborts those at `add`).
+fitting alone (it aborts those at `enqueue`).
 """
 
 from __future__ import annotations
@@ -59,9 +59,20 @@ class DecodeAllocator:
         if self.ctx.tree is not None and req.kv is not None:
             self.ctx.tree.cache_unfinished_req(req.kv)
 
-    def finish(self, req: DecodeRequest, now: float) -> None:
+    def finish_request(self, req: DecodeRequest, now: float) -> None:
         """RUNNING -> FINISHED: cache the computed KV, return the rest, drop the lock."""
         req.transition(S.FINISHED, now, releaser=self.ctx)
+
+    def cache_computed(self, req: DecodeRequest) -> None:
+        """A RUNNING request ends while a launched step still uses its pages: insert its
+        computed page-aligned KV into the tree now (the tree's events of this step name it, so
+        they are published before its answer leaves), as `cache_unfinished_req`. It keeps its
+        lock and the pages past the aligned end (the launched step writes only there) until
+        `finish_request` or the abort releases them, which then inserts nothing new. A
+        duplicate page it held is freed now: the launched step still reads it, but that row's
+        token is dropped. A no-op without a tree or outside RUNNING."""
+        if self.ctx.tree is not None and req.kv is not None and req.state is S.RUNNING:
+            self.ctx.tree.cache_unfinished_req(req.kv)
 
     def prepare_step(self, running: Sequence[DecodeRequest], now: float,
                      in_flight: Collection[str] = ()) -> StepPlan:

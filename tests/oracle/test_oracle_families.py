@@ -18,7 +18,8 @@ from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.arch import ModelConfig
 from decode_worker.device.model.base import CausalLM
 from decode_worker.device.model.registry import load_model, read_json
-from decode_worker.device.runner import DecodeBatch, ModelRunner
+from decode_worker.device.runner import ModelRunner
+from tests.decode_steps import decode_lists
 from tests.families import FAMILIES, reference_model
 from tests.oracle.helpers import PageBook, reference_greedy
 from tests.oracle.test_oracle_gpt_oss import check_against_reference, paged_greedy, prompt_of
@@ -65,7 +66,7 @@ def test_prefix_hit_plus_fresh_tail_matches_reference(
     _, ref = reference_greedy(reference, later, 1)
     assert (hit - ref[0]).abs().max().item() < 1e-4
     tok = int(hit.argmax())
-    nxt = runner.decode(DecodeBatch([tok], [len(later)], [full_b], [swa_b]))[0]
+    nxt = decode_lists(runner, [tok], [len(later)], [full_b], [swa_b])[0]
     _, ref2 = reference_greedy(reference, [*later, tok], 1)
     assert (nxt - ref2[0]).abs().max().item() < 1e-4
 

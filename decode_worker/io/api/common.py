@@ -124,8 +124,25 @@ def now_s() -> int:
     return int(time.time())
 
 
+# Characters JSON may carry raw inside a string but `str.splitlines` (and clients that split an
+# SSE stream with it, such as httpx's `iter_lines`) takes for line ends: NEL, LINE SEPARATOR,
+# PARAGRAPH SEPARATOR in UTF-8. msgspec escapes the ASCII control characters already.
+_LINE_ENDS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"),
+              (b"\xe2\x80\xa9", b"\\u2029"))
+
+
+def json_line(obj: Any) -> bytes:
+    """`obj` as JSON on one line for every line splitter: the Unicode line ends a generated
+    text may hold are written as JSON escapes (the same string once decoded)."""
+    raw = _JSON.encode(obj)
+    for char, escaped in _LINE_ENDS:
+        if char in raw:  # UTF-8 is self-synchronising: these bytes are only that character
+            raw = raw.replace(char, escaped)
+    return raw
+
+
 def sse(obj: Any) -> bytes:
-    return b"data: " + _JSON.encode(obj) + b"\n\n"
+    return b"data: " + json_line(obj) + b"\n\n"
 
 
 def error_obj(message: str, status: int, code: str) -> dict[str, Any]:

@@ -58,8 +58,8 @@ def validate_request(
     # a model without sliding layers (an empty SWA region) moves no SWA pages
     swa_pages = n_pages - req.swa_window_start // ps if regions["swa"].num_layers else 0
     _check_ids(req, "swa", req.swa_page_ids, swa_pages, regions["swa"])
-    if not 0 <= req.aux_slot < regions["aux"].rows_per_layer:
-        raise PageError(f"room {req.room}: aux_slot {req.aux_slot} out of range")
+    if not 0 <= req.aux_row < regions["aux"].rows_per_layer:
+        raise PageError(f"room {req.room}: aux_row {req.aux_row} out of range")
 
 
 def _check_ids(

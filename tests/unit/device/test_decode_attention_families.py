@@ -14,7 +14,7 @@ import torch
 
 from decode_worker.device.attention import DecodeAttention
 from decode_worker.device.attention_triton import TritonDecodeAttention
-from decode_worker.device.decode_slots import swa_ring_width
+from decode_worker.device.decode_inputs import swa_ring_width
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.decoder import NO_SINK
 

@@ -77,7 +77,8 @@ def test_kv_ids_land_on_our_k_and_v_bytes(ratio: int, prompt_len: int, reused: i
 
 
 @pytest.mark.parametrize("ratio", [1, 2, 4])
-@pytest.mark.parametrize("prompt_len, reused", [(300, 0), (300, 192), (100, 0), (260, 256)])
+@pytest.mark.parametrize("prompt_len, reused",
+                         [(300, 0), (300, 192), (100, 0), (260, 256), (256, 256)])
 def test_state_ids_cover_sglangs_window_on_our_swa_pages(
     ratio: int, prompt_len: int, reused: int
 ) -> None:
@@ -150,9 +151,31 @@ def test_translate_refuses_a_window_start_that_is_not_sglangs() -> None:
     with pytest.raises(PageError, match="starts at 72"):
         translate(lay, WINDOW, TransferRequest(1, 7, "r", 200, 0, 64, req.full_page_ids,
                                                req.swa_page_ids, 2, 5.0), "h", 5, "a", aux)
-    with pytest.raises(PageError, match="aux_slot"):
+    with pytest.raises(PageError, match="aux_row"):
         translate(lay, WINDOW, TransferRequest(1, 7, "r", 200, 0, ws, req.full_page_ids,
                                                req.swa_page_ids, 4, 5.0), "h", 5, "a", aux)
+
+
+def test_translate_a_full_hit_and_a_model_without_swa_layers() -> None:
+    """P = L: no KV ids and an empty window, as SGLang's own decode sends a full hit (its
+    sender then writes the aux row only). Without SWA layers there is no window to check:
+    every P, a full hit too, goes out with no state ids."""
+    aux = [(10_000 + 64 * i, 64, 4) for i in range(10)]
+    info, num_bytes = translate(build_layout(regions(), compat(), 8), WINDOW,
+                                TransferRequest(1, 7, "r", 192, 192, 192, [], [], 0, 5.0),
+                                "h", 5, "a", aux)  # fmt: skip
+    assert (info.kv_page_ids, info.state_page_ids, info.decode_prefix_len) == ((), (), 192)
+    assert num_bytes == 640  # the aux row
+    dense = build_layout({**regions(), "swa": RegionLayout("swa", SWA_BASE, 0, PAGES + 1,
+                                                           PAGE_BYTES, 0, "VRAM")},
+                         ModelCompat("m", "bfloat16", ["full"] * 2, HEADS, HEAD_DIM, PS_D,
+                                     WINDOW), 8)  # fmt: skip
+    for length, reused in ((200, 0), (200, 192), (192, 192)):
+        pages = list(range(1, 1 + cdiv(length, PS_D) - reused // PS_D))
+        info, _ = translate(dense, WINDOW, TransferRequest(1, 7, "r", length, reused, 0, pages,
+                                                           [], 0, 5.0), "h", 5, "a", aux)
+        assert info.state_page_ids == () and info.decode_prefix_len == reused
+        assert len(info.kv_page_ids) == cdiv(length - reused, 8)
 
 
 def test_registration_announces_one_prefill_page_as_the_stride() -> None:

@@ -101,9 +101,19 @@ def test_decode_prefix_writes_only_the_suffix_and_sglangs_window() -> None:
     assert got == want
 
 
+@pytest.mark.parametrize("state_ids", [(), (5, 6)], ids=["no-state", "any-state"])
+def test_a_full_hit_writes_the_aux_row_only(state_ids: tuple[int, ...]) -> None:
+    """decode_prefix_len = L (page-aligned), no KV ids: SGLang's sender skips the KV and an
+    empty SWA window (`maybe_send_extra` passes over a component with no source pages, whatever
+    the decode listed) and writes the aux row: the room still succeeds."""
+    src = source(96)
+    hit = replace(INFO_PREFIX, kv_page_ids=(), state_page_ids=state_ids, decode_prefix_len=96)
+    assert spans_of(plan_room(GEO, src, hit, REG)) == expected_aux(REG, hit.aux_row)
+
+
 @pytest.mark.parametrize(("prefix", "length", "start"),
                          [(0, 40, 0), (0, 300, 160), (64, 400, 272), (160, 200, 160), (0, 127, 0),
-                          (0, 128, 0), (0, 144, 16)])
+                          (0, 128, 0), (0, 144, 16), (256, 256, 256)])
 def test_window_start_is_sglangs(prefix: int, length: int, start: int) -> None:
     assert sglang_window_start(prefix, length, 127, 16) == start
 

@@ -24,16 +24,13 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import msgspec
-
+from decode_worker.io.api.common import json_line
 from decode_worker.io.api.harmony.chat import ChatParsing, make_parser
 from decode_worker.io.api.harmony.parser import Delta
 from decode_worker.io.api.responses.output import Event, OutputBuilder
 from decode_worker.io.api.responses.schema import ResponsesReq
 from decode_worker.io.api.run import GenerationRun, Step
 from decode_worker.io.api.samples import merged_steps
-
-_JSON = msgspec.json.Encoder()
 
 
 class ResponseShape:
@@ -128,7 +125,7 @@ class ResponseShape:
 
 
 def sse_event(event: Event) -> bytes:
-    return b"event: " + str(event["type"]).encode() + b"\ndata: " + _JSON.encode(event) + b"\n\n"
+    return b"event: " + str(event["type"]).encode() + b"\ndata: " + json_line(event) + b"\n\n"
 
 
 async def stream_events(shape: ResponseShape) -> AsyncGenerator[bytes, None]:

@@ -124,11 +124,14 @@ def state_page_ids(
     lay: SglangLayout, prompt_len: int, window_start: int, swa_page_ids: list[int]
 ) -> list[int]:
     """Virtual ids of the prefill pages of [ws, L) in the SWA pool (cdiv(L - ws, ps_p));
-    `swa_page_ids` are our SWA pages from align_down(ws, ps_d). Raises PageError."""
+    `swa_page_ids` are our SWA pages from align_down(ws, ps_d). Raises PageError.
+
+    `ws = L` (decode_prefix_len = L, a full hit) is an empty window: SGLang's decode then
+    sends an empty state list and its sender writes no SWA (only the aux row)."""
     ps_d, ps_p = lay.decode_page_size, lay.prefill_page_size
-    if window_start % ps_p or not 0 <= window_start < prompt_len:
+    if window_start % ps_p or not 0 <= window_start <= prompt_len:
         raise PageError(f"swa_window_start={window_start} must be a multiple of the prefill "
-                        f"page {ps_p} in [0, prompt_len={prompt_len})")  # fmt: skip
+                        f"page {ps_p} in [0, prompt_len={prompt_len}]")  # fmt: skip
     base = align_down(window_start, ps_d)
     expected = cdiv(prompt_len, ps_d) - base // ps_d
     _check_pages("swa", swa_page_ids, expected, lay.num_swa_pages)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode_worker.device.decode_slots import HostTokens
+from decode_worker.device.decode_inputs import HostTokens
 from decode_worker.device.default_model import write_model
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.gpt_oss import GptOssModel

@@ -19,7 +19,7 @@ from decode_worker.device.model.checkpoint import INDEX, dequantize_fp8_block
 from decode_worker.device.model.registry import FAMILIES, family_of, load_model
 from decode_worker.device.model.rope import RopeSpec, inv_freq
 from decode_worker.device.model.tiny import tiny_config, write_tiny_model
-from decode_worker.errors import ConfigError
+from decode_worker.errors import ClientError, ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -210,3 +210,34 @@ def test_demo_family_writes_a_tiny_model_once(tmp_path: Path) -> None:
                          environ={})
     with pytest.raises(ConfigError, match="not both"):
         demo_model(argparse.Namespace(family="gemma3"), both)
+
+
+def test_a_multimodal_gemma3_checkpoint_serves_its_text_model(tmp_path: Path) -> None:
+    """model_type gemma3 (Gemma3ForConditionalGeneration): the text_config is read and the
+    nested `language_model.model.` tensors load as the text-only checkpoint's."""
+    text = write_tiny_model(tmp_path / "text", "gemma3")
+    mm = tmp_path / "mm"
+    mm.mkdir()
+    for f in text.iterdir():
+        if f.suffix != ".safetensors":
+            (mm / f.name).write_bytes(f.read_bytes())
+    raw = json.loads((text / "config.json").read_text())
+    (mm / "config.json").write_text(json.dumps({
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "eos_token_id": raw["eos_token_id"], "text_config": raw, "vision_config": {}}))
+    state = load_file(str(text / "model.safetensors"))
+    save_file({"language_model." + k: v for k, v in state.items()},
+              str(mm / "model.safetensors"))
+    assert torch.equal(_logits(mm, torch.float32), _logits(text, torch.float32))
+
+
+def test_input_ids_are_bounded_by_the_embedding_rows_not_the_tokenizer(qwen3_dir: Path) -> None:
+    from decode_worker.device.tokenizer import Tokenizer
+    from decode_worker.io.api.common import check_prompt, vocab_size_of
+
+    tok = Tokenizer.from_dir(qwen3_dir)
+    rows = json.loads((qwen3_dir / "config.json").read_text())["vocab_size"]
+    assert tok.vocab_size < rows == vocab_size_of(tok)
+    assert check_prompt([1, rows - 1], None, vocab_size_of(tok)) == [1, rows - 1]
+    with pytest.raises(ClientError, match="outside the vocabulary"):
+        check_prompt([rows], None, vocab_size_of(tok))

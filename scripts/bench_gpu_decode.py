@@ -4,7 +4,7 @@
 Builds gpt-oss-20b's shape (or 120b's, `--shape 120b`) with random weights as an MXFP4 checkpoint
 in device memory, loads it through the product's loader (`weights.from_state_dict`, MoE backend
 per `--moe-backend`), fills the KV pools with random values and times one decode step (the
-`decode_slots` path with CUDA graphs: model + argmax + token write-back; median of `--steps`
+`decode_rows` path with CUDA graphs: model + argmax + token write-back; median of `--steps`
 after warm-up) at every batch x context cell whose pools fit. The floor of a cell is the bytes
 the step must read (docs/GPU.md, "Floor": attention and lm_head weights, the
 experts a batch hits, the KV it attends to) over the device-to-device copy bandwidth measured

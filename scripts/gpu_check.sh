@@ -6,7 +6,7 @@
 # into a scratch folder put first on PYTHONPATH (the checkout after it), then runs, each part
 # with its own timeout (the whole under 8 minutes):
 #   imports   every module the daemon and the tests need, and the versions
-#   tests/gpu the CUDA tests (graph replay == eager, kernels, decode slots, sampler)
+#   tests/gpu the CUDA tests (graph replay == eager, kernels, decode inputs, sampler)
 #   e2e       the P/D end-to-end test on the GPU (VRAM pools over NIXL), native and SGLang
 #             protocols, token-exact against transformers in float32; and every family
 #             (Llama 3, Qwen3, Qwen3-MoE, Gemma 3: tests/e2e/test_e2e_families.py, native)

@@ -165,9 +165,8 @@ class DecodeStepper:
                 batch.slid(live)
         if grow.size:  # a page edge: a new full page, an SWA page to get or write
             growing = [lives[i] for i in grow.tolist()]
-            in_flight = {lv.rid for lv, a in zip(growing, ahead[grow].tolist(), strict=True)
-                         if a}
-            if not self.decode_alloc.grow([lv.req for lv in growing], in_flight):
+            far = {lv.rid: a for lv, a in zip(growing, ahead[grow].tolist(), strict=True) if a}
+            if not self.decode_alloc.grow([lv.req for lv in growing], far):
                 kept = self._retract(order, ahead, now)
                 if kept is None:
                     return None
@@ -181,8 +180,8 @@ class DecodeStepper:
         some (back to the prealloc queue, their computed KV cached) and gives the rest their
         pages."""
         batch = self.batch
-        in_flight = {lv.rid for lv, a in zip(order.lives, ahead.tolist(), strict=True) if a}
-        plan = self.decode_alloc.prepare_step([lv.req for lv in order.lives], now, in_flight)
+        far = {lv.rid: a for lv, a in zip(order.lives, ahead.tolist(), strict=True) if a}
+        plan = self.decode_alloc.prepare_step([lv.req for lv in order.lives], now, far)
         gone = {id(r) for r in plan.retracted}
         for live in order.lives:
             if id(live.req) in gone:

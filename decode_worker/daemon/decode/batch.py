@@ -182,9 +182,11 @@ class RunningBatch:
         self._stop_ids, self._order = None, None
 
     # -- step state ------------------------------------------------------------------------------
-    def refresh(self, live: LiveRequest) -> None:
+    def refresh(self, live: LiveRequest, reach: int | None = None) -> None:
         """After the core gave `live` pages (it grew at its edge): queue the new pages for its
-        row and recompute its edge (its slide point moves only when its window slides)."""
+        row and recompute its edge (its slide point moves only when its window slides). SWA
+        pages reach the row up to the page of `reach` (default: its next position; a verify
+        step writes further, and the ring keeps that much more: `ModelRunner.lookahead`)."""
         row, kv, ps, inputs = live.row, live.req.kv, self.page_size, self.inputs
         assert kv is not None
         full, num_full = kv.full_page_ids, self._num_full[row]
@@ -193,7 +195,7 @@ class RunningBatch:
             self._num_full[row] = num_full = len(full)
         if self.has_swa:
             swa, written = kv.swa_page_ids, self._num_swa[row]
-            num_swa = min(len(swa), int(self.pos[row]) // ps + 1)
+            num_swa = min(len(swa), (int(self.pos[row]) if reach is None else reach) // ps + 1)
             if num_swa > written:
                 inputs.write_swa(row, written, swa[written:num_swa])
                 self._num_swa[row] = written = num_swa

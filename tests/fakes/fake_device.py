@@ -31,7 +31,7 @@ from decode_worker.core.request import RequestState
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.decode.batch import RunningBatch
 from decode_worker.daemon.decode.bridge import AddRequest, Event, Outbox
-from decode_worker.daemon.decode.fetcher import AuxRows, KVFetcher
+from decode_worker.daemon.decode.fetcher import AuxBuffers, KVFetcher
 from decode_worker.daemon.decode.requests import RequestTable
 from decode_worker.daemon.decode.stepper import DecodeStepper, sample_kind
 from decode_worker.device.aux_buffer import AuxBuffer
@@ -126,7 +126,7 @@ class FakeIdleReceiver:
     def __init__(self) -> None:
         self.stats = ReceiverStats()
 
-    def poll(self) -> list[TransferEvent]:
+    def take_events(self) -> list[TransferEvent]:
         return []
 
     def peers_by_protocol(self) -> dict[str, int]:
@@ -136,7 +136,7 @@ class FakeIdleReceiver:
 class _NoTransfers:
     """No request of `running_stepper` has a transfer or a prefill peer."""
 
-    def abort(self, transfer_id: int) -> None:
+    def abort_transfer(self, transfer_id: int) -> None:
         pass
 
     def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None:
@@ -168,7 +168,7 @@ def running_stepper(runner: Any, bs: int, ctx: int, overlap: bool, *, page_size:
     alloc = DecodeAllocator(kv_ctx)
     batch = RunningBatch(runner.new_inputs(bs), alloc, sample_kind)
     sampler = Sampler("cpu", seed=0)
-    fetcher = KVFetcher(FakeIdleReceiver(), AuxRows(AuxBuffer(1), SglangAuxBuffers(1)),  # type: ignore[arg-type]
+    fetcher = KVFetcher(FakeIdleReceiver(), AuxBuffers(AuxBuffer(1), SglangAuxBuffers(1)),  # type: ignore[arg-type]
                         kv_ctx, runner, sampler)
     table = RequestTable(kv_ctx, queue, alloc, _NoTransfers(), fetcher, SinkOutbox(keep_events),
                          batch)

@@ -77,11 +77,11 @@ class FakePeerReceiver:
         self.posted[tid] = kw
         return tid
 
-    def poll(self) -> list[TransferEvent]:
+    def take_events(self) -> list[TransferEvent]:
         out, self.events = self.events, []
         return out
 
-    def abort(self, transfer_id: int) -> None:
+    def abort_transfer(self, transfer_id: int) -> None:
         self.aborted.append(transfer_id)
 
     def cancel_room(self, *a: Any) -> None:
@@ -89,7 +89,7 @@ class FakePeerReceiver:
 
     def done(self, engine: DecodeEngine, tid: int, token_id: int) -> None:
         kw = self.posted[tid]
-        engine.fetcher.aux.native.write(kw["aux_slot"], kw["room"], token_id, -0.5, tid)
+        engine.fetcher.aux.native.write(kw["aux_row"], kw["room"], token_id, -0.5, tid)
         self.events.append(TransferEvent("done", tid, kw["rid"], kw["room"], wire_id=tid))
 
     def fail(self, tid: int) -> None:

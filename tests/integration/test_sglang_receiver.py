@@ -87,7 +87,7 @@ class Decode:
         got: list[TransferEvent] = []
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            self.seen += self.rx.poll()
+            self.seen += self.rx.take_events()
             got += [e for e in self.seen if e.transfer_id == tid]
             self.seen = [e for e in self.seen if e.transfer_id != tid]
             if any(e.kind == kind for e in got):
@@ -180,7 +180,7 @@ def submit(d: Decode, harness: SglangPrefill | None, port: int, room: int, seq_l
                          "first_token": 1000 + room % 1000, **spec})  # fmt: skip
     tid = d.rx.submit("127.0.0.1", port, rid=f"r{room}", room=room, prompt_len=seq_len,
                       reused_len=prefix, swa_window_start=ws, full_page_ids=full,
-                      swa_page_ids=swa, aux_slot=room % 16)  # fmt: skip
+                      swa_page_ids=swa, aux_row=room % 16)  # fmt: skip
     return Room(tid, room, seq_len, prefix, full, base, swa, ws, seed)
 
 
@@ -277,7 +277,7 @@ def test_a_room_the_prefill_drops_silently_times_out_then_is_released_on_abort_a
     tid = decode16.rx.submit(
         "127.0.0.1", A.bootstrap, rid="r3311", room=3311, prompt_len=seq_len, reused_len=0,
         swa_window_start=ws, full_page_ids=decode16.alloc("full", cdiv(seq_len, ps)),
-        swa_page_ids=decode16.alloc("swa", cdiv(seq_len, ps) - ws // ps), aux_slot=3,
+        swa_page_ids=decode16.alloc("swa", cdiv(seq_len, ps) - ws // ps), aux_row=3,
         timeout_s=2.0)  # fmt: skip
     start = time.monotonic()
     failed, released = decode16.wait(tid, "released", timeout_s=SETTINGS.abort_quiesce_s)
@@ -303,7 +303,7 @@ def test_malformed_and_unknown_status_messages_are_counted_and_dropped(
     stats = decode16.rx.stats
 
     def counted() -> bool | None:
-        decode16.seen += decode16.rx.poll()
+        decode16.seen += decode16.rx.take_events()
         return (stats.bad_frames == 2 and stats.unknown_notifs == 1) or None
 
     _until(counted, 5.0)
@@ -317,7 +317,7 @@ def test_an_aborted_room_is_released_on_abort_ack(
     r = submit(decode16, harnesses["A"], A.bootstrap, 3402, 300, delay_s=3.0)
     harnesses["A"].wait_room(3402, ("waiting_for_input", "transferring"), timeout_s=10)
     start = time.monotonic()
-    decode16.rx.abort(r.tid)
+    decode16.rx.abort_transfer(r.tid)
     (released,) = decode16.wait(r.tid, "released", timeout_s=SETTINGS.abort_quiesce_s - 1)
     assert released.kind == "released"  # no "failed": the owner asked for it
     assert time.monotonic() - start < SETTINGS.abort_quiesce_s - 1
@@ -415,8 +415,8 @@ def _check_native_and_unavailable_peers(router: ProtocolRouter) -> None:
     proto = _until(lambda: router.protocol_of("127.0.0.1", 18394, since), 5.0)
     assert proto.kind == "unavailable" and "unreachable" in proto.detail
     tid = router.submit("127.0.0.1", 18394, rid="x", room=1, prompt_len=16, reused_len=0,
-                        swa_window_start=0, full_page_ids=[1], swa_page_ids=[1], aux_slot=0)
-    failed, released = router.poll()
+                        swa_window_start=0, full_page_ids=[1], swa_page_ids=[1], aux_row=0)
+    failed, released = router.take_events()
     assert (failed.kind, failed.reason, released.kind) == ("failed", "peer_dead", "released")
     assert failed.transfer_id == released.transfer_id == tid
     assert router.peers_by_protocol() == {"native": 1, "sglang": 1}
@@ -474,7 +474,7 @@ def test_a_request_ended_before_the_failure_was_polled_aborts_no_rank(
                fail_reason=reason)
 
     def info_sent() -> bool | None:  # no poll after our TransferInfo went out
-        decode16.seen += rx.poll()
+        decode16.seen += rx.take_events()
         return rx._book.get(r.tid).phase == "sent" or None  # type: ignore[attr-defined]
 
     _until(info_sent, 10.0)
@@ -482,7 +482,7 @@ def test_a_request_ended_before_the_failure_was_polled_aborts_no_rank(
     _until(lambda: held.fill(2), 10.0)  # both ranks' reports arrived; the receiver read none
     inbox.recv_all = held
     rx.cancel_room("127.0.0.1", B.bootstrap, r.room, "client_abort", "the client left")
-    rx.abort(r.tid)
+    rx.abort_transfer(r.tid)
     failed, released = decode16.wait(r.tid, "released", timeout_s=SETTINGS.abort_quiesce_s - 1)
     assert failed.kind == "failed" and reason in failed.detail and released.kind == "released"
     assert rx.stats.quiesce_expired == 0

@@ -13,7 +13,7 @@ import pytest
 from decode_worker.core.request import DecodeRequest
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.decode.bridge import AddRequest
-from decode_worker.daemon.decode.fetcher import AuxRows, KVFetcher
+from decode_worker.daemon.decode.fetcher import AuxBuffers, KVFetcher
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.parking import Wait
 from decode_worker.daemon.decode.requests import RequestTable
@@ -36,7 +36,7 @@ class FakeRouter:
     def count_failure(self, reason: str) -> None:
         self.failures.append(reason)
 
-    def poll(self) -> list[object]:
+    def take_events(self) -> list[object]:
         return []  # no transfer in flight
 
     def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None:
@@ -60,7 +60,7 @@ def table(answers: dict[int, PeerProtocol | None], *, radix: bool = True) -> Req
     """A request table whose peers answer `answers` (a fetcher over `FakeRouter`); no batch."""
     kv_ctx: Any = SimpleNamespace(page_size=16, radix_cache=radix)
     router = FakeRouter(answers)
-    aux: Any = AuxRows(SimpleNamespace(num_rows=4), None)  # type: ignore[arg-type]
+    aux: Any = AuxBuffers(SimpleNamespace(num_rows=4), None)  # type: ignore[arg-type]
     f = KVFetcher(router, aux, kv_ctx, None, None)  # type: ignore[arg-type]
     batch: Any = SimpleNamespace(leave=lambda live: 0, steps_done=0)
     outbox: Any = SimpleNamespace(put=lambda event: None)

@@ -41,7 +41,7 @@ from decode_worker.daemon.decode.bridge import (
     RefuseRequest,
     Shutdown,
 )
-from decode_worker.daemon.decode.fetcher import AuxRows, KVFetcher
+from decode_worker.daemon.decode.fetcher import AuxBuffers, KVFetcher
 from decode_worker.daemon.decode.host_tier import HostTier
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.requests import RequestTable
@@ -121,7 +121,7 @@ class DecodeEngine:
         self.inbox = Inbox()
         batch = RunningBatch(rt.runner.new_inputs(sched.max_running_requests), decode_alloc,
                              sample_kind)
-        self.fetcher = KVFetcher(self.receiver, AuxRows(aux, sglang_aux), self.kv_ctx,
+        self.fetcher = KVFetcher(self.receiver, AuxBuffers(aux, sglang_aux), self.kv_ctx,
                                  rt.runner, sampler)
         self.table = RequestTable(self.kv_ctx, self.queue, decode_alloc, self.receiver,
                                   self.fetcher, outbox or Outbox.unbound(), batch)

@@ -20,18 +20,17 @@ from decode_worker.core.admission import Admit
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.request import RequestState
 from decode_worker.daemon.decode.live import LiveRequest
-from decode_worker.device.aux_buffer import AuxBuffer, AuxRow
+from decode_worker.device.aux_buffer import AuxBuffer
+from decode_worker.device.aux_rows import FirstToken
 from decode_worker.device.runner import ModelRunner
 from decode_worker.device.sampler import Sampler
-from decode_worker.device.sglang_aux import SglangAuxBuffers, SglangAuxRow
+from decode_worker.device.sglang_aux import SglangAuxBuffers
 from decode_worker.io.kv.peer import TransferEvent
 from decode_worker.io.kv.router import PeerProtocol, ProtocolRouter
 
-FirstToken = AuxRow | SglangAuxRow
-
 
 @dataclass(frozen=True, slots=True)
-class AuxRows:
+class AuxBuffers:
     """Where a transfer's first token lands: our aux rows (native peers) or SGLang's ten aux
     buffers (SGLang prefills); one row number indexes both."""
 
@@ -42,7 +41,7 @@ class AuxRows:
 class KVFetcher:
     """Transfers (through the receiver) and local prefill for admitted requests."""
 
-    def __init__(self, receiver: ProtocolRouter, aux: AuxRows, kv_ctx: KVContext,
+    def __init__(self, receiver: ProtocolRouter, aux: AuxBuffers, kv_ctx: KVContext,
                  runner: ModelRunner, sampler: Sampler) -> None:
         self.receiver, self.aux, self.kv_ctx = receiver, aux, kv_ctx
         self.runner, self.sampler = runner, sampler
@@ -96,7 +95,7 @@ class KVFetcher:
                 cmd.bootstrap_host or "", cmd.bootstrap_port or 0, rid=req.rid,
                 room=cmd.bootstrap_room or 0, prompt_len=req.fill_len,
                 reused_len=admit.prefix_len, swa_window_start=admit.swa_start,
-                full_page_ids=sent_full, swa_page_ids=admit.swa_page_ids, aux_slot=row)
+                full_page_ids=sent_full, swa_page_ids=admit.swa_page_ids, aux_row=row)
         except BaseException:
             self._free_rows.append(row)
             raise
@@ -104,7 +103,7 @@ class KVFetcher:
         req.transition(RequestState.RECEIVING, now)
 
     def events(self) -> list[TransferEvent]:
-        return self.receiver.poll()
+        return self.receiver.take_events()
 
     def transfer_over(self, live: LiveRequest, ev: TransferEvent) -> FirstToken | None:
         """`live`'s transfer stopped ("done" or "released"): its id and aux row are free. For

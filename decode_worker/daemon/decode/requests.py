@@ -45,7 +45,7 @@ class TransferStopper(Protocol):
     """What the table needs of the KV receiver: stop one transfer (its "released" or "done"
     event follows); tell a prefill peer that a room's request ended."""
 
-    def abort(self, transfer_id: int) -> None: ...
+    def abort_transfer(self, transfer_id: int) -> None: ...
 
     def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None: ...
 
@@ -237,7 +237,7 @@ class RequestTable:
         if rec is not None and (rec.wait is Wait.TRANSFER or live.is_restoring):
             lot.end(rec, status)  # something may still write its pages: they wait for it
             if live.transfer_id is not None:
-                self.transfers.abort(live.transfer_id)
+                self.transfers.abort_transfer(live.transfer_id)
             return
         if rec is not None:  # PEER, START, a restore already done: nothing writes its pages
             lot.move(rec, None)

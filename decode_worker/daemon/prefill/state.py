@@ -48,16 +48,23 @@ class Decoder:
 
 
 @dataclass(slots=True)
-class Half:
-    """One half that waits for its partner: a prompt (from HTTP) or a transfer request."""
+class RoomPrompt:
+    """A room waiting for its other half, in either protocol: when it arrived, and its HTTP
+    half (the prompt, the callback, the sampling of the first token), None until it comes."""
 
     room: int
     arrived_at: float
     prompt: list[int] | None = None
     on_done: OnDone | None = None
+    sampling: SamplingParams | None = None
+
+
+@dataclass(slots=True)
+class Half(RoomPrompt):
+    """One half that waits for its partner: a prompt (from HTTP) or a transfer request."""
+
     req: TransferRequest | None = None
     peer: bytes | None = None
-    sampling: SamplingParams | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,8 +56,8 @@ def validate_request(
         )
     _check_ids(req, "full", req.full_page_ids, n_pages - req.reused_len // ps, regions["full"])
     _check_ids(req, "swa", req.swa_page_ids, n_pages - req.swa_window_start // ps, regions["swa"])
-    if not 0 <= req.aux_slot < regions["aux"].rows_per_layer:
-        raise PageError(f"room {req.room}: aux_slot {req.aux_slot} out of range")
+    if not 0 <= req.aux_row < regions["aux"].rows_per_layer:
+        raise PageError(f"room {req.room}: aux_row {req.aux_row} out of range")
 
 
 def _check_ids(

@@ -111,11 +111,11 @@ class ProtocolRouter:
     def submit(
         self, host: str, port: int, *, rid: str, room: int, prompt_len: int, reused_len: int,
         swa_window_start: int, full_page_ids: list[int], swa_page_ids: list[int],
-        aux_slot: int, timeout_s: float | None = None, prompt_ids: list[int] | None = None,
+        aux_row: int, timeout_s: float | None = None, prompt_ids: list[int] | None = None,
     ) -> int:  # fmt: skip
         """`TransferReceiver.submit`, to the receiver of the peer's protocol (never probes: ask
         `protocol_of` first). A peer not decided gets "failed" (its last miss's reason and
-        detail; bad_request if never probed), then "released", from the next `poll`."""
+        detail; bad_request if never probed), then "released", from the next `take_events`."""
         tid, self._next_id = self._next_id, self._next_id + 1
         key = f"{host}:{port}"
         proto = self.protocols.known(key) or self.protocols.last_miss(key)
@@ -129,7 +129,7 @@ class ProtocolRouter:
         inner = receiver.submit(
             host, port, rid=rid, room=room, prompt_len=prompt_len, reused_len=reused_len,
             swa_window_start=swa_window_start, full_page_ids=full_page_ids,
-            swa_page_ids=swa_page_ids, aux_slot=aux_slot, timeout_s=timeout_s,
+            swa_page_ids=swa_page_ids, aux_row=aux_row, timeout_s=timeout_s,
             prompt_ids=prompt_ids,
         )  # fmt: skip
         self._routes[tid] = (proto.kind, inner, key)
@@ -140,8 +140,8 @@ class ProtocolRouter:
         """Tell the prefill peer at host:port, in its protocol, that this worker ended `room`'s
         request (`reason`) before its KV arrived; until that protocol is known, or while the
         peer is unreachable (a restarting peer may still receive the router's copy of the
-        request), the message waits in `poll`, at most `_CANCEL_WAIT_S`, and the peer is probed
-        at most once a heartbeat interval for it. Never raises."""
+        request), the message waits in `take_events`, at most `_CANCEL_WAIT_S`, and the peer is
+        probed at most once a heartbeat interval for it. Never raises."""
         until = time.monotonic() + _CANCEL_WAIT_S
         self._cancels.append((until, host, port, room, reason, detail))
         del self._cancels[:-_MAX_CANCELS]
@@ -160,13 +160,13 @@ class ProtocolRouter:
             elif time.monotonic() < until:  # not known yet, or unreachable: it may be restarting
                 self._cancels.append((until, host, port, room, reason, detail))
 
-    def abort(self, transfer_id: int) -> None:
+    def abort_transfer(self, transfer_id: int) -> None:
         route = self._routes.get(transfer_id)
         receiver = self._receiver(route[0]) if route else None
         if route is not None and receiver is not None:
-            receiver.abort(route[1])
+            receiver.abort_transfer(route[1])
 
-    def poll(self) -> list[TransferEvent]:
+    def take_events(self) -> list[TransferEvent]:
         """Both receivers' events, under the router's ids; totals `stats`. A peer a receiver
         dropped as dead is undecided again before its transfers' "failed" events are
         returned (so the requests and cancels they end probe it again)."""
@@ -175,7 +175,7 @@ class ProtocolRouter:
         for kind in ("native", "sglang"):
             receiver = self._receiver(kind)
             if receiver is not None:
-                events += [self._ours_event(kind, ev) for ev in receiver.poll()]
+                events += [self._ours_event(kind, ev) for ev in receiver.take_events()]
         for key, detail in self.native.lost_peers.take() + (
                 self.sglang.lost_peers.take() if self.sglang else []):
             self.protocols.forget(key, detail)

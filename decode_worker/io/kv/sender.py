@@ -6,7 +6,7 @@ L, reused prefix P and window start S (both page-aligned, given by the decode si
     logical pages  0 ....... P/ps ....... S/ps ....... cdiv(L, ps)
     full pool               |--- sent, every full layer ----|
     swa pool                              |-- sent, every swa layer --|
-    aux                     one row (first token) -> decode's aux_slot
+    aux                     one row (first token) -> decode's aux_row
 
 Per layer, a run of pages consecutive on both sides becomes one descriptor (`coalesce`).
 """
@@ -71,7 +71,7 @@ def plan_writes(
     pools = (
         ("full", pages.full_page_ids[first_full:n_pages], req.full_page_ids),
         ("swa", pages.swa_page_ids[first_swa:n_pages], req.swa_page_ids),
-        ("aux", [pages.aux_row], [req.aux_slot]),
+        ("aux", [pages.aux_row], [req.aux_row]),
     )
     for name, src_ids, dst_ids in pools:
         s, d = src[name], dst[name]

@@ -151,7 +151,7 @@ def test_translate_refuses_a_window_start_that_is_not_sglangs() -> None:
     with pytest.raises(PageError, match="starts at 72"):
         translate(lay, WINDOW, TransferRequest(1, 7, "r", 200, 0, 64, req.full_page_ids,
                                                req.swa_page_ids, 2, 5.0), "h", 5, "a", aux)
-    with pytest.raises(PageError, match="aux_slot"):
+    with pytest.raises(PageError, match="aux_row"):
         translate(lay, WINDOW, TransferRequest(1, 7, "r", 200, 0, ws, req.full_page_ids,
                                                req.swa_page_ids, 4, 5.0), "h", 5, "a", aux)
 

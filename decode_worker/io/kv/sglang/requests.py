@@ -60,11 +60,11 @@ def translate(
                             f"the prefill page {ps_p})")  # fmt: skip
         state = state_page_ids(lay, L, ws, req.swa_page_ids)
     num_rows = min((n for _, _, n in aux_buffers), default=0)
-    if not 0 <= req.aux_slot < num_rows:
-        raise PageError(f"aux_slot {req.aux_slot} out of [0, {num_rows})")
+    if not 0 <= req.aux_row < num_rows:
+        raise PageError(f"aux_row {req.aux_row} out of [0, {num_rows})")
     info = TransferInfo(
         room=req.room, ip=ip, port=port, agent_name=agent_name, kv_page_ids=tuple(kv),
-        aux_row=req.aux_slot, required_dst_info_num=1, state_page_ids=tuple(state),
+        aux_row=req.aux_row, required_dst_info_num=1, state_page_ids=tuple(state),
         decode_prefix_len=P,
     )  # fmt: skip
     per_page = 2 * lay.item_len  # K and V

@@ -218,6 +218,22 @@ class RunningBatch:
             (i, noise_seed(sd, st)) for i, sd, st in zip(
                 seeded.tolist(), seeds[seeded].tolist(), step.tolist(), strict=True)])
 
+    def entry_params(self, rows: np.ndarray, counts: np.ndarray, vocab: int,
+                     dev: torch.device) -> tuple[ParamsBatch, np.ndarray]:
+        """A verify step's sampling parameters per entry (row `rows[i]` in `counts[i]`
+        consecutive entries, drawing its next tokens in order), and each entry's noise key
+        (`noise_seed` of the token it draws; -1 for an unseeded row)."""
+        idx = np.repeat(np.arange(len(rows)), counts)  # [T] the request of each entry
+        r = rows[idx]
+        within = np.arange(len(idx)) - np.repeat(np.cumsum(counts) - counts, counts)  # [T]
+        keys = np.full(len(idx), -1, np.int64)
+        seeded = np.flatnonzero(self.seed[r] >= 0)
+        if len(seeded):
+            step = self.max_new[r[seeded]] - self.left[r[seeded]] + within[seeded]
+            keys[seeded] = [noise_seed(sd, st) for sd, st in zip(
+                self.seed[r[seeded]].tolist(), step.tolist(), strict=True)]
+        return ParamsBatch.of_columns(self.sample_f[r], vocab, dev, []), keys
+
     def logprobs_wanted(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
         """[n] bool: which of `rows` want logprobs (the token's, or alternatives); and the
         most alternatives any of them wants."""

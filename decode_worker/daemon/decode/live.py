@@ -47,6 +47,10 @@ class LiveRequest:
     emitted: int = 0  # output tokens already sent to the client
     row: int = 0  # its row of the running batch (0: not running)
     parked: Parked | None = None  # what it waits for outside the queue and the batch
+    # speculative decoding: verify steps it was in, draft tokens proposed for it and kept
+    spec_verify_steps: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)  # when cmd.top_logprobs
     grammar: GrammarState | None = field(default=None, init=False)  # made by the first row
@@ -110,6 +114,12 @@ class LiveRequest:
         lps = self.logprobs[start:len(out)] if self.cmd.return_logprob else None
         tops = self.top_logprobs[start:len(out)] if self.cmd.top_logprobs else None
         return Tokens(self.rid, OutputChunk(ids, lps, top_logprobs=tops), self.totals)
+
+    def count_verify(self, proposed: int, accepted: int) -> None:
+        """A verify step committed `accepted` of `proposed` drafts (and one more token)."""
+        self.spec_verify_steps += 1
+        self.spec_proposed += proposed
+        self.spec_accepted += accepted
 
     def ended_event(self, reason: str, message: str, matched_stop: int | None) -> Ended:
         return Ended(self.rid, reason, message, matched_stop, self.totals)

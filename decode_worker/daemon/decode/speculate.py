@@ -40,6 +40,25 @@ class Drafter(Protocol):
     def finish(self, rid: str) -> None: ...
 
 
+class TokenView:
+    """A request's tokens so far, its prompt then its output, without copying them."""
+
+    __slots__ = ("output", "prompt")
+
+    def __init__(self, prompt: list[int], output: list[int]) -> None:
+        self.prompt, self.output = prompt, output
+
+    def __len__(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def tail(self, start: int) -> list[int]:
+        """The tokens from index `start` on."""
+        n = len(self.prompt)
+        if start >= n:
+            return self.output[start - n:]
+        return self.prompt[start:] + self.output
+
+
 class StepCost:
     """A decode step's time by its entry count (calibrated at start-up: `ModelRunner` steps
     of 1, 2, 4, ... entries), interpolated linearly between measured counts."""
@@ -100,11 +119,16 @@ class Speculator:
         if self._states.pop(rid, None) is not None:
             self.drafter.finish(rid)
 
-    def drafts(self, rids: Sequence[str], tokens: Sequence[Sequence[int]],
+    def may_draft(self) -> bool:
+        """Some request of the batch may draft at the next step (else a plain, overlapped step
+        needs no committed tokens first)."""
+        nxt = self._step + 1
+        return any(st.paused_until <= nxt for st in self._states.values())
+
+    def drafts(self, rids: Sequence[str], tokens: Sequence[TokenView],
                caps: Sequence[int]) -> list[list[int]] | None:
-        """Drafts for the batch's requests (`tokens`: each one's prompt + output so far, a view
-        the drafter must not keep; `caps`: the most each may draft, e.g. its tokens left - 1),
-        or None when this step should not verify."""
+        """Drafts for the batch's requests (`tokens`: each one's tokens so far; `caps`: the
+        most each may draft, its tokens left - 1), or None when this step should not verify."""
         self._step += 1
         want, asked = [], []
         for rid, toks, cap in zip(rids, tokens, caps, strict=True):
@@ -113,7 +137,7 @@ class Speculator:
                 want.append(0)
                 continue
             if len(toks) > st.seen:
-                self.drafter.accept(rid, toks[st.seen:])
+                self.drafter.accept(rid, toks.tail(st.seen))
                 st.seen = len(toks)
             want.append(min(st.k, cap))
             asked.append(rid)

@@ -25,6 +25,9 @@ _SUBCOMMANDS = {
              "prefill peer + decode worker + a multi-turn chat demo"),
     "make-model": ("decode_worker.device.default_model", "write the tiny default gpt-oss model"),
     "config": ("decode_worker.cli", "print the resolved settings and where each came from"),
+    "harmony-vocab": ("decode_worker.daemon.shared.harmony_vocab",
+                      "write the o200k_base.tiktoken directory smg needs for gpt-oss (harmony) "
+                      "without network: point TIKTOKEN_ENCODINGS_BASE at it"),
 }
 
 
@@ -80,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("dir", type=Path, help="output directory (Hugging Face layout)")
         if name == "config":
             p.add_argument("--json", action="store_true", help="print JSON instead of text")
+        if name == "harmony-vocab":
+            p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                           help="directory to write o200k_base.tiktoken into (created if "
+                           "missing)")
+            p.add_argument("--from", dest="source", type=Path, metavar="FILE",
+                           help="copy and verify this o200k_base.tiktoken instead of rebuilding "
+                           "it from the quicktok-v1 package")
     return parser
 
 

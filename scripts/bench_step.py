@@ -165,9 +165,9 @@ class _EventsStack:
 
         from decode_worker.core.pages import PageAllocator
         from decode_worker.core.radix_tree import UnifiedRadixTree
-        from decode_worker.io.kv_events.config import parse_kv_events_config
         from decode_worker.io.kv_events.hub import KvEventHub
         from decode_worker.io.kv_events.publisher import ZmqKvEventPublisher
+        from decode_worker.settings.kv_events import parse_kv_events_config
 
         self.runner = FakeDeviceRunner(2.0)
         self.stepper = running_stepper(self.runner, bs, ctx, True)

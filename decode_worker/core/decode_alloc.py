@@ -63,6 +63,17 @@ class DecodeAllocator:
         """RUNNING -> FINISHED: cache the computed KV, return the rest, drop the lock."""
         req.transition(S.FINISHED, now, releaser=self.ctx)
 
+    def cache_computed(self, req: DecodeRequest) -> None:
+        """A RUNNING request ends while a launched step still uses its pages: insert its
+        computed page-aligned KV into the tree now (the tree's events of this step name it, so
+        they are published before its answer leaves), as `cache_unfinished_req`. It keeps its
+        lock and the pages past the aligned end (the launched step writes only there) until
+        `finish_request` or the abort releases them, which then inserts nothing new. A
+        duplicate page it held is freed now: the launched step still reads it, but that row's
+        token is dropped. A no-op without a tree or outside RUNNING."""
+        if self.ctx.tree is not None and req.kv is not None and req.state is S.RUNNING:
+            self.ctx.tree.cache_unfinished_req(req.kv)
+
     def prepare_step(self, running: Sequence[DecodeRequest], now: float,
                      ahead: Mapping[str, int] | None = None) -> StepPlan:
         """Slide every request's SWA window, then give each the pages its step writes,

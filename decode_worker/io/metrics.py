@@ -49,6 +49,9 @@ E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300
 TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 RESTORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                    1.0)
+KV_EVENT_LAG_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                        0.25, 1.0)
+KV_EVENT_TRANSPORTS = ("zmq", "grpc")  # the ZMQ publisher, SubscribeKvEvents streams
 DESCRIPTOR_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
 DECODE_ABORT_OUTCOMES = ("answered", "early", "late")  # prefill peer: decode-side room ends
 TRANSFER_FAILURE_REASONS = ("transfer_failed", "peer_dead", "kv_timeout", "bad_request",
@@ -75,8 +78,10 @@ class Metrics:
     def _gauge(self, name: str, doc: str, labels: Iterable[str] = ()) -> Gauge:
         return Gauge(PREFIX + name, doc, list(labels), registry=self.registry)
 
-    def _hist(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-        return Histogram(PREFIX + name, doc, buckets=buckets, registry=self.registry)
+    def _hist(self, name: str, doc: str, buckets: tuple[float, ...],
+              labels: Iterable[str] = ()) -> Histogram:
+        return Histogram(PREFIX + name, doc, list(labels), buckets=buckets,
+                         registry=self.registry)
 
     def _build_counters(self) -> None:
         c = self._counter
@@ -163,6 +168,11 @@ class Metrics:
         self.e2e = h("request_e2e_seconds", "Receipt to last output token", E2E_BUCKETS)
         self.host_restore_duration = h("kv_host_restore_duration_seconds",
                                        "Host -> device restore time per request", RESTORE_BUCKETS)
+        self.kv_event_lag = h(
+            "kv_event_lag_seconds", "KV events: from a batch's append to the event log (the end "
+            "of the decode step that changed the tree) to its send, per transport (zmq: the "
+            "publisher socket; grpc: each SubscribeKvEvents stream)", KV_EVENT_LAG_BUCKETS,
+            ["transport"])
 
     def _prefill_labels(self) -> None:
         """Create the known children so that every series is exported from the start (at 0)."""
@@ -183,6 +193,8 @@ class Metrics:
             self.transfer_peers.labels(protocol=protocol)
         for outcome in DECODE_ABORT_OUTCOMES:
             self.transfer_decode_aborts.labels(outcome=outcome)
+        for transport in KV_EVENT_TRANSPORTS:
+            self.kv_event_lag.labels(transport=transport)
 
     def _pool_gauges(self) -> tuple[Gauge, ...]:
         return (self.pages_available, self.pages_used, self.pages_evictable,
@@ -294,6 +306,11 @@ class Metrics:
             self.kv_events_published_batches.inc(batches)
         if dropped:
             self.kv_events_dropped_batches.inc(dropped)
+
+    def observe_kv_event_lag(self, transport: str, lag_s: float) -> None:
+        """One KV-event batch sent on `transport` ("zmq" / "grpc") `lag_s` after its append
+        (the sender thread, or the event loop)."""
+        self.kv_event_lag.labels(transport=transport).observe(max(0.0, lag_s))
 
     def set_draining(self, draining: bool) -> None:
         self.draining.set(1 if draining else 0)

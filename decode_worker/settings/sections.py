@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -26,6 +26,7 @@ from pydantic_settings import (
 )
 
 from decode_worker.errors import ConfigError
+from decode_worker.settings.kv_events import KvEventsConfig, parse_kv_events_config
 
 ENV_PREFIX = "DECODE_WORKER_"
 UNIFIED_TREE_VARS = ("ENABLE_UNIFIED_RADIX_TREE", "SGLANG_ENABLE_UNIFIED_RADIX_TREE")
@@ -252,15 +253,17 @@ class KvEventsSettings(_Section):
 
     config: str | None = Field(
         None, description="SGLang's --kv-events-config JSON (publisher zmq|null, endpoint, topic, "
-        "replay_endpoint, buffer_steps, hwm, max_queue_size, bind, format); unset or publisher "
-        "null: no events (the default, as in SGLang)"
+        "replay_endpoint, buffer_steps, hwm, max_queue_size, bind, format): publisher zmq opens "
+        "the ZMQ publisher. Unset (the default): no socket, but with server.grpc_port set the "
+        "decode worker still streams its events over gRPC (SubscribeKvEvents, for smg) from the "
+        "in-process log; publisher null: no events at all, as in SGLang"
     )
+
+    _parsed: KvEventsConfig = PrivateAttr(default_factory=KvEventsConfig)
 
     @field_validator("config", mode="before")
     @classmethod
     def _json_text(cls, value: Any) -> Any:
-        from decode_worker.io.kv_events.config import parse_kv_events_config
-
         if isinstance(value, dict):  # `--set kv_events.config={...}` arrives parsed
             value = json.dumps(value)
         try:
@@ -268,6 +271,22 @@ class KvEventsSettings(_Section):
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
         return value
+
+    def model_post_init(self, context: Any) -> None:
+        self._parsed = parse_kv_events_config(self.config)  # valid: checked above
+
+    @property
+    def parsed(self) -> KvEventsConfig:
+        """The configuration, parsed once at load (the text stays for `decode-worker config`)."""
+        return self._parsed
+
+    def keeps_event_log(self, grpc_port: int | None) -> bool:
+        """A decode worker (radix cache on) keeps a KV-event log: with the zmq publisher, or,
+        `config` unset, with the gRPC port on (SubscribeKvEvents streams the in-process log);
+        publisher "null" keeps events off, as in SGLang."""
+        if self.config is None or not self.config.strip():
+            return grpc_port is not None
+        return self._parsed.enabled
 
 
 class Settings(BaseSettings):

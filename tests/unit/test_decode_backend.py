@@ -5,13 +5,15 @@ the load is whatever the engine published last."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.decode import backend as decode_backend
-from decode_worker.daemon.decode.backend import BackendInfo, DecodeBackend
+from decode_worker.daemon.decode.backend import DecodeBackend
 from decode_worker.daemon.decode.bridge import (
+    BackendInfo,
     CacheFlushed,
     Ended,
     EngineDead,
@@ -31,7 +33,7 @@ INFO = BackendInfo("/m", "m", 16, 127, 1024, 8, 64, 4096)
 def make(load: Load | None = None) -> tuple[DecodeBackend, Inbox]:
     inbox = Inbox()
     return DecodeBackend(inbox, ByteTokenizer(), INFO, 8, 8998,
-                         load=lambda: load or Load()), inbox
+                         loads=SimpleNamespace(load=load or Load())), inbox
 
 
 def test_flush_posts_a_command_and_returns_the_answer_with_its_token() -> None:

@@ -11,6 +11,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from decode_worker.core.kv_event_index import KVEventIndex
+from decode_worker.core.pages import PageAllocator
+from decode_worker.core.radix_tree import UnifiedRadixTree
 from decode_worker.core.request import RequestState
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.decode.bridge import Ended, Tokens, per_request
@@ -180,3 +183,44 @@ def test_logprobs_come_from_the_device_without_a_synchronous_step() -> None:
     one_hot[0] = 1.0
     want = float(torch.log_softmax(one_hot, dim=0)[0])  # the fake's logits are one-hot
     assert all(abs(lp - want) < 1e-6 for _, lp in on["r0"][1:])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_ended_requests_kv_is_in_the_events_of_the_step_that_answers_it(
+        overlap: bool) -> None:
+    """The step that puts a request's `Ended` in the outbox has already recorded the tree
+    events naming all its computed KV (its page-aligned prompt and output), overlap on or off:
+    the engine publishes a step's events before it flushes the step's answers, so a router
+    that reads them sees what the client's next turn will hit. With overlap on, the request's
+    pages still wait for the launched step (parked: STEPS), but its KV is in the tree already."""
+    seqs = tokens_of(run(False, 30, ctx=42, bs=4))
+    stop = seqs["r0"][6]  # r0 ends with KV for 42 + 6 tokens: a page its prompt did not fill
+    params = SamplingParams(max_new_tokens=30, temperature=0, stop_token_ids=[stop])
+    trees: list[UnifiedRadixTree] = []
+
+    def tree(full: PageAllocator, swa: PageAllocator) -> UnifiedRadixTree:
+        trees.append(UnifiedRadixTree(16, 127, full, swa, kv_events=True))
+        return trees[0]
+
+    stepper = running_stepper(FakeDeviceRunner(0.0), 4, 42, overlap, params=params,
+                              keep_events=True, tree=tree)
+    lives = dict(stepper.table.lives)
+    outbox = stepper.table.outbox
+    assert isinstance(outbox, SinkOutbox)
+    index, seen, settled, grown = KVEventIndex(), 0, 0, 0
+    while stepper.table.running or stepper.busy:
+        stepper.step(time.monotonic())
+        index.apply(trees[0].take_events())  # what the engine publishes at the step's end
+        for ev in outbox.events[seen:]:
+            if isinstance(ev, Ended):
+                fill = lives[ev.rid].req.fill_ids  # every token whose KV was computed
+                assert index.match_len(fill) == len(fill) // 16 * 16, (ev.rid, ev.reason)
+                grown += len(fill) // 16 > len(lives[ev.rid].req.prompt_ids) // 16
+        seen = len(outbox.events)
+        settled += stepper.table.parked.count(Wait.STEPS)
+        stepper.table.poll(time.monotonic())  # the engine's next step: settled ends leave
+    assert sum(isinstance(e, Ended) and e.reason == "stop" for e in outbox.events) >= 1
+    assert grown >= 1  # a page the request's own output filled
+    assert (settled > 0) == overlap  # on: the stop-token ends waited for a launched step
+    assert index.orphan_stores == index.duplicate_stores == index.unknown_removals == 0
+    trees[0].check_integrity()

@@ -12,12 +12,12 @@ import asyncio
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from decode_worker.daemon.decode.bridge import (
     AbortRequest,
     AddRequest,
+    BackendInfo,
     CacheFlushed,
     Ended,
     EngineDead,
@@ -44,36 +44,35 @@ from decode_worker.io.api.targets import Target
 from decode_worker.io.kv_events.hub import KvEventHub
 
 log = logging.getLogger(__name__)
+
+
+class LoadSource(Protocol):
+    """The engine's books: `load` is replaced whole at every step (read without a lock)."""
+
+    load: Load
+
+
 FLUSH_WAIT_S = 10.0  # an engine that does not answer a flush within this is stuck: 503
-
-
-@dataclass(frozen=True, slots=True)
-class BackendInfo:
-    """What /server_info and /model_info report."""
-
-    model_path: str
-    served_model_name: str
-    page_size: int
-    window: int
-    max_total_tokens: int
-    max_running_requests: int
-    kv_full_bytes_per_token: int  # all full-attention layers, K and V
-    context_length: int  # longest sequence the model takes (max_position_embeddings)
 
 
 class DecodeBackend:
     """Bridges HTTP requests to the compute thread (see module docstring)."""
 
     def __init__(self, inbox: Inbox, tokenizer: Tokenizer, info: BackendInfo,
-                 max_queued: int, default_bootstrap_port: int, *,
-                 load: Callable[[], Load]) -> None:
-        """`load` returns the engine's latest published `Load` (it must not block)."""
+                 max_queued: int, default_bootstrap_port: int, *, loads: LoadSource,
+                 kv_events: KvEventHub | None = None,
+                 kv_events_info: dict[str, Any] | None = None,
+                 host_tier_info: Callable[[], dict[str, Any]] | None = None) -> None:
+        """`loads.load` is the engine's latest published `Load` (read, never waited for);
+        `kv_events`: the engine's KV-event log (None: events off), read by in-process (gRPC)
+        subscribers; `kv_events_info`: /server_info's `kv_events` (SGLang's);
+        `host_tier_info`: /server_info's `host_tier` (the engine's last published)."""
         self._inbox = inbox
         self.default_bootstrap_port = default_bootstrap_port
         self._tokenizer = tokenizer
         self.info = info
         self.max_queued = max_queued
-        self._load = load
+        self._loads = loads
         self._queues: dict[str, asyncio.Queue[OutputChunk]] = {}
         self._waiting: set[str] = set()  # rids in `_queues` not yet given a token (queued)
         self._totals: dict[str, PromptTotals] = {}  # rid -> the totals last sent
@@ -82,11 +81,8 @@ class DecodeBackend:
         self.announcing = False  # the drain's announce window: /health 503, work still taken
         self.draining = False  # new work refused
         self.dead_reason: str | None = None
-        # the engine's KV-event log (None: events off); in-process subscribers (gRPC) read it
-        self.kv_events: KvEventHub | None = None
-        self.kv_events_info: dict[str, Any] | None = None  # /server_info `kv_events` (SGLang's)
-        # /server_info `host_tier`: its size and live pages (the engine's last published)
-        self.host_tier_info: Callable[[], dict[str, Any]] = lambda: {"enabled": False}
+        self.kv_events, self.kv_events_info = kv_events, kv_events_info
+        self.host_tier_info = host_tier_info or (lambda: {"enabled": False})
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -147,7 +143,7 @@ class DecodeBackend:
         self._inbox.put(RefuseRequest(rooms, reason, message, max(1, len(targets))))
 
     def load(self) -> Load:
-        return self._load()
+        return self._loads.load
 
     async def flush_cache(self) -> FlushResult:
         """Raises ServiceUnavailable when the engine is dead or does not answer in time."""

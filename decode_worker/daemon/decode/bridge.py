@@ -17,6 +17,7 @@ from typing import Any
 
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.io.api.backend import FlushResult, OutputChunk
+from decode_worker.io.kv_events.gate import AnswerGate
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,20 @@ class FlushCache:
     answered with one `CacheFlushed` carrying the same `token`."""
 
     token: int
+
+
+@dataclass(frozen=True, slots=True)
+class BackendInfo:
+    """What /server_info and /model_info report."""
+
+    model_path: str
+    served_model_name: str
+    page_size: int
+    window: int
+    max_total_tokens: int
+    max_running_requests: int
+    kv_full_bytes_per_token: int  # all full-attention layers, K and V
+    context_length: int  # longest sequence the model takes (max_position_embeddings)
 
 
 Command = (AddRequest | AbortRequest | FinishRequest | RefuseRequest | Drain | Shutdown
@@ -186,11 +201,18 @@ class Inbox:
 @dataclass
 class Outbox:
     """Events from the compute thread to the loop, delivered in one batch per step. An outbox
-    built `unbound()` (before the loop runs) keeps its events until a bound one replaces it."""
+    built `unbound()` (before the loop runs) keeps its events until a bound one replaces it.
+
+    With a `gate` (the ZMQ publisher's `AnswerGate`), a batch holding an answer (`Ended`, or a
+    flush's `CacheFlushed`) goes to the loop only once the publisher has sent the KV-event
+    batches appended before it, and the batches after it keep their order (`io/kv_events/
+    gate.py`); the compute thread never waits for it."""
 
     loop: asyncio.AbstractEventLoop | None
     deliver: Callable[[list[Event]], Any]
     _pending: list[Event] = field(default_factory=list)
+    gate: AnswerGate | None = None
+    _final: bool = False  # `_pending` holds an answer
 
     @classmethod
     def unbound(cls) -> Outbox:
@@ -198,11 +220,25 @@ class Outbox:
 
     def put(self, event: Event) -> None:
         self._pending.append(event)
+        if isinstance(event, Ended | CacheFlushed):
+            self._final = True
 
     def flush(self) -> None:
+        gate = self.gate
+        if gate is not None:
+            gate.release_overdue()
         if not self._pending or self.loop is None:
             return
         batch, self._pending = self._pending, []
-        # A closed loop means we are shutting down and nobody is listening.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.deliver, batch)
+        final, self._final = self._final, False
+        loop, deliver = self.loop, self.deliver
+
+        def send() -> None:
+            # A closed loop means we are shutting down and nobody is listening.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(deliver, batch)
+
+        if gate is None:
+            send()
+        else:
+            gate.run_after(send, final=final)

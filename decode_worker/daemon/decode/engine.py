@@ -24,12 +24,12 @@ from decode_worker.core.host_tier import WritePolicy
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
-from decode_worker.daemon.decode.backend import BackendInfo
 from decode_worker.daemon.decode.batch import RunningBatch
 from decode_worker.daemon.decode.books import Books
 from decode_worker.daemon.decode.bridge import (
     AbortRequest,
     AddRequest,
+    BackendInfo,
     CacheFlushed,
     Command,
     Drain,
@@ -56,7 +56,6 @@ from decode_worker.device.sglang_aux import SglangAuxBuffers
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import DecodeWorkerError
 from decode_worker.io.kv.router import ProtocolRouter
-from decode_worker.io.kv_events.config import parse_kv_events_config
 from decode_worker.io.kv_events.hub import KvEventHub
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import Settings
@@ -65,6 +64,22 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.02  # how long an idle engine blocks on its inbox before polling transfers
 _WAITING_S = 0.0005  # the same with no batch but requests waiting (KV in flight, pages short)
 _EXPIRE_EVERY_S = 0.01  # how often the queue's deadlines are checked
+# aux rows (first tokens) beyond max_running_requests: the transfers of requests admitted while
+# the batch is full hold rows too (admission bounds running + transferring by the same number,
+# so this is slack for rows not yet returned by transfers that ended)
+_AUX_SPARE_ROWS = 64
+# the prealloc queue's KV deadline is a backstop only: the receiver times a transfer out first
+# (kv_timeout_s) and returns its pages once the peer stopped writing (abort_quiesce_s)
+_KV_BACKSTOP_MARGIN_S = 5.0
+
+
+def _queue_limits(settings: Settings) -> QueueLimits:
+    sched = settings.scheduler
+    return QueueLimits(
+        max_queued=sched.max_queued_requests, queue_timeout_s=sched.queue_timeout_s,
+        kv_timeout_s=sched.kv_timeout_s + settings.transfer.abort_quiesce_s
+        + _KV_BACKSTOP_MARGIN_S,
+        max_active=sched.max_running_requests, decode_reserve_tokens=sched.decode_reserve_tokens)
 
 
 def _plan(settings: Settings, rt: Runtime) -> HostPlan:
@@ -88,8 +103,9 @@ class DecodeEngine:
         self.full = PageAllocator(rt.layout.num_full_pages, "full")
         self.swa = (PageAllocator(rt.layout.num_swa_pages, "swa")
                     if rt.facts.is_swa_hybrid else None)
-        self.kv_events_config = parse_kv_events_config(settings.kv_events.config)
-        events_on = self.kv_events_config.enabled and c.decode_radix_cache
+        # a ZMQ publisher, or the gRPC port's SubscribeKvEvents, reads the tree's events
+        events_on = c.decode_radix_cache and settings.kv_events.keeps_event_log(
+            settings.server.grpc_port)
         self.host_tier = HostTier(rt.host_plan or _plan(settings, rt), rt.pools) if (
             host_tier_enabled(c)) else None
         ht = self.host_tier
@@ -102,15 +118,9 @@ class DecodeEngine:
         self.kv_ctx = KVContext(self.tree, self.full, self.swa, page_size=self.page_size,
                                 window=self.window, radix_cache=c.decode_radix_cache)
         self.stats = self.kv_ctx.stats
-        self.queue = PreallocQueue(self.kv_ctx, QueueLimits(
-            max_queued=sched.max_queued_requests, queue_timeout_s=sched.queue_timeout_s,
-            # backstop only: the receiver times transfers out first and returns pages
-            # once the peer stopped writing
-            kv_timeout_s=sched.kv_timeout_s + settings.transfer.abort_quiesce_s + 5.0,
-            max_active=sched.max_running_requests,
-            decode_reserve_tokens=sched.decode_reserve_tokens))
+        self.queue = PreallocQueue(self.kv_ctx, _queue_limits(settings))
         decode_alloc = DecodeAllocator(self.kv_ctx)
-        num_aux = sched.max_running_requests + 64
+        num_aux = sched.max_running_requests + _AUX_SPARE_ROWS
         aux, sglang_aux = AuxBuffer(num_aux), SglangAuxBuffers(num_aux)
         self.receiver = ProtocolRouter(
             settings.transfer, model_compat(rt.runner, rt.model_name),
@@ -130,7 +140,7 @@ class DecodeEngine:
         self.books = Books(self.kv_ctx, self.table, self.receiver, self.stepper, metrics,
                            self.host_tier)
         # the one KV-event log: the ZMQ publisher and in-process (gRPC) subscribers read it
-        self.kv_events = (KvEventHub(self.kv_events_config.buffer_steps,
+        self.kv_events = (KvEventHub(settings.kv_events.parsed.buffer_steps,
                                      load=lambda: self.books.load) if events_on else None)
         self._eos_ids = frozenset(rt.tokenizer.eos_token_ids)
         self._drain_deadline: float | None = None

@@ -13,7 +13,9 @@ PEER / START          at once: nothing / its pages and prefix lock
 TRANSFER / RESTORE    nothing yet: the peer or the host tier may still write its pages; the
                       record stays, and `poll` releases them once the writer stopped
 running batch         its pages and prefix lock (valid KV stays cached in the tree), or, while
-                      a launched step still uses them, once that step is waited for (STEPS)
+                      a launched step still uses them, once that step is waited for (STEPS);
+                      its valid KV enters the tree at once even then, so the step's KV events,
+                      published before its answer leaves, name it
 already terminal      nothing (admission aborted it and returned its pages itself)
 ```
 Compute thread only.
@@ -249,6 +251,8 @@ class RequestTable:
             lot.park(live, Wait.RESTORE, status=status)
             return
         elif in_flight:  # a launched step still reads and writes its pages on the device
+            if status != "failed":  # its valid KV enters the tree now, before its answer
+                self.decode_alloc.cache_computed(live.req)
             lot.park(live, Wait.STEPS, status=status,
                      until_step=self.running.steps_done + in_flight)
             return

@@ -4,7 +4,10 @@ Division of work:
 - The API layer parses and validates requests, tokenizes (`text` -> ids, chat messages -> the
   tokenizer's chat template -> ids), checks `max_prompt_tokens`, detokenizes incrementally,
   and applies **stop strings** on the text (the backend never sees text). When a stop string
-  matches it calls `backend.finish(rid)` and closes the iterator.
+  matches it calls `backend.finish(rid)` and reads the iterator to its last chunk (dropping
+  the tokens made meanwhile) before it answers: `finish` must make the backend end the
+  request soon (the decode backend: at the engine's next step, once the KV is cached and its
+  events are published).
 - The backend judges **stop token ids, EOS and max_new_tokens** and reports them in
   `OutputChunk.finish_reason`; it owns pages, queues, transfers and the device.
 

@@ -2,7 +2,9 @@
 
 `GenerationRun` is shared by the three generation endpoints. `start()` awaits the first chunk,
 so errors the backend raises early (4xx, 503) become plain HTTP errors; after that, failures
-arrive as a `Step` with `error` set. If the consumer stops before the last step (the client
+arrive as a `Step` with `error` set. A stop string ends the run once the backend has ended the
+request too (`backend.finish`, then its last chunk), so its answer follows the request's KV
+events. If the consumer stops before the last step (the client
 went away), the run aborts the request with "client_abort" and closes the backend iterator.
 """
 
@@ -129,6 +131,8 @@ class GenerationRun:
                 step = self._consume(chunk)
                 if step.finish is not None:
                     self.finish = step.finish
+                    if self.text.stopped and chunk.finish_reason is None:
+                        await self._backend_end()
                 yield step
                 if self.finish is not None:
                     return
@@ -137,6 +141,17 @@ class GenerationRun:
             yield Step("", [], finish=self.finish)
         finally:
             await self.close()
+
+    async def _backend_end(self) -> None:
+        """A stop string ended the run before the backend knew (`_consume` told it): wait for
+        the backend's own end of the request, dropping the tokens it made meanwhile. The decode
+        engine ends it at its next step, its KV cached in the tree and the step's KV events
+        published, so this answer never leaves before them (a router then sees the cache the
+        client's next turn will hit). Bounded by the engine's step (a dead engine ends it)."""
+        assert self._iter is not None
+        async for chunk in self._iter:
+            if chunk.finish_reason is not None or chunk.error is not None:
+                return
 
     async def close(self) -> None:
         """End the run: abort it ("client_abort") unless it finished; idempotent."""

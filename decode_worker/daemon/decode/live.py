@@ -10,7 +10,7 @@ from decode_worker.core.sampling import TopLogprobs
 from decode_worker.daemon.decode.bridge import AddRequest, Ended, PromptTotals, Tokens
 from decode_worker.device.grammar import GrammarState
 from decode_worker.device.sampler import SampleRow
-from decode_worker.io.api.backend import FinishReason, OutputChunk
+from decode_worker.io.api.backend import FinishReason, OutputChunk, SpecCounts
 
 if TYPE_CHECKING:
     from decode_worker.daemon.decode.parking import Parked
@@ -122,7 +122,18 @@ class LiveRequest:
         self.spec_accepted += accepted
 
     def ended_event(self, reason: str, message: str, matched_stop: int | None) -> Ended:
-        return Ended(self.rid, reason, message, matched_stop, self.totals)
+        return Ended(self.rid, reason, message, matched_stop, self.totals, self.spec_counts())
+
+    def spec_counts(self) -> SpecCounts | None:
+        """Its decode forwards and drafts, when any draft was proposed for it: every decode
+        step counts as a verify (a plain one of 0 drafts: one token), as in SGLang's
+        `spec_verify_ct`; the first token came from the prefill."""
+        if not self.spec_proposed:
+            return None
+        decoded = len(self.req.output_ids) - 1  # tokens from decode forwards
+        plain = decoded - self.spec_verify_steps - self.spec_accepted  # one each
+        return SpecCounts(self.spec_verify_steps + plain, self.spec_accepted,
+                          self.spec_proposed)
 
     @property
     def totals(self) -> PromptTotals:

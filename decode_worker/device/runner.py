@@ -10,6 +10,7 @@ Not thread-safe: call from the compute thread only.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -166,6 +167,28 @@ class ModelRunner:
             d = len(drafts[0])
             tokens[both[2 * bs:2 * bs + d]] = both[2 * bs + d:]  # tokens: [bs]
         return self._run(tokens, positions_t, full_t, swa_t), rows_t
+
+    @torch.inference_mode()
+    def step_seconds(self, entries: Sequence[int], context: int, repeats: int = 3
+                     ) -> list[tuple[int, float]]:
+        """How long a decode step of each of `entries` rows takes (the fastest of `repeats`,
+        after a warm-up: other load only ever adds time), every row at position `context` on the dummy page: what a verify
+        step of that many entries costs against a plain one (speculation's cost model).
+        Writes only the dummy page."""
+        ps = self.pools.page_size
+        context = min(context, self.max_pages * ps - 1)
+        inputs = self.new_inputs(max(entries))
+        rows = [inputs.acquire() for _ in range(max(entries))]
+        out = []
+        for n in entries:
+            times = []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                logits, _ = self.decode_rows(inputs, rows[:n], [context] * n)
+                logits.sum().item()  # waits for the step
+                times.append(time.perf_counter() - t0)
+            out.append((n, min(times[1:])))
+        return out
 
     def fetch_tokens(self, chosen: torch.Tensor, extras: tuple[torch.Tensor, ...] = ()
                      ) -> HostTokens:

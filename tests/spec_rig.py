@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from decode_worker.core.admission import PreallocQueue, QueueLimits
+from decode_worker.core.admission import Admit, PreallocQueue, QueueLimits
 from decode_worker.core.decode_alloc import DecodeAllocator
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PageAllocator
@@ -104,6 +104,19 @@ class Rig:
         self.lives[rid] = live
         return live
 
+    def readmit(self) -> int:
+        """Admit what the prealloc queue holds (requests the stepper retracted, whose KV the tree
+        keeps) and put them back into the batch with their own last token, as the engine does
+        for a resumed request (this runner reads no KV: nothing is prefilled). How many."""
+        admitted = 0
+        for d in self.table.queue.pop_admitted(0.0):
+            assert isinstance(d, Admit), d
+            live = self.lives[d.req.rid]
+            live.req.arrive(live.req.output_ids[-1], 0.0)
+            self.stepper.start(live, 0.0)
+            admitted += 1
+        return admitted
+
     def run(self, max_steps: int = 10_000) -> dict[str, list[int]]:
         """Step until every request ended; each request's output tokens. Checks that the
         tokens sent are exactly the tokens committed, in order."""
@@ -112,6 +125,7 @@ class Rig:
                 break
             self.stepper.step(0.0)
             self.table.poll(0.0)
+            self.readmit()
         else:
             raise AssertionError("requests did not end")
         self.table.poll(0.0)

@@ -1,6 +1,7 @@
-"""Speculation on against off on the real (tiny, random) gpt-oss: greedy tokens identical and
-every page back, with drafts right, wrong and partly right, across page edges and past the
-127-token window; the torch path and the Triton kernels (under the interpreter on CPU)."""
+"""Speculation on against off on the real (tiny, random) gpt-oss: greedy tokens identical, each
+token's logprob within 1e-3 of decoding without drafts, and every page back, with drafts right,
+wrong and partly right, across page edges and past the 127-token window; the torch path and the
+Triton kernels (under the interpreter on CPU)."""
 
 from __future__ import annotations
 
@@ -26,17 +27,20 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> GptOssModel:
 
 
 def _run(model: GptOssModel, backend: str, prompts: dict[str, list[int]], max_new: int,
-         spec: Speculator | None) -> dict[str, list[int]]:
+         spec: Speculator | None, logprobs: list[list[float]] | None = None
+         ) -> dict[str, list[int]]:
     pools = KVPools(KVSpec.from_config(model.cfg), 160, 120, PAGE, "cpu", torch.float32)
     runner = ModelRunner(model, pools, use_cuda_graph=False, graph_batch_sizes=[1],
                          attention_backend=backend, lookahead=K)
     rig = Rig(runner, spec=spec, page_size=PAGE, window=model.cfg.window, num_rows=4,
               full_pages=160, swa_pages=120)
     params = SamplingParams(max_new_tokens=max_new, temperature=0, ignore_eos=True)
-    for rid, prompt in prompts.items():
-        rig.add(rid, prompt, None, params)
+    lives = [rig.add(rid, prompt, None, params, return_logprob=True, top_logprobs=2)
+             for rid, prompt in prompts.items()]
     out = {rid: list(v) for rid, v in rig.run().items()}
     rig.check_pages()
+    if logprobs is not None:
+        logprobs += [lv.logprobs for lv in lives]
     return out
 
 
@@ -46,8 +50,13 @@ def test_greedy_tokens_are_identical_with_drafts(model: GptOssModel, backend: st
                                                  lengths: tuple[int, ...], max_new: int) -> None:
     prompts = {f"r{i}": [(i * 31 + j * 11) % 250 + 3 for j in range(n)]
                for i, n in enumerate(lengths)}
-    ref = _run(model, backend, prompts, max_new, None)
+    ref_lp: list[list[float]] = []
+    got_lp: list[list[float]] = []
+    ref = _run(model, backend, prompts, max_new, None, ref_lp)
     modes = dict(zip(prompts, ("right", "partly", "wrong"), strict=False))
     spec = Speculator(_drafter(ref, prompts, modes, seed=3), K, None)
-    assert _run(model, backend, prompts, max_new, spec) == ref
+    assert _run(model, backend, prompts, max_new, spec, got_lp) == ref
+    # each token's logprob is what decoding without drafts gave it
+    for a, b in zip(got_lp, ref_lp, strict=True):
+        assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b, strict=True)) <= 1e-3
     assert spec.stats.accepted_total > 0 and spec.stats.verify_steps_total > 0

@@ -79,3 +79,17 @@ def test_greedy_outputs_are_the_same_with_and_without_drafts(
     right = [rid for rid in prompts if by_rid[rid] == "right" and len(ref[rid]) > 2]
     if right:  # right drafts are kept: fewer verify steps than tokens
         assert spec.stats.accepted_total > 0
+
+
+def test_sampled_requests_verify_drafts_and_keep_their_lengths() -> None:
+    """Sampled (and seeded) requests verify drafts by rejection: each gets exactly its
+    max_new_tokens, every token in the vocabulary, every page back."""
+    prompts = {f"s{i}": [(i * 5 + j) % (VOCAB - 2) + 2 for j in range(20 + i)] for i in range(4)}
+    params = {rid: SamplingParams(max_new_tokens=30, temperature=0.8, top_k=8,
+                                  seed=11 if i % 2 else None, ignore_eos=True)
+              for i, rid in enumerate(prompts)}
+    drafter = ScriptedDrafter(lambda rid, tokens, k: tokens[-k:])  # recent tokens again
+    spec = Speculator(drafter, K, None)
+    got = _run(prompts, params, spec, True, False)
+    assert all(len(v) == 30 and all(0 <= t < VOCAB for t in v) for v in got.values())
+    assert spec.stats.verify_steps_total > 0 and spec.stats.proposed_total > 0

@@ -24,6 +24,8 @@ _SUBCOMMANDS = {
     "demo": ("decode_worker.daemon.demo.main",
              "prefill peer + decode worker + a multi-turn chat demo"),
     "make-model": ("decode_worker.device.default_model", "write the tiny default gpt-oss model"),
+    "models": ("decode_worker.device.model.catalog",
+               "list the supported model families: what each reads, what serves it"),
     "config": ("decode_worker.cli", "print the resolved settings and where each came from"),
     "harmony-vocab": ("decode_worker.daemon.shared.harmony_vocab",
                       "write the o200k_base.tiktoken directory smg needs for gpt-oss (harmony) "
@@ -35,8 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="decode-worker",
         description="Decode worker for prefill/decode disaggregated serving of sliding-window "
-        "hybrid models (gpt-oss). Settings: defaults < --config TOML < DECODE_WORKER_<SECTION>__"
-        "<KEY> env < --set/flags.",
+        "hybrid and full-attention models (gpt-oss, Llama 3, Qwen3, Qwen3-MoE, Gemma 3). "
+        "Settings: defaults < --config TOML < DECODE_WORKER_<SECTION>__<KEY> env < "
+        "--set/flags.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (_, help_text) in _SUBCOMMANDS.items():
@@ -75,13 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--turns", type=int, default=4, help="chat turns per conversation")
             p.add_argument("--conversations", type=int, default=4, help="parallel conversations")
             p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per answer")
+            p.add_argument("--family", metavar="NAME",
+                           help="run a tiny seeded random model of this family (gpt-oss, "
+                           "llama, qwen3, qwen3_moe, gemma3; `decode-worker models` lists them), "
+                           "written once under model.cache_dir; default: --model, else gpt-oss")
             p.add_argument("--device-pages", type=int, default=None,
                            help="the decode worker's full pool in pages (default: small enough "
                            "that the chats outgrow it, so the host tier shows; 0: its own "
                            "sizing)")
         if name == "make-model":
             p.add_argument("dir", type=Path, help="output directory (Hugging Face layout)")
-        if name == "config":
+        if name in ("config", "models"):
             p.add_argument("--json", action="store_true", help="print JSON instead of text")
         if name == "harmony-vocab":
             p.add_argument("--out", type=Path, required=True, metavar="DIR",

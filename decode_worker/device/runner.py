@@ -31,7 +31,7 @@ from decode_worker.device.decode_inputs import (
     swa_ring_width,
 )
 from decode_worker.device.kv_pool import KVPools
-from decode_worker.device.model.gpt_oss import GptOssModel
+from decode_worker.device.model.base import CausalLM
 from decode_worker.errors import ClientError, PageError
 from decode_worker.utils.mathx import cdiv
 
@@ -57,7 +57,7 @@ class DecodeRunner(Protocol):
 class ModelRunner:
     """Runs `model` over `pools`; owns the CUDA graphs (if any)."""
 
-    def __init__(self, model: GptOssModel, pools: KVPools, *, use_cuda_graph: bool,
+    def __init__(self, model: CausalLM, pools: KVPools, *, use_cuda_graph: bool,
                  graph_batch_sizes: list[int], max_graph_pages: int | None = None,
                  graph_backend: GraphBackend | None = None,
                  attention_backend: AttentionBackend | str = "auto", lookahead: int = 0) -> None:
@@ -72,6 +72,7 @@ class ModelRunner:
         self.model = model
         self.pools = pools
         self.window = model.cfg.window
+        self.scale = model.cfg.attn_scale
         self.has_swa = pools.spec.num_swa_layers > 0  # else SWA tables are never read
         self.device = model.device
         self.lookahead = lookahead
@@ -109,7 +110,7 @@ class ModelRunner:
         full_t = torch.tensor(full_page_ids[:need], dtype=torch.long, device=dev)  # [pages]
         swa_t = torch.tensor(swa_page_ids[:need], dtype=torch.long, device=dev)  # [pages]
         attn = PrefillAttention(self.pools, self.window, start_pos, seq_len - start_pos,
-                                full_t, swa_t)
+                                full_t, swa_t, self.scale)
         hidden = self.model.forward(tokens, positions, attn)  # [T, H]
         return self.model.logits(hidden[-1:])[0]  # [V] f32
 
@@ -208,7 +209,8 @@ class ModelRunner:
         """Pure tensor step (graph-capturable; a memory probe's step): [bs] tokens -> [bs, V]
         f32 logits. The tables are not checked: page 0 is the dummy page."""
         attn = decode_attention(self.attention_backend, self.pools, self.window, positions,
-                                full_t, swa_t, max_keys=self.max_pages * self.pools.page_size)
+                                full_t, swa_t, max_keys=self.max_pages * self.pools.page_size,
+                                scale=self.scale)
         hidden = self.model.forward(tokens, positions, attn, static=self.graphs is not None)
         return self.model.logits(hidden)  # [bs, V]
 

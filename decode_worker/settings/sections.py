@@ -232,13 +232,15 @@ class ApiSettings(_Section):
     strict_model_name: bool = Field(
         True, description="A request naming a model other than the served name gets 404"
     )
-    reasoning_parser: Literal["auto", "gpt-oss", "none"] = Field(
-        "auto", description="Chat: the harmony analysis channel as message.reasoning_content "
-        "(auto: when the tokenizer has the harmony special tokens; gpt-oss: required)"
+    reasoning_parser: Literal["auto", "gpt-oss", "qwen3", "none"] = Field(
+        "auto", description="Chat: reasoning as message.reasoning_content: the harmony "
+        "analysis channel (gpt-oss) or Qwen3's <think> block (qwen3); auto: the format the "
+        "tokenizer's special tokens show; a named one the tokenizer lacks stops the start"
     )
-    tool_call_parser: Literal["auto", "gpt-oss", "none"] = Field(
-        "auto", description="Chat: tools accepted and harmony tool calls returned as "
-        "message.tool_calls (auto: when the tokenizer has the harmony special tokens)"
+    tool_call_parser: Literal["auto", "gpt-oss", "qwen25", "qwen", "llama3", "none"] = Field(
+        "auto", description="Chat: tools accepted and tool calls returned as message.tool_calls:"
+        " harmony (gpt-oss), Qwen's <tool_call> JSON (qwen25, qwen) or Llama 3.x JSON (llama3);"
+        " auto: the format the tokenizer's special tokens show"
     )
     system_start_date: datetime.date | None = Field(
         None, description="The conversation start date chat templates get from strftime_now "

@@ -22,6 +22,7 @@ from decode_worker.core.request import RequestState
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.aux_rows import FirstToken
+from decode_worker.device.model.arch import sglang_layout_refusal
 from decode_worker.device.runner import ModelRunner
 from decode_worker.device.sampler import Sampler
 from decode_worker.device.sglang_aux import SglangAuxBuffers
@@ -62,6 +63,9 @@ class KVFetcher:
         if proto.kind == "unavailable":
             self.receiver.count_failure(proto.reason)
             return proto.reason, proto.detail
+        layout = sglang_layout_refusal(self.runner.model.cfg) if proto.kind == "sglang" else None
+        if layout is not None:  # it would write every layer's KV where only windows fit
+            return "transfer_failed", layout
         ps, ours = proto.prefill_page_size, self.page_size
         if proto.kind == "sglang" and ps is not None and ps != ours:
             if ours % ps:

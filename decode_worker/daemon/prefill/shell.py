@@ -124,7 +124,8 @@ class PushShell(ABC, Generic[PushT]):
     def __init__(self, runner: ModelRunner, num_aux_rows: int) -> None:
         self.runner = runner
         self.sampler = Sampler(runner.device)
-        self._free = PageFreeList(runner.pools.num_pages["full"], runner.pools.num_pages["swa"])
+        self._free = PageFreeList(runner.pools.num_pages["full"], runner.pools.num_pages["swa"],
+                                  runner.has_swa)  # no sliding layers: no SWA pages held
         self._aux_rows = list(range(num_aux_rows))
         self._pushes: list[PushT] = []
 

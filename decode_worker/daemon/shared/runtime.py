@@ -6,7 +6,6 @@ the same way (the handshake compares what `model_compat` returns).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -34,8 +33,9 @@ from decode_worker.device.memory_probe import (
     eager_probe,
     probe_pools,
 )
-from decode_worker.device.model.gpt_oss import GptOssModel
-from decode_worker.device.model.weights import load_model, resolve_moe_backend
+from decode_worker.device.model.base import CausalLM
+from decode_worker.device.model.registry import load_model, read_json, read_model_config
+from decode_worker.device.model.weights import resolve_moe_backend
 from decode_worker.device.runner import ModelRunner
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import ConfigError
@@ -76,11 +76,13 @@ def resolve_model_dir(settings: Settings) -> Path:
 
 
 def read_model_facts(model_dir: Path) -> ModelFacts:
-    try:
-        config = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"model config {model_dir / 'config.json'}: {exc}") from None
-    return model_facts_from_hf_config(config)
+    """The facts start-up validation checks, from the family's reading of config.json (its
+    layer types and window, whichever form the config states them in). Raises ConfigError
+    for an unsupported architecture or a missing or invalid field."""
+    raw = read_json(model_dir / "config.json")
+    _, cfg = read_model_config(model_dir)
+    return model_facts_from_hf_config({**raw, "layer_types": list(cfg.layer_types),
+                                       "sliding_window": cfg.sliding_window})
 
 
 def build_runtime(settings: Settings, *, use_cuda_graph: bool,
@@ -146,7 +148,7 @@ def _device_and_dtypes(settings: Settings) -> tuple[torch.device, torch.dtype, t
         settings.cache.kv_dtype, dtype)
 
 
-def _make_runner(settings: Settings, model: GptOssModel, use_cuda_graph: bool,
+def _make_runner(settings: Settings, model: CausalLM, use_cuda_graph: bool,
                  attention: AttentionBackend) -> Callable[[KVPools], ModelRunner]:
     """Runners over given pools (the real ones, the probes'), all with the resolved backend."""
     sched = settings.scheduler
@@ -159,7 +161,7 @@ def _make_runner(settings: Settings, model: GptOssModel, use_cuda_graph: bool,
     return make
 
 
-def _measure_share(share: ShareTracker, settings: Settings, model: GptOssModel, spec: KVSpec,
+def _measure_share(share: ShareTracker, settings: Settings, model: CausalLM, spec: KVSpec,
                    kv_dtype: torch.dtype, graphs: bool,
                    attention: AttentionBackend) -> MemoryBudget:
     """Weights, then the graphs and the headroom measured over probe pools (freed after)."""
@@ -205,7 +207,7 @@ def _capture(runner: ModelRunner, settings: Settings, memory: DeviceMemory | Non
     return took
 
 
-def describe_budget(share: ShareTracker | None, model: GptOssModel, layout: CacheLayout,
+def describe_budget(share: ShareTracker | None, model: CausalLM, layout: CacheLayout,
                     spec: KVSpec, graph_bytes: int, host: HostPlan | None = None) -> str:
     """The start-up budget line: the share's figures on CUDA (the pools as allocated), the
     weights and pools on CPU (`cache.cpu_pool_bytes`) or with explicit `cache.num_*_pages`;

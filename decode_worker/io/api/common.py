@@ -110,8 +110,9 @@ def check_prompt(
 
 
 def vocab_size_of(tokenizer: object) -> int | None:
-    """The tokenizer's vocabulary size if it reports one (`vocab_size`), else None."""
-    size = getattr(tokenizer, "vocab_size", None)
+    """The size input ids are checked against, if the tokenizer reports one: the model's
+    embedding rows (`input_vocab_size`, config.json's vocab_size), else `vocab_size`."""
+    size = getattr(tokenizer, "input_vocab_size", None) or getattr(tokenizer, "vocab_size", None)
     return size if isinstance(size, int) and size > 0 else None
 
 

@@ -25,8 +25,8 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from decode_worker.io.api.common import json_line
-from decode_worker.io.api.harmony.chat import ChatParsing
-from decode_worker.io.api.harmony.parser import Delta, HarmonyParser
+from decode_worker.io.api.harmony.chat import ChatParsing, make_parser
+from decode_worker.io.api.harmony.parser import Delta
 from decode_worker.io.api.responses.output import Event, OutputBuilder
 from decode_worker.io.api.responses.schema import ResponsesReq
 from decode_worker.io.api.run import GenerationRun, Step
@@ -44,8 +44,7 @@ class ResponseShape:
         rid = str(run.inp.extra.get("client_rid", run.inp.rid))
         self.id = rid if rid.startswith("resp_") else f"resp_{rid}"
         self.created_at = time.time()
-        self.parser = None if parsing is None else HarmonyParser(
-            parsing.tokens, run.backend.tokenizer, parse_calls=parsing.calls)
+        self.parser = None if parsing is None else make_parser(parsing, run.backend.tokenizer)
         self.builder = OutputBuilder()
         self.status = "in_progress"
         self.error: dict[str, Any] | None = None

@@ -173,9 +173,9 @@ class ModelRunner:
     def step_seconds(self, entries: Sequence[int], context: int, repeats: int = 3
                      ) -> list[tuple[int, float]]:
         """How long a decode step of each of `entries` rows takes (the fastest of `repeats`,
-        after a warm-up: other load only ever adds time), every row at position `context` on the dummy page: what a verify
-        step of that many entries costs against a plain one (speculation's cost model).
-        Writes only the dummy page."""
+        after a warm-up: other load only ever adds time), every row at position `context` on
+        the dummy page: what a verify step of that many entries costs against a plain one
+        (speculation's cost model). Writes only the dummy page."""
         ps = self.pools.page_size
         context = min(context, self.max_pages * ps - 1)
         inputs = self.new_inputs(max(entries))

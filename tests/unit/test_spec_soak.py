@@ -1,6 +1,6 @@
-"""Ten thousand random verifies (a request's drafts in a verify step) under page pressure (evictions, retractions, readmissions)
-with random drafts: afterwards every page and every tree lock is back, and the tokens equal
-those of the same requests decoded without drafts."""
+"""Ten thousand random verifies (a request's drafts in a verify step) under page pressure
+(evictions, retractions, readmissions) with random drafts: afterwards every page and every tree
+lock is back, and the tokens equal those of the same requests decoded without drafts."""
 
 from __future__ import annotations
 

@@ -40,8 +40,8 @@ class ScriptedDrafter:
         self.tokens: dict[str, list[int]] = {}
         self.finished: list[str] = []
 
-    def start(self, rid: str, token_ids: Sequence[int]) -> None:
-        self.tokens[rid] = list(token_ids)
+    def start(self, rid: str, prompt_ids: Sequence[int], output_ids: Sequence[int] = ()) -> None:
+        self.tokens[rid] = [*prompt_ids, *output_ids]
 
     def propose(self, rids: Sequence[str], max_tokens: Sequence[int]) -> list[list[int]]:
         return [self.fn(rid, self.tokens[rid], k) for rid, k in zip(rids, max_tokens,
@@ -50,9 +50,12 @@ class ScriptedDrafter:
     def accept(self, rid: str, token_ids: Sequence[int]) -> None:
         self.tokens[rid] += token_ids
 
-    def finish(self, rid: str) -> None:
+    def finish(self, rid: str, keep: bool = True) -> None:
         self.tokens.pop(rid, None)
         self.finished.append(rid)
+
+    def flush(self) -> None:
+        pass
 
 
 class Rig:

@@ -61,8 +61,8 @@ class RequestTable:
 
     def __init__(self, kv_ctx: KVContext, queue: PreallocQueue, decode_alloc: DecodeAllocator,
                  transfers: TransferStopper, fetcher: KVFetcher, outbox: Outbox,
-                 running: RunningBatch, on_end: Callable[[str], None] | None = None) -> None:
-        """`on_end(rid)` is told of every end (the drafter forgets the request)."""
+                 running: RunningBatch, on_end: Callable[[str, str], None] | None = None) -> None:
+        """`on_end(rid, status)` is told of every end (the drafter forgets the request)."""
         self.kv_ctx, self.queue, self.decode_alloc = kv_ctx, queue, decode_alloc
         self.transfers, self.fetcher, self.outbox, self.running = (transfers, fetcher, outbox,
                                                                    running)
@@ -237,7 +237,7 @@ class RequestTable:
         self._count(live.req, status, reason)
         self.outbox.put(live.ended)
         if self.on_end is not None:
-            self.on_end(live.rid)
+            self.on_end(live.rid, status)
         self._tell_peer(live, reason, message)
         rec, lot = live.parked, self.parked
         if rec is not None and (rec.wait is Wait.TRANSFER or live.is_restoring):

@@ -27,17 +27,22 @@ _MIN_GAIN = 1.02  # a verify step must promise this much more tokens per second 
 
 class Drafter(Protocol):
     """Where drafts come from (model-free: the request's own tokens and what the worker has
-    served). `propose` returns, per request, at most `max_tokens[i]` tokens that would follow
-    its tokens so far (possibly none); `accept` gives it a request's newly committed tokens;
-    `finish` ends a request (its tokens may join the shared memory)."""
+    served). `start` begins a request with its tokens so far; `propose` returns, per request,
+    at most `max_tokens[i]` tokens that would follow its tokens (possibly none); `accept`
+    gives it a request's newly committed tokens; `finish` ends a request (with `keep`, its
+    tokens may join the shared memory); `flush` does deferred indexing (called while the
+    verify forward runs)."""
 
-    def start(self, rid: str, token_ids: Sequence[int]) -> None: ...
+    def start(self, rid: str, prompt_ids: Sequence[int],
+              output_ids: Sequence[int] = ()) -> None: ...
 
     def propose(self, rids: Sequence[str], max_tokens: Sequence[int]) -> list[list[int]]: ...
 
     def accept(self, rid: str, token_ids: Sequence[int]) -> None: ...
 
-    def finish(self, rid: str) -> None: ...
+    def finish(self, rid: str, keep: bool = True) -> None: ...
+
+    def flush(self) -> None: ...
 
 
 class TokenView:
@@ -110,14 +115,22 @@ class Speculator:
         self._states: dict[str, _State] = {}
         self._step = 0
 
-    def joined(self, rid: str, token_ids: Sequence[int]) -> None:
-        """A request (re)joins the batch with these tokens (prompt and output so far)."""
-        self.drafter.start(rid, token_ids)
-        self._states[rid] = _State(self.k_max, seen=len(token_ids))
+    def joined(self, rid: str, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        """A request joins the batch with these tokens; a retracted one that joins again keeps
+        its drafting state (its new tokens reach the drafter before it drafts)."""
+        if rid in self._states:
+            return
+        self.drafter.start(rid, prompt_ids, output_ids)
+        self._states[rid] = _State(self.k_max, seen=len(prompt_ids) + len(output_ids))
 
-    def ended(self, rid: str) -> None:
+    def ended(self, rid: str, status: str) -> None:
+        """The request ended ("finished" / "aborted" / "failed"): a failed one's tokens stay
+        out of the shared memory."""
         if self._states.pop(rid, None) is not None:
-            self.drafter.finish(rid)
+            self.drafter.finish(rid, keep=status != "failed")
+
+    def flush(self) -> None:
+        self.drafter.flush()
 
     def may_draft(self) -> bool:
         """Some request of the batch may draft at the next step (else a plain, overlapped step

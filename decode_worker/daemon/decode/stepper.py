@@ -99,7 +99,7 @@ class DecodeStepper:
         self.decode_alloc.start_running(live.req, now)
         self.batch.join(live)
         if self.spec is not None:
-            self.spec.joined(live.rid, live.req.prompt_ids + live.req.output_ids)
+            self.spec.joined(live.rid, live.req.prompt_ids, live.req.output_ids)
         self._commit(live, now)
 
     def step(self, now: float) -> None:

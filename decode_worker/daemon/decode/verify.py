@@ -94,6 +94,7 @@ class Verifier:
         positions = np.repeat(batch.pos[rows], counts) + within  # [T]
         logits, _ = self.runner.decode_rows(batch.inputs, rep, positions,
                                             (plan.input_entries(), plan.tokens))  # [T, V]
+        self.spec.flush()  # the drafter's deferred indexing, while the forward runs
         params, keys = batch.entry_params(rows, counts, logits.shape[1], logits.device)
         runs = accept(logits, params, plan, self.sampler.generator, keys)
         self._logprobs(order, plan, logits, runs)

@@ -25,6 +25,22 @@ _SUBCOMMANDS = {
              "prefill peer + decode worker + a multi-turn chat demo"),
     "make-model": ("decode_worker.device.default_model", "write the tiny default gpt-oss model"),
     "config": ("decode_worker.cli", "print the resolved settings and where each came from"),
+    "spec-sim": ("decode_worker.daemon.spec_sim",
+                 "replay a trace through the speculative drafters: what they would earn"),
+}
+# SGLang's speculative flags (serve, spec-sim) -> (settings key, type)
+_SPEC_FLAGS: dict[str, tuple[str, type]] = {
+    "--speculative-algorithm": ("speculative.algorithm", str),
+    "--speculative-num-draft-tokens": ("speculative.num_draft_tokens", int),
+    "--speculative-ngram-min-match-window-size": ("speculative.ngram_min_match_window_size",
+                                                  int),
+    "--speculative-ngram-max-match-window-size": ("speculative.ngram_max_match_window_size",
+                                                  int),
+    "--speculative-ngram-capacity": ("speculative.ngram_capacity", int),
+    "--speculative-suffix-max-tree-depth": ("speculative.suffix_max_tree_depth", int),
+    "--speculative-suffix-max-cached-requests": ("speculative.suffix_max_cached_requests", int),
+    "--speculative-suffix-max-spec-factor": ("speculative.suffix_max_spec_factor", float),
+    "--speculative-suffix-min-token-prob": ("speculative.suffix_min_token_prob", float),
 }
 
 
@@ -80,7 +96,19 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("dir", type=Path, help="output directory (Hugging Face layout)")
         if name == "config":
             p.add_argument("--json", action="store_true", help="print JSON instead of text")
+        if name in ("serve", "spec-sim"):
+            _add_speculative(p)
+        if name == "spec-sim":
+            p.add_argument("trace", type=Path, help="JSONL: {id, conversation, prompt, "
+                           "response} per line, text or token ids")
     return parser
+
+
+def _add_speculative(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("speculative decoding (SGLang's flags; see docs/DEPLOY.md)")
+    for flag, (key, kind) in _SPEC_FLAGS.items():
+        metavar = "NGRAM|SUFFIX" if kind is str else kind.__name__.upper()
+        group.add_argument(flag, type=kind, metavar=metavar, help=f"({key})")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -109,6 +137,8 @@ def resolve(args: argparse.Namespace) -> LoadedSettings:
         "transfer.prefill_protocol": getattr(args, "protocol", None),
         "kv_events.config": getattr(args, "kv_events_config", None),
     }
+    for flag, (key, _) in _SPEC_FLAGS.items():
+        named[key] = getattr(args, flag[2:].replace("-", "_"), None)
     overrides.update({k: v for k, v in named.items() if v is not None})
     return load_settings(args.config, overrides)
 

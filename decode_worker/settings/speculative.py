@@ -43,7 +43,7 @@ class SpeculativeSettings(BaseModel):
     )
     ngram_capacity: int = Field(
         1_000_000, ge=1, description="NGRAM: tokens of finished requests (prompt and output) "
-        "kept for later requests, oldest dropped first (about 150 bytes of host memory each)"
+        "kept for later requests, oldest dropped first (about 100 bytes of host memory each)"
     )
     suffix_max_tree_depth: int = Field(
         24, ge=2, le=1024, description="SUFFIX: the pattern is the request's last this many "
@@ -55,7 +55,7 @@ class SpeculativeSettings(BaseModel):
     )
     suffix_max_cached_tokens: int = Field(
         1_000_000, ge=1, description="SUFFIX: at most this many tokens of those responses "
-        "(not an SGLang flag: bounds host memory, about 150 bytes a token)"
+        "(not an SGLang flag: bounds host memory, about 100 bytes a token)"
     )
     suffix_max_spec_factor: float = Field(
         1.0, gt=0.0, description="SUFFIX: a draft is at most this x the match length tokens "

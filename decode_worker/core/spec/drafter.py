@@ -83,7 +83,8 @@ class SpecParams:
     at most `num_draft_tokens` long and at most `suffix_max_spec_factor` x the match length;
     tokens whose estimated probability falls below `suffix_min_token_prob` end it;
     `suffix_max_cached_requests` responses are kept (FIFO; 0: no shared memory).
-    `max_chain` is how many occurrences of a gram a search looks at, newest first.
+    A search looks at the newest `max_chain` occurrences of the pattern's last few tokens,
+    and the newest `short_chain` of its last token alone (common, weak matches).
     """
 
     algorithm: Algorithm
@@ -97,6 +98,7 @@ class SpecParams:
     suffix_min_token_prob: float = 0.1
     suffix_max_cached_tokens: int = 1_000_000
     max_chain: int = 16
+    short_chain: int = 4
 
 
 def make_drafter(params: SpecParams) -> Drafter:

@@ -23,7 +23,6 @@ from decode_worker.core.spec.arena import SEP, TokenArena
 from decode_worker.core.spec.base import DrafterBase, ReqState
 from decode_worker.core.spec.drafter import SpecParams
 
-_SHORT_CHAIN = 4  # occurrences looked at for anchors of 1-2 tokens (common, weak matches)
 
 
 LONG_ANCHOR = 5  # a selective gram: long matches are found among the newest occurrences of
@@ -58,6 +57,7 @@ class NgramDrafter(DrafterBase[_Req]):
         self.lo = params.ngram_min_match_window_size
         self.hi = params.ngram_max_match_window_size
         self.max_chain = params.max_chain
+        self.short_chain = params.short_chain
 
     def new_req(self, own: TokenArena, prompt_len: int) -> _Req:
         return _Req(own, prompt_len)
@@ -121,7 +121,7 @@ class NgramDrafter(DrafterBase[_Req]):
             if n > len(pattern):
                 continue
             best, best_pos = 0, -1
-            limit = self.max_chain if n >= 3 else _SHORT_CHAIN
+            limit = self.max_chain if n >= 3 else self.short_chain
             found = [c for c in recent if c[0] >= n] + src.find(n, pattern, self.hi, limit, seen)
             for length, pos in found:
                 if length > best and src.token_at(pos + 1) != SEP:  # something follows

@@ -35,7 +35,6 @@ from decode_worker.core.spec.base import DrafterBase, ReqState
 from decode_worker.core.spec.drafter import SpecParams
 from decode_worker.core.spec.ngram import LONG_ANCHOR
 
-_SHORT_CHAIN = 4  # occurrences of the last token alone looked at (a weak, common match)
 Found = list[tuple[int, int]]  # (match length, end position) of occurrences, newest first
 
 
@@ -69,6 +68,7 @@ class SuffixDrafter(DrafterBase[_Req]):
         self.factor = params.suffix_max_spec_factor
         self.min_prob = params.suffix_min_token_prob
         self.max_chain = params.max_chain
+        self.short_chain = params.short_chain
         self._room_tables: dict[int, list[int]] = {}
 
     def new_req(self, own: TokenArena, prompt_len: int) -> _Req:
@@ -153,7 +153,7 @@ class SuffixDrafter(DrafterBase[_Req]):
         for n in src.anchors:
             if n > max_m:
                 continue
-            found += src.find(n, pattern, max_m, self.max_chain if n > 1 else _SHORT_CHAIN,
+            found += src.find(n, pattern, max_m, self.max_chain if n > 1 else self.short_chain,
                               seen)
             if found:
                 best = self._evaluate(src, found, rooms, n - 1, best, upper)
@@ -172,13 +172,15 @@ class SuffixDrafter(DrafterBase[_Req]):
             low = lengths[i + 1] if i + 1 < len(lengths) else floor
             room = max(rooms[low + 1:top + 1])
             if room > best.score:
-                draft = self._walk(src, [p for ln, p in found if ln >= top], room)
+                ends = sorted((p for ln, p in found if ln >= top), reverse=True)
+                draft = self._walk(src, ends, room)
                 if draft.score > best.score:  # m descends: a tie keeps the longer match
                     best = draft
         return best
 
     def _walk(self, src: TokenArena, ends: list[int], room: int) -> _Draft:
-        """Follow the continuation most occurrences share, for at most `room` tokens."""
+        """Follow the continuation most occurrences (`ends`, newest first) share, for at most
+        `room` tokens; of equally common ones, the newest occurrence's."""
         tokens, base, stop = src.tokens, src.base, src.end - 1
         prob, score, out = 1.0, 0.0, list[int]()
         while len(out) < room and ends:

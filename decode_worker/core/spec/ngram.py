@@ -23,8 +23,6 @@ from decode_worker.core.spec.arena import SEP, TokenArena
 from decode_worker.core.spec.base import DrafterBase, ReqState
 from decode_worker.core.spec.drafter import SpecParams
 
-
-
 LONG_ANCHOR = 5  # a selective gram: long matches are found among the newest occurrences of
 # their last 5 tokens, not only of their last token (5 did as well as 8 on edit traces, and
 # costs less to index)

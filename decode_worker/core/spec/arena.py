@@ -154,6 +154,25 @@ class TokenArena:
             pos = prevs[pos - base]
         return found
 
+    def longest(self, n: int, pattern: list[int], cap: int, limit: int, skip: int,
+                beat: int) -> tuple[int, int]:
+        """The longest (of equals, the newest) of up to `limit` indexed occurrences of
+        `pattern`'s last n tokens that something follows and that match more than `beat`
+        tokens (at most cap): (length, end position), or (beat, -1). One slice compare
+        rejects a candidate that cannot beat the best so far."""
+        pos = self.heads[n].get(pattern[-1] if n == 1 else hash(tuple(pattern[-n:])), -1)
+        start = self.start
+        best, best_pos = beat, -1
+        tokens, base, prevs = self.tokens, self.base, self.prevs[n]
+        while pos >= start and limit > 0 and best < cap:
+            e, need = pos + 1 - base, best + 1
+            if (pos != skip and pos - start >= best and tokens[e - need:e] == pattern[-need:]
+                    and e < len(tokens) and tokens[e] != SEP):
+                best, best_pos = self.match_len(pos, pattern, cap, need), pos
+            limit -= 1
+            pos = prevs[pos - base]
+        return best, best_pos
+
     def find_unindexed(self, pattern: list[int], cap: int, limit: int,
                        seen: set[int]) -> list[tuple[int, int]]:
         """`find` among the positions not indexed yet (scanned; the newest `limit` of the
@@ -174,9 +193,10 @@ class TokenArena:
                 found.append((self.match_len(pos, pattern, cap), pos))
         return found
 
-    def match_len(self, pos: int, pattern: list[int], cap: int) -> int:
-        """The longest l <= cap with the l tokens ending at `pos` equal to `pattern[-l:]`."""
-        lo, hi = 0, min(cap, len(pattern), pos - self.start + 1)
+    def match_len(self, pos: int, pattern: list[int], cap: int, known: int = 0) -> int:
+        """The longest l <= cap with the l tokens ending at `pos` equal to `pattern[-l:]`
+        (`known` of them are known to match)."""
+        lo, hi = known, min(cap, len(pattern), pos - self.start + 1)
         tokens, end = self.tokens, pos - self.base + 1
         if hi > 0 and tokens[end - hi:end] == pattern[-hi:]:
             return hi

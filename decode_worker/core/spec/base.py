@@ -105,15 +105,17 @@ class DrafterBase(Generic[R]):
 
     def appended(self, rid: str, r: R, token_ids: list[int]) -> None:
         """Append accepted tokens to the request's own arena (indexed at `flush`)."""
-        r.own.extend(token_ids)
-        if r.own.pending > MAX_PENDING:
-            r.own.index()
+        own = r.own
+        own.tokens += token_ids
+        if len(own.tokens) + own.base - own.indexed > MAX_PENDING:
+            own.index()
         else:
             self._dirty.add(rid)
 
-    def searchable(self, r: R) -> TokenArena:
-        """The request's own arena, with few enough tokens waiting to scan them."""
-        own = r.own
-        if own.pending > MAX_PENDING:
-            own.index()
-        return own
+
+def searchable(own: TokenArena) -> TokenArena:
+    """A request's own arena, with few enough tokens waiting to scan them (a request started
+    and searched before any `flush` is indexed here)."""
+    if own.pending > MAX_PENDING:
+        own.index()
+    return own

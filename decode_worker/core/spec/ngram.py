@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from decode_worker.core.spec.arena import SEP, TokenArena
-from decode_worker.core.spec.base import DrafterBase, ReqState
+from decode_worker.core.spec.base import DrafterBase, ReqState, searchable
 from decode_worker.core.spec.drafter import SpecParams
 
 LONG_ANCHOR = 5  # a selective gram: long matches are found among the newest occurrences of
@@ -93,7 +93,7 @@ class NgramDrafter(DrafterBase[_Req]):
         return drafts
 
     def _search(self, r: _Req, k: int) -> list[int]:
-        own = self.searchable(r)
+        own = searchable(r.own)
         pattern = own.tokens[-self.hi:]
         best_len, best_src, best_pos = 0, own, -1
         for src in (own, self.shared):
@@ -110,20 +110,22 @@ class NgramDrafter(DrafterBase[_Req]):
 
     def _longest(self, src: TokenArena, pattern: list[int]) -> tuple[int, int]:
         """(length, end position) of the longest match of a suffix of `pattern` in `src`
-        that something follows; (0, -1) for none. Longest anchors first: a match found with
-        an anchor of n tokens is at least n long, longer than any a shorter anchor finds."""
-        seen = {src.end - 1}  # the request's own last position (in `own`)
-        recent = (src.find_unindexed(pattern, self.hi, self.max_chain, seen) if src.pending
-                  else [])
+        that something follows, the newest of equals; (0, -1) for none. Longest anchors
+        first: a match found with an anchor of n tokens is at least n long, longer than any
+        a shorter anchor finds. The tokens not indexed yet are the newest: scanned first."""
+        skip = src.end - 1  # the request's own last position (in `own`)
+        best, best_pos = 0, -1
+        if src.pending:
+            for length, pos in src.find_unindexed(pattern, self.hi, self.max_chain, {skip}):
+                if length > best and src.token_at(pos + 1) != SEP:
+                    best, best_pos = length, pos
         for n in src.anchors:
             if n > len(pattern):
                 continue
-            best, best_pos = 0, -1
             limit = self.max_chain if n >= 3 else self.short_chain
-            found = [c for c in recent if c[0] >= n] + src.find(n, pattern, self.hi, limit, seen)
-            for length, pos in found:
-                if length > best and src.token_at(pos + 1) != SEP:  # something follows
-                    best, best_pos = length, pos
+            length, pos = src.longest(n, pattern, self.hi, limit, skip, max(best, n - 1))
+            if pos >= 0:
+                best, best_pos = length, pos
             if best >= n:
-                return best, best_pos
-        return 0, -1
+                break
+        return best, best_pos

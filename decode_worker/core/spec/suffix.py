@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from decode_worker.core.spec.arena import SEP, TokenArena
-from decode_worker.core.spec.base import DrafterBase, ReqState
+from decode_worker.core.spec.base import DrafterBase, ReqState, searchable
 from decode_worker.core.spec.drafter import SpecParams
 from decode_worker.core.spec.ngram import LONG_ANCHOR
 
@@ -82,9 +82,10 @@ class SuffixDrafter(DrafterBase[_Req]):
         tokens = list(token_ids)
         self.appended(rid, r, tokens)
         for which, found in r.found.items():
-            src = r.own if which == 0 else self.shared
-            assert src is not None
-            r.found[which] = _carry(src, found, tokens, self.depth - 1)
+            if found:
+                src = r.own if which == 0 else self.shared
+                assert src is not None
+                r.found[which] = _carry(src, found, tokens, self.depth - 1)
 
     def propose(self, rids: Sequence[str], max_tokens: Sequence[int]) -> list[list[int]]:
         drafts: list[list[int]] = []
@@ -94,14 +95,12 @@ class SuffixDrafter(DrafterBase[_Req]):
             if k <= 0:
                 drafts.append([])
                 continue
-            own = self.searchable(r)
-            pattern = own.tokens[-self.depth:]
-            best = self._draft(r, 0, own, pattern, k)
+            best = self._draft(r, 0, r.own, k)
             if self.shared is not None and best.score < k:  # k: nothing scores more
                 if r.shared_version != self.shared_version:
                     r.found.pop(1, None)
                     r.shared_version = self.shared_version
-                other = self._draft(r, 1, self.shared, pattern, k)
+                other = self._draft(r, 1, self.shared, k)
                 if other.score > best.score:
                     best = other
             drafts.append(best.token_ids)
@@ -120,12 +119,11 @@ class SuffixDrafter(DrafterBase[_Req]):
             self._room_tables[k] = rooms
         return rooms
 
-    def _draft(self, r: _Req, which: int, src: TokenArena, pattern: list[int],
-               k: int) -> _Draft:
+    def _draft(self, r: _Req, which: int, src: TokenArena, k: int) -> _Draft:
         """The best draft from one memory: from the carried occurrences when they prove it
         (no shorter match, which they may not all be, could score more), else from a new
         search (whose occurrences are carried from then on)."""
-        rooms = self._rooms(k)
+        rooms = self._room_tables.get(k) or self._rooms(k)
         found = r.found.get(which)
         if found:
             if len(found) == 1:  # one occurrence (copying): all of it, probability 1
@@ -137,6 +135,7 @@ class SuffixDrafter(DrafterBase[_Req]):
             shortest = min(length for length, _ in found)
             if best.score >= rooms[-shortest]:  # the most room of a match of 1 .. shortest-1
                 return best
+        pattern = searchable(r.own).tokens[-self.depth:]
         best, r.found[which] = self._search(src, pattern, rooms)
         return best
 

@@ -94,3 +94,16 @@ def test_a_bad_record_is_named_by_its_line(tmp_path: Path,
     assert main(["spec-sim", str(trace), "--speculative-algorithm", "NGRAM"]) == 2
     err = capsys.readouterr().err
     assert f"{trace}:2" in err and "'response'" in err
+
+
+def test_model_dir_tokenizer_reads_text(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from decode_worker.device.default_model import byte_tokenizer
+
+    model = tmp_path / "model"
+    model.mkdir()
+    byte_tokenizer().save(str(model / "tokenizer.json"))  # one id per byte
+    trace = _trace(tmp_path / "t.jsonl", [{"id": "a", "conversation": "c",
+                                           "prompt": "hello world", "response": "world!"}])
+    m = _last(capsys, [str(trace), "--model", str(model), "--speculative-algorithm", "NGRAM"])
+    assert m.group(2) == "6"  # "world!": six bytes

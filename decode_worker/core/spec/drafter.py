@@ -30,11 +30,16 @@ class Drafter(Protocol):
       current tokens; often empty. A draft is a chain: draft[0] follows the last token,
       draft[1] follows draft[0], and so on. Every draft is a run of tokens that occurred,
       right after a match of the request's latest tokens, in the memory it was taken from.
-      Proposing changes no state the output depends on: asking twice without `accept`
-      gives the same drafts. Unknown rids raise `InvalidTransition`.
-    - `accept(rid, token_ids)` commits the tokens the step kept for the request, in order:
-      the accepted draft prefix and the bonus (or the one sampled) token. Nothing rejected
-      is ever passed. Tokens may be any ids (they need not come from a draft).
+      Proposing changes no state the output depends on: asking again with the same
+      arguments, with no `accept`, `finish` or `flush` between, gives the same drafts. The
+      drafts depend only on tokens (never on sampling): the caller verifies them and may
+      ask for fewer than K (a request near its length limit, a back-off after misses).
+      Unknown rids raise `InvalidTransition`. Cost: a slice per request while it follows
+      something it has seen, a few dict lookups and slice compares otherwise.
+    - `accept(rid, token_ids)` commits the tokens the step kept for the request, in order
+      (`StepCommit.commit_runs`' run: the accepted draft prefix and the bonus token, or the
+      one token of a step without a draft). Nothing rejected is ever passed: the drafter
+      holds committed tokens only. Tokens may be any ids (they need not come from a draft).
     - `finish(rid)` ends the request: its tokens go to the shared memory (NGRAM: prompt
       and output; SUFFIX: the output, as SGLang's global suffix tree keeps responses) at
       the next `flush`, and its per-request state is freed. `finish(rid, keep=False)` frees
@@ -46,6 +51,8 @@ class Drafter(Protocol):
       scans what is not indexed yet, and indexes a request first past `MAX_PENDING`
       tokens), only slower.
     - Memory is bounded: the shared memory by its settings, per request by its tokens.
+    - `stats()` counts what is held; `check_integrity()` raises AssertionError on a broken
+      structure (tests, or the daemon's idle check).
     """
 
     def start(self, rid: str, prompt_ids: Sequence[int],

@@ -100,7 +100,7 @@ class SuffixDrafter(DrafterBase[_Req]):
                 if r.shared_version != self.shared_version:
                     r.found.pop(1, None)
                     r.shared_version = self.shared_version
-                other = self._draft(r, 1, self.shared, k)
+                other = self._draft(r, 1, self.shared, k, best.score)
                 if other.score > best.score:
                     best = other
             drafts.append(best.token_ids)
@@ -119,10 +119,12 @@ class SuffixDrafter(DrafterBase[_Req]):
             self._room_tables[k] = rooms
         return rooms
 
-    def _draft(self, r: _Req, which: int, src: TokenArena, k: int) -> _Draft:
+    def _draft(self, r: _Req, which: int, src: TokenArena, k: int,
+               bar: float = 0.0) -> _Draft:
         """The best draft from one memory: from the carried occurrences when they prove it
         (no shorter match, which they may not all be, could score more), else from a new
-        search (whose occurrences are carried from then on)."""
+        search (whose occurrences are carried from then on) that gives up on matches too
+        short to score more than `bar` (what another memory offers)."""
         rooms = self._room_tables.get(k) or self._rooms(k)
         found = r.found.get(which)
         if found:
@@ -136,13 +138,14 @@ class SuffixDrafter(DrafterBase[_Req]):
             if best.score >= rooms[-shortest]:  # the most room of a match of 1 .. shortest-1
                 return best
         pattern = searchable(r.own).tokens[-self.depth:]
-        best, r.found[which] = self._search(src, pattern, rooms)
+        best, r.found[which] = self._search(src, pattern, rooms, bar)
         return best
 
-    def _search(self, src: TokenArena, pattern: list[int],
-                rooms: list[int]) -> tuple[_Draft, Found]:
-        """Longest anchors first; stop once no shorter match could score more. The request's
-        own last position (the pattern itself) is no occurrence."""
+    def _search(self, src: TokenArena, pattern: list[int], rooms: list[int],
+                bar: float) -> tuple[_Draft, Found]:
+        """Longest anchors first; stop once no shorter match could score more than the best
+        so far or `bar`. The request's own last position (the pattern itself) is no
+        occurrence."""
         max_m = min(self.depth, len(pattern)) - 1
         if max_m < 1:
             return _Draft(), []
@@ -157,7 +160,7 @@ class SuffixDrafter(DrafterBase[_Req]):
             if found:
                 best = self._evaluate(src, found, rooms, n - 1, best, upper)
             upper = n - 1
-            if rooms[-1 - upper] <= best.score:
+            if rooms[-1 - upper] <= max(best.score, bar):
                 break
         return best, found
 

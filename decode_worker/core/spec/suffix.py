@@ -166,13 +166,17 @@ class SuffixDrafter(DrafterBase[_Req]):
 
     def _evaluate(self, src: TokenArena, found: Found, rooms: list[int], floor: int,
                   best: _Draft, upper: int = 1 << 30) -> _Draft:
-        """`best` or a better draft for match lengths in (floor, upper], longest first."""
-        lengths = sorted({ln for ln, _ in found if floor < ln <= upper}, reverse=True)
+        """`best` or a better draft for match lengths m in (floor, upper], longest first.
+        The occurrences of a match of m are those found at least m long: between two of
+        their lengths the set is the same, and it drafts with the most room in that span
+        (the depth bound makes it not always the longest m's)."""
+        lengths = sorted({ln for ln, _ in found if ln > floor}, reverse=True)
         for i, top in enumerate(lengths):
-            # every m in (next length, top] sees the same occurrences: take the most room
-            # (the depth bound makes it not always the longest m's)
-            low = lengths[i + 1] if i + 1 < len(lengths) else floor
-            room = max(rooms[low + 1:top + 1])
+            low = max(lengths[i + 1] if i + 1 < len(lengths) else floor, floor)
+            high = min(top, upper)  # m in (low, high] sees the occurrences >= top long
+            if low >= high:
+                continue
+            room = max(rooms[low + 1:high + 1])
             if room > best.score:
                 ends = sorted((p for ln, p in found if ln >= top), reverse=True)
                 draft = self._walk(src, ends, room)

@@ -104,6 +104,13 @@ class SpeculativeSettings(BaseModel):
             return min(self.ngram_max_match_window_size, MAX_DRAFT_TOKENS)
         return _SGLANG_SUFFIX_DRAFT_TOKENS
 
+    @property
+    def lookahead(self) -> int:
+        """Positions a verify step may write past a request's next one (K; 0 when off): the
+        SWA ring, the pages and the admission budget keep that much more."""
+        k = self.draft_tokens
+        return 0 if self.algorithm == "none" or k is None else k
+
     def params(self) -> SpecParams | None:
         """The drafters' knobs (None when speculation is off)."""
         k = self.draft_tokens

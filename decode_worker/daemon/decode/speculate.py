@@ -8,8 +8,9 @@ verifies only when the tokens it expects to earn per second beat a plain step's:
 drafts (each request's acceptance estimate, per token) against the cost of `1 + k` entries per
 request, from the runner's measured step time by entry count (`StepCost`).
 
-The drafter (`Drafter`) holds the memory drafts come from; it sees a request's tokens when it
-joins the batch and its committed tokens lazily, just before it drafts. Compute thread only.
+The drafter (`core/spec`'s `Drafter`, whose contract the verify step relies on) holds the
+memory drafts come from; it sees a request's tokens when it joins the batch and its committed
+tokens lazily, just before it drafts. Compute thread only.
 """
 
 from __future__ import annotations
@@ -17,32 +18,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+
+from decode_worker.core.spec.drafter import Drafter
 
 _ALPHA_PRIOR = 0.5  # per-token acceptance assumed for a request before its first verify
 _EMA = 0.5  # weight of the newest verify in a request's acceptance estimate
 _MAX_PAUSE_STEPS = 64
 _MIN_GAIN = 1.02  # a verify step must promise this much more tokens per second than plain
-
-
-class Drafter(Protocol):
-    """Where drafts come from (model-free: the request's own tokens and what the worker has
-    served). `start` begins a request with its tokens so far; `propose` returns, per request,
-    at most `max_tokens[i]` tokens that would follow its tokens (possibly none); `accept`
-    gives it a request's newly committed tokens; `finish` ends a request (with `keep`, its
-    tokens may join the shared memory); `flush` does deferred indexing (called while the
-    verify forward runs)."""
-
-    def start(self, rid: str, prompt_ids: Sequence[int],
-              output_ids: Sequence[int] = ()) -> None: ...
-
-    def propose(self, rids: Sequence[str], max_tokens: Sequence[int]) -> list[list[int]]: ...
-
-    def accept(self, rid: str, token_ids: Sequence[int]) -> None: ...
-
-    def finish(self, rid: str, keep: bool = True) -> None: ...
-
-    def flush(self) -> None: ...
 
 
 class TokenView:

@@ -30,6 +30,22 @@ _SUBCOMMANDS = {
     "harmony-vocab": ("decode_worker.daemon.shared.harmony_vocab",
                       "write the o200k_base.tiktoken directory smg needs for gpt-oss (harmony) "
                       "without network: point TIKTOKEN_ENCODINGS_BASE at it"),
+    "spec-sim": ("decode_worker.daemon.spec_sim",
+                 "replay a trace through the speculative drafters: what they would earn"),
+}
+# SGLang's speculative flags (serve, spec-sim) -> (settings key, type)
+_SPEC_FLAGS: dict[str, tuple[str, type]] = {
+    "--speculative-algorithm": ("speculative.algorithm", str),
+    "--speculative-num-draft-tokens": ("speculative.num_draft_tokens", int),
+    "--speculative-ngram-min-match-window-size": ("speculative.ngram_min_match_window_size",
+                                                  int),
+    "--speculative-ngram-max-match-window-size": ("speculative.ngram_max_match_window_size",
+                                                  int),
+    "--speculative-ngram-capacity": ("speculative.ngram_capacity", int),
+    "--speculative-suffix-max-tree-depth": ("speculative.suffix_max_tree_depth", int),
+    "--speculative-suffix-max-cached-requests": ("speculative.suffix_max_cached_requests", int),
+    "--speculative-suffix-max-spec-factor": ("speculative.suffix_max_spec_factor", float),
+    "--speculative-suffix-min-token-prob": ("speculative.suffix_min_token_prob", float),
 }
 
 
@@ -97,7 +113,19 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--from", dest="source", type=Path, metavar="FILE",
                            help="copy and verify this o200k_base.tiktoken instead of rebuilding "
                            "it from the quicktok-v1 package")
+        if name in ("serve", "spec-sim"):
+            _add_speculative(p)
+        if name == "spec-sim":
+            p.add_argument("trace", type=Path, help="JSONL: {id, conversation, prompt, "
+                           "response} per line, text or token ids")
     return parser
+
+
+def _add_speculative(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("speculative decoding (SGLang's flags; see docs/DEPLOY.md)")
+    for flag, (key, kind) in _SPEC_FLAGS.items():
+        metavar = "NGRAM|SUFFIX" if kind is str else kind.__name__.upper()
+        group.add_argument(flag, type=kind, metavar=metavar, help=f"({key})")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -126,6 +154,8 @@ def resolve(args: argparse.Namespace) -> LoadedSettings:
         "transfer.prefill_protocol": getattr(args, "protocol", None),
         "kv_events.config": getattr(args, "kv_events_config", None),
     }
+    for flag, (key, _) in _SPEC_FLAGS.items():
+        named[key] = getattr(args, flag[2:].replace("-", "_"), None)
     overrides.update({k: v for k, v in named.items() if v is not None})
     return load_settings(args.config, overrides)
 

@@ -73,6 +73,7 @@ class QueueLimits:
     kv_timeout_s: float = 30.0
     max_active: int | None = None
     decode_reserve_tokens: int = 256
+    lookahead_tokens: int = 0  # positions a step may write past the next (speculative drafts)
 
 
 class PreallocQueue:
@@ -87,7 +88,8 @@ class PreallocQueue:
     def __init__(self, ctx: KVContext, limits: QueueLimits | None = None) -> None:
         self.ctx = ctx
         self.limits = limits or QueueLimits()
-        self._budget = AdmissionBudget(ctx, self.limits.decode_reserve_tokens)  # the ledger
+        self._budget = AdmissionBudget(ctx, self.limits.decode_reserve_tokens,
+                                       self.limits.lookahead_tokens)  # the ledger
         self._waiting: deque[DecodeRequest] = deque()  # new arrivals, by arrival
         self._retracted: deque[DecodeRequest] = deque()  # readmitted first
         self._queued: dict[str, DecodeRequest] = {}  # membership (deques skip stale entries)

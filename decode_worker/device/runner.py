@@ -10,6 +10,7 @@ Not thread-safe: call from the compute thread only.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -44,7 +45,9 @@ class DecodeRunner(Protocol):
     def new_inputs(self, num_rows: int) -> DecodeInputs: ...
 
     def decode_rows(self, inputs: DecodeInputs, rows: Sequence[int] | np.ndarray,
-                     positions: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+                    positions: Sequence[int] | np.ndarray,
+                    drafts: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         ...
 
     def fetch_tokens(self, chosen: torch.Tensor, extras: tuple[torch.Tensor, ...] = ()
@@ -57,19 +60,23 @@ class ModelRunner:
     def __init__(self, model: CausalLM, pools: KVPools, *, use_cuda_graph: bool,
                  graph_batch_sizes: list[int], max_graph_pages: int | None = None,
                  graph_backend: GraphBackend | None = None,
-                 attention_backend: AttentionBackend | str = "auto") -> None:
+                 attention_backend: AttentionBackend | str = "auto", lookahead: int = 0) -> None:
         """`max_graph_pages`: widest page table a graph is captured for (default: the
         model's max_position_embeddings, capped at the full pool); wider batches run eager.
         Graphs are CUDA graphs on a CUDA device; `graph_backend` replaces them (tests run the
         graph path on CPU with `FakeGraphBackend`). `attention_backend`: `auto` resolves here,
-        `triton` is taken as is (CPU: tests under TRITON_INTERPRET=1), one graph per bucket."""
+        `triton` is taken as is (CPU: tests under TRITON_INTERPRET=1), one graph per bucket.
+        `lookahead`: the most positions past its next one a request's step may write (verified
+        draft tokens): the SWA ring keeps that many more positions, so a written draft never
+        lands on a page some query of the step still reads."""
         self.model = model
         self.pools = pools
         self.window = model.cfg.window
         self.scale = model.cfg.attn_scale
         self.has_swa = pools.spec.num_swa_layers > 0  # else SWA tables are never read
         self.device = model.device
-        self.swa_ring = swa_ring_width(self.window, pools.page_size)  # SWA table columns
+        self.lookahead = lookahead
+        self.swa_ring = swa_ring_width(self.window + lookahead, pools.page_size)  # columns
         self.max_pages = min(cdiv(model.cfg.max_position_embeddings, pools.page_size),
                              pools.num_pages["full"])  # widest page table
         self.attention_backend: AttentionBackend = (
@@ -129,15 +136,23 @@ class ModelRunner:
     def new_inputs(self, num_rows: int) -> DecodeInputs:
         """Persistent decode inputs for up to `num_rows` running requests (`decode_rows`)."""
         pools = self.pools
-        return DecodeInputs(num_rows, self.max_pages, self.window, pools.page_size,
-                           (pools.num_pages["full"], pools.num_pages["swa"]), self.device)
+        return DecodeInputs(num_rows, self.max_pages, self.window + self.lookahead,
+                            pools.page_size, (pools.num_pages["full"], pools.num_pages["swa"]),
+                            self.device)
 
     @torch.inference_mode()
     def decode_rows(self, inputs: DecodeInputs, rows: Sequence[int] | np.ndarray,
-                     positions: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+                    positions: Sequence[int] | np.ndarray,
+                    drafts: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step for the requests in `rows` of `inputs`, each at `positions[i]`, its input
         token `inputs.tokens[row]`. The caller keeps the rows' tables covering the
         positions (SWA: the window) and page ids are checked when written, not here.
+
+        A request may appear in several consecutive entries of `rows` at consecutive positions
+        (a verify step: its input token, then its draft tokens): each entry is one query, every
+        entry's K/V is written before any is read, so a draft sees those before it. `drafts`
+        = (entry indices, their input tokens) replaces those entries' tokens.
 
         Returns (logits [bs, V] f32, row ids [bs] i64 on the device). The logits may be the
         graph's static output: valid until the next decode call (sample before it).
@@ -145,10 +160,36 @@ class ModelRunner:
         inputs.flush()
         row_a, pos_a = np.asarray(rows, np.int64), np.asarray(positions, np.int64)
         bs, width = len(row_a), int(pos_a.max()) // self.pools.page_size + 1
-        both = inputs.to_device(np.concatenate((row_a, pos_a)))  # [2 bs] i64: rows, positions
-        rows_t, positions_t = both[:bs], both[bs:]  # [bs] each
+        parts = (row_a, pos_a) if drafts is None else (row_a, pos_a, *drafts)
+        both = inputs.to_device(np.concatenate(parts))  # [2 bs (+ 2 d)] i64, one copy
+        rows_t, positions_t = both[:bs], both[bs:2 * bs]  # [bs] each
         tokens, full_t, swa_t = inputs.gather(rows_t, width)  # [bs], [bs, width], [bs, ring]
+        if drafts is not None:  # verified drafts: their rows' input tokens come from the host
+            d = len(drafts[0])
+            tokens[both[2 * bs:2 * bs + d]] = both[2 * bs + d:]  # tokens: [bs]
         return self._run(tokens, positions_t, full_t, swa_t), rows_t
+
+    @torch.inference_mode()
+    def step_seconds(self, entries: Sequence[int], context: int, repeats: int = 3
+                     ) -> list[tuple[int, float]]:
+        """How long a decode step of each of `entries` rows takes (the fastest of `repeats`,
+        after a warm-up: other load only ever adds time), every row at position `context` on
+        the dummy page: what a verify step of that many entries costs against a plain one
+        (speculation's cost model). Writes only the dummy page."""
+        ps = self.pools.page_size
+        context = min(context, self.max_pages * ps - 1)
+        inputs = self.new_inputs(max(entries))
+        rows = [inputs.acquire() for _ in range(max(entries))]
+        out = []
+        for n in entries:
+            times = []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                logits, _ = self.decode_rows(inputs, rows[:n], [context] * n)
+                logits.sum().item()  # waits for the step
+                times.append(time.perf_counter() - t0)
+            out.append((n, min(times[1:])))
+        return out
 
     def fetch_tokens(self, chosen: torch.Tensor, extras: tuple[torch.Tensor, ...] = ()
                      ) -> HostTokens:

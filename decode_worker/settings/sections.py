@@ -27,6 +27,7 @@ from pydantic_settings import (
 
 from decode_worker.errors import ConfigError
 from decode_worker.settings.kv_events import KvEventsConfig, parse_kv_events_config
+from decode_worker.settings.speculative import SpeculativeSettings
 
 ENV_PREFIX = "DECODE_WORKER_"
 UNIFIED_TREE_VARS = ("ENABLE_UNIFIED_RADIX_TREE", "SGLANG_ENABLE_UNIFIED_RADIX_TREE")
@@ -304,6 +305,7 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = MetricsSettings()
     api: ApiSettings = ApiSettings()
     kv_events: KvEventsSettings = KvEventsSettings()
+    speculative: SpeculativeSettings = SpeculativeSettings()
 
     @classmethod
     def settings_customise_sources(

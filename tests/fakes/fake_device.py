@@ -62,12 +62,17 @@ class FakeHostTokens(HostTokens):
 
 
 class FakeDeviceRunner:
-    """A `DecodeRunner` whose step takes `device_ms` of simulated device time."""
+    """A `DecodeRunner` whose step takes `device_ms` of simulated device time. Its "model"
+    picks (31 * token + 7 * position + page) % vocab, `page` the page id at the position (a
+    GPU's table gathers); `read_pages=False` drops the page term, so the tokens do not depend
+    on which pages a request was given (runs that allocate in another order agree)."""
 
     def __init__(self, device_ms: float, *, vocab: int = 64, page_size: int = 16,
                  window: int = 127, max_pages: int = 4096,
-                 pool_pages: tuple[int, int] = (1 << 20, 1 << 20)) -> None:
-        self.device_s, self.vocab = device_ms / 1e3, vocab
+                 pool_pages: tuple[int, int] = (1 << 20, 1 << 20), lookahead: int = 0,
+                 read_pages: bool = True) -> None:
+        self.device_s, self.vocab, self.lookahead = device_ms / 1e3, vocab, lookahead
+        self.read_pages = read_pages
         self.page_size, self.window, self.max_pages = page_size, window, max_pages
         self.pool_pages = pool_pages
         self.free_at = 0.0  # perf_counter time the simulated device finishes its queue
@@ -77,11 +82,13 @@ class FakeDeviceRunner:
         self.steps = 0
 
     def new_inputs(self, num_rows: int) -> DecodeInputs:
-        return DecodeInputs(num_rows, self.max_pages, self.window, self.page_size,
-                           self.pool_pages, CPU)
+        return DecodeInputs(num_rows, self.max_pages, self.window + self.lookahead,
+                            self.page_size, self.pool_pages, CPU)
 
     def decode_rows(self, inputs: DecodeInputs, rows: Sequence[int] | np.ndarray,
-                     positions: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+                    positions: Sequence[int] | np.ndarray,
+                    drafts: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [bs, vocab]: one-hot at (31 * token + 7 * position + page) % vocab. Reads
         only the inputs' current page (on a GPU the table gathers are device work)."""
         inputs.flush()
@@ -91,7 +98,11 @@ class FakeDeviceRunner:
         rows_t, pos_t = both[:bs], both[bs:]  # [bs] each
         cpu0 = time.thread_time()
         page = inputs.full[rows_t, pos_t // self.page_size].long()  # [bs]
-        nxt = (31 * inputs.tokens[rows_t] + 7 * pos_t + page) % self.vocab  # [bs]
+        page = page if self.read_pages else page * 0
+        tokens = inputs.tokens[rows_t]  # [bs]
+        if drafts is not None:  # a verify step's draft entries take their tokens from the host
+            tokens[torch.from_numpy(drafts[0])] = torch.from_numpy(drafts[1])
+        nxt = (31 * tokens + 7 * pos_t + page) % self.vocab  # [bs]
         logits = torch.zeros(bs, self.vocab)  # [bs, V]
         logits[torch.arange(bs), nxt] = 1.0
         self.compute_cpu_s += time.thread_time() - cpu0

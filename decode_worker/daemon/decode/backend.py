@@ -256,6 +256,7 @@ def _end_chunk(chunk: OutputChunk, ended: Ended) -> None:
     """Make `chunk` the request's last: finished ("stop" / "length") or an error whose reason
     the API layer maps to an HTTP status."""
     ended.totals.stamp(chunk)
+    chunk.spec = ended.spec
     if ended.finished:
         chunk.finish_reason = "stop" if ended.reason == "stop" else "length"
         chunk.matched_stop = ended.matched_stop

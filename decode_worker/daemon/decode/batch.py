@@ -182,9 +182,11 @@ class RunningBatch:
         self._stop_ids, self._order = None, None
 
     # -- step state ------------------------------------------------------------------------------
-    def refresh(self, live: LiveRequest) -> None:
+    def refresh(self, live: LiveRequest, reach: int | None = None) -> None:
         """After the core gave `live` pages (it grew at its edge): queue the new pages for its
-        row and recompute its edge (its slide point moves only when its window slides)."""
+        row and recompute its edge (its slide point moves only when its window slides). SWA
+        pages reach the row up to the page of `reach` (default: its next position; a verify
+        step writes further, and the ring keeps that much more: `ModelRunner.lookahead`)."""
         row, kv, ps, inputs = live.row, live.req.kv, self.page_size, self.inputs
         assert kv is not None
         full, num_full = kv.full_page_ids, self._num_full[row]
@@ -193,7 +195,7 @@ class RunningBatch:
             self._num_full[row] = num_full = len(full)
         if self.has_swa:
             swa, written = kv.swa_page_ids, self._num_swa[row]
-            num_swa = min(len(swa), int(self.pos[row]) // ps + 1)
+            num_swa = min(len(swa), (int(self.pos[row]) if reach is None else reach) // ps + 1)
             if num_swa > written:
                 inputs.write_swa(row, written, swa[written:num_swa])
                 self._num_swa[row] = written = num_swa
@@ -215,6 +217,22 @@ class RunningBatch:
         return ParamsBatch.of_columns(self.sample_f[rows], vocab, dev, [
             (i, noise_seed(sd, st)) for i, sd, st in zip(
                 seeded.tolist(), seeds[seeded].tolist(), step.tolist(), strict=True)])
+
+    def entry_params(self, rows: np.ndarray, counts: np.ndarray, vocab: int,
+                     dev: torch.device) -> tuple[ParamsBatch, np.ndarray]:
+        """A verify step's sampling parameters per entry (row `rows[i]` in `counts[i]`
+        consecutive entries, drawing its next tokens in order), and each entry's noise key
+        (`noise_seed` of the token it draws; -1 for an unseeded row)."""
+        idx = np.repeat(np.arange(len(rows)), counts)  # [T] the request of each entry
+        r = rows[idx]
+        within = np.arange(len(idx)) - np.repeat(np.cumsum(counts) - counts, counts)  # [T]
+        keys = np.full(len(idx), -1, np.int64)
+        seeded = np.flatnonzero(self.seed[r] >= 0)
+        if len(seeded):
+            step = self.max_new[r[seeded]] - self.left[r[seeded]] + within[seeded]
+            keys[seeded] = [noise_seed(sd, st) for sd, st in zip(
+                self.seed[r[seeded]].tolist(), step.tolist(), strict=True)]
+        return ParamsBatch.of_columns(self.sample_f[r], vocab, dev, []), keys
 
     def logprobs_wanted(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
         """[n] bool: which of `rows` want logprobs (the token's, or alternatives); and the

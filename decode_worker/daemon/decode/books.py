@@ -166,7 +166,22 @@ class Books:
             **receiver_totals(rx),
         })
         self.metrics.observe_transfer_samples(rx.take_samples())
+        self._publish_spec()
         self.metrics.set_peers(self.receiver.peers_by_protocol())
+
+    def _publish_spec(self) -> None:
+        """Speculative decoding's counts, and the accept lengths and verify times since the
+        last publish (drained)."""
+        spec, verifier = self.stepper.spec, self.stepper.verifier
+        if spec is None or verifier is None:
+            return
+        st = spec.stats
+        self.metrics.set_totals({"spec_proposed_tokens": st.proposed_total,
+                                 "spec_accepted_tokens": st.accepted_total,
+                                 "spec_verify_steps": st.verify_steps_total})
+        self.metrics.observe_spec(st.accept_lengths, verifier.verify_seconds)
+        st.accept_lengths.clear()
+        verifier.verify_seconds.clear()
 
     def flush_cache(self) -> FlushResult:
         """Evict every tree entry no request holds (full values with their SWA values, then SWA

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.io.api.backend import FlushResult, OutputChunk
+from decode_worker.io.api.backend import FlushResult, OutputChunk, SpecCounts
 from decode_worker.io.kv_events.gate import AnswerGate
 
 
@@ -149,6 +149,7 @@ class Ended:
     message: str = ""
     matched_stop: int | None = None
     totals: PromptTotals = PromptTotals()
+    spec: SpecCounts | None = None  # speculative decoding's counts, when it drafted
 
     @property
     def finished(self) -> bool:

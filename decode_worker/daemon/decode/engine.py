@@ -24,6 +24,7 @@ from decode_worker.core.host_tier import WritePolicy
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
+from decode_worker.core.spec.drafter import make_drafter
 from decode_worker.daemon.decode.batch import RunningBatch
 from decode_worker.daemon.decode.books import Books
 from decode_worker.daemon.decode.bridge import (
@@ -45,6 +46,7 @@ from decode_worker.daemon.decode.fetcher import AuxBuffers, KVFetcher
 from decode_worker.daemon.decode.host_tier import HostTier
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.requests import RequestTable
+from decode_worker.daemon.decode.speculate import Speculator, StepCost
 from decode_worker.daemon.decode.stepper import DecodeStepper, sample_kind
 from decode_worker.daemon.shared.compat import model_compat, region_layouts
 from decode_worker.daemon.shared.host_plan import HostPlan, host_tier_enabled, plan_host_tier
@@ -71,6 +73,9 @@ _AUX_SPARE_ROWS = 64
 # the prealloc queue's KV deadline is a backstop only: the receiver times a transfer out first
 # (kv_timeout_s) and returns its pages once the peer stopped writing (abort_quiesce_s)
 _KV_BACKSTOP_MARGIN_S = 5.0
+# speculation's start-up cost table: steps measured at this context, up to this many entries
+_SPEC_CALIBRATE_CONTEXT = 512
+_SPEC_CALIBRATE_MAX_ENTRIES = 1024
 
 
 def _queue_limits(settings: Settings) -> QueueLimits:
@@ -79,7 +84,23 @@ def _queue_limits(settings: Settings) -> QueueLimits:
         max_queued=sched.max_queued_requests, queue_timeout_s=sched.queue_timeout_s,
         kv_timeout_s=sched.kv_timeout_s + settings.transfer.abort_quiesce_s
         + _KV_BACKSTOP_MARGIN_S,
-        max_active=sched.max_running_requests, decode_reserve_tokens=sched.decode_reserve_tokens)
+        max_active=sched.max_running_requests, decode_reserve_tokens=sched.decode_reserve_tokens,
+        lookahead_tokens=settings.speculative.lookahead)
+
+
+def _speculator(settings: Settings, rt: Runtime) -> Speculator | None:
+    """Speculative decoding's drafter and policy (None when off), its cost table measured on
+    this runner now: steps of 1, 2, 4, ... entries up to a full batch of verifies."""
+    params = settings.speculative.params()
+    if params is None:
+        return None
+    k, rows = params.num_draft_tokens, settings.scheduler.max_running_requests
+    top = min(rows * (1 + k), _SPEC_CALIBRATE_MAX_ENTRIES)
+    counts = sorted({1 << i for i in range(top.bit_length())} | {top})
+    cost = StepCost(rt.runner.step_seconds(counts, _SPEC_CALIBRATE_CONTEXT))
+    log.info("speculative decoding: %s, up to %d draft tokens; step cost by entries: %s",
+             params.algorithm, k, ", ".join(f"{n}: {cost(n) * 1e3:.2f} ms" for n in counts))
+    return Speculator(make_drafter(params), k, cost)
 
 
 def _plan(settings: Settings, rt: Runtime) -> HostPlan:
@@ -133,10 +154,12 @@ class DecodeEngine:
                              sample_kind)
         self.fetcher = KVFetcher(self.receiver, AuxBuffers(aux, sglang_aux), self.kv_ctx,
                                  rt.runner, sampler)
+        self.spec = _speculator(settings, rt)
         self.table = RequestTable(self.kv_ctx, self.queue, decode_alloc, self.receiver,
-                                  self.fetcher, outbox or Outbox.unbound(), batch)
+                                  self.fetcher, outbox or Outbox.unbound(), batch,
+                                  self.spec.ended if self.spec is not None else None)
         self.stepper = DecodeStepper(self.table, self.queue, decode_alloc, rt.runner, sampler,
-                                     overlap=sched.overlap_schedule)
+                                     overlap=sched.overlap_schedule, spec=self.spec)
         self.books = Books(self.kv_ctx, self.table, self.receiver, self.stepper, metrics,
                            self.host_tier)
         # the one KV-event log: the ZMQ publisher and in-process (gRPC) subscribers read it

@@ -10,7 +10,7 @@ from decode_worker.core.sampling import TopLogprobs
 from decode_worker.daemon.decode.bridge import AddRequest, Ended, PromptTotals, Tokens
 from decode_worker.device.grammar import GrammarState
 from decode_worker.device.sampler import SampleRow
-from decode_worker.io.api.backend import FinishReason, OutputChunk
+from decode_worker.io.api.backend import FinishReason, OutputChunk, SpecCounts
 
 if TYPE_CHECKING:
     from decode_worker.daemon.decode.parking import Parked
@@ -47,6 +47,10 @@ class LiveRequest:
     emitted: int = 0  # output tokens already sent to the client
     row: int = 0  # its row of the running batch (0: not running)
     parked: Parked | None = None  # what it waits for outside the queue and the batch
+    # speculative decoding: verify steps it was in, draft tokens proposed for it and kept
+    spec_verify_steps: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)  # when cmd.top_logprobs
     grammar: GrammarState | None = field(default=None, init=False)  # made by the first row
@@ -111,8 +115,25 @@ class LiveRequest:
         tops = self.top_logprobs[start:len(out)] if self.cmd.top_logprobs else None
         return Tokens(self.rid, OutputChunk(ids, lps, top_logprobs=tops), self.totals)
 
+    def count_verify(self, proposed: int, accepted: int) -> None:
+        """A verify step committed `accepted` of `proposed` drafts (and one more token)."""
+        self.spec_verify_steps += 1
+        self.spec_proposed += proposed
+        self.spec_accepted += accepted
+
     def ended_event(self, reason: str, message: str, matched_stop: int | None) -> Ended:
-        return Ended(self.rid, reason, message, matched_stop, self.totals)
+        return Ended(self.rid, reason, message, matched_stop, self.totals, self.spec_counts())
+
+    def spec_counts(self) -> SpecCounts | None:
+        """Its decode forwards and drafts, when any draft was proposed for it: every decode
+        step counts as a verify (a plain one of 0 drafts: one token), as in SGLang's
+        `spec_verify_ct`; the first token came from the prefill."""
+        if not self.spec_proposed:
+            return None
+        decoded = len(self.req.output_ids) - 1  # tokens from decode forwards
+        plain = decoded - self.spec_verify_steps - self.spec_accepted  # one each
+        return SpecCounts(self.spec_verify_steps + plain, self.spec_accepted,
+                          self.spec_proposed)
 
     @property
     def totals(self) -> PromptTotals:

@@ -61,12 +61,14 @@ class RequestTable:
 
     def __init__(self, kv_ctx: KVContext, queue: PreallocQueue, decode_alloc: DecodeAllocator,
                  transfers: TransferStopper, fetcher: KVFetcher, outbox: Outbox,
-                 running: RunningBatch) -> None:
+                 running: RunningBatch, on_end: Callable[[str, str], None] | None = None) -> None:
+        """`on_end(rid, status)` is told of every end (the drafter forgets the request)."""
         self.kv_ctx, self.queue, self.decode_alloc = kv_ctx, queue, decode_alloc
         self.transfers, self.fetcher, self.outbox, self.running = (transfers, fetcher, outbox,
                                                                    running)
         self.lives: dict[str, LiveRequest] = {}
         self.parked = ParkingLot()
+        self.on_end = on_end
         self.requests_total: Counter[str] = Counter()  # finished / aborted / failed
         self.aborts_total: Counter[str] = Counter()  # shell-decided aborts, by reason
 
@@ -234,6 +236,8 @@ class RequestTable:
         status = "finished" if reason in FINISH_REASONS else "failed" if failed else "aborted"
         self._count(live.req, status, reason)
         self.outbox.put(live.ended)
+        if self.on_end is not None:
+            self.on_end(live.rid, status)
         self._tell_peer(live, reason, message)
         rec, lot = live.parked, self.parked
         if rec is not None and (rec.wait is Wait.TRANSFER or live.is_restoring):

@@ -44,6 +44,8 @@ from decode_worker.daemon.decode.batch import Order, RunningBatch, SampleKind
 from decode_worker.daemon.decode.bridge import StepTokens
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.requests import RequestTable
+from decode_worker.daemon.decode.speculate import Speculator
+from decode_worker.daemon.decode.verify import Verifier
 from decode_worker.device.decode_inputs import HostTokens
 from decode_worker.device.runner import DecodeRunner
 from decode_worker.device.sampler import (
@@ -73,12 +75,17 @@ class DecodeStepper:
     """Runs the table's running batch on the model, one token per request per step."""
 
     def __init__(self, table: RequestTable, queue: PreallocQueue, decode_alloc: DecodeAllocator,
-                 runner: DecodeRunner, sampler: Sampler, *, overlap: bool = True) -> None:
+                 runner: DecodeRunner, sampler: Sampler, *, overlap: bool = True,
+                 spec: Speculator | None = None) -> None:
+        """`spec`: speculative decoding's policy and drafter (`verify.py` runs its steps)."""
         self.table, self.queue, self.decode_alloc = table, queue, decode_alloc
         self.runner, self.sampler, self.overlap = runner, sampler, overlap
         self.batch: RunningBatch = table.running
         self.in_flight: _Launched | None = None
         self.generated_tokens_total = 0
+        self.spec = spec
+        self.verifier = (Verifier(self.batch, decode_alloc, runner, sampler, table, spec)
+                         if spec is not None else None)
 
     @property
     def busy(self) -> bool:
@@ -91,11 +98,15 @@ class DecodeStepper:
         ends."""
         self.decode_alloc.start_running(live.req, now)
         self.batch.join(live)
+        if self.spec is not None:
+            self.spec.joined(live.rid, live.req.prompt_ids, live.req.output_ids)
         self._commit(live, now)
 
     def step(self, now: float) -> None:
         """One token for every running request (retracting some first if pages are short).
         With overlap on, the tokens committed are those of the step launched last time."""
+        if self.spec is not None and self.batch and self.spec.may_draft() and self._speculate(now):
+            return
         prev, self.in_flight = self.in_flight, None
         launched = self._launch(now) if self.batch else None
         if prev is not None:
@@ -104,6 +115,19 @@ class DecodeStepper:
             self._commit_step(launched, now)
         else:
             self.in_flight = launched
+
+    def _speculate(self, now: float) -> bool:
+        """A verify step (`verify.py`) if the policy drafts; False: run a plain step. Drafts
+        need every committed token, so a launched step is committed first (no overlap)."""
+        prev, self.in_flight = self.in_flight, None
+        if prev is not None:
+            self._commit_step(prev, now)
+        assert self.verifier is not None
+        committed = self.verifier.try_step(now)
+        if committed is None:
+            return False
+        self.generated_tokens_total += committed
+        return True
 
     def _launch(self, now: float) -> _Launched | None:
         """Plan pages, write the inputs that changed, run the model and sample on the device."""
@@ -165,9 +189,8 @@ class DecodeStepper:
                 batch.slid(live)
         if grow.size:  # a page edge: a new full page, an SWA page to get or write
             growing = [lives[i] for i in grow.tolist()]
-            in_flight = {lv.rid for lv, a in zip(growing, ahead[grow].tolist(), strict=True)
-                         if a}
-            if not self.decode_alloc.grow([lv.req for lv in growing], in_flight):
+            far = {lv.rid: a for lv, a in zip(growing, ahead[grow].tolist(), strict=True) if a}
+            if not self.decode_alloc.grow([lv.req for lv in growing], far):
                 kept = self._retract(order, ahead, now)
                 if kept is None:
                     return None
@@ -181,8 +204,8 @@ class DecodeStepper:
         some (back to the prealloc queue, their computed KV cached) and gives the rest their
         pages."""
         batch = self.batch
-        in_flight = {lv.rid for lv, a in zip(order.lives, ahead.tolist(), strict=True) if a}
-        plan = self.decode_alloc.prepare_step([lv.req for lv in order.lives], now, in_flight)
+        far = {lv.rid: a for lv, a in zip(order.lives, ahead.tolist(), strict=True) if a}
+        plan = self.decode_alloc.prepare_step([lv.req for lv in order.lives], now, far)
         gone = {id(r) for r in plan.retracted}
         for live in order.lives:
             if id(live.req) in gone:

@@ -152,11 +152,12 @@ def _make_runner(settings: Settings, model: CausalLM, use_cuda_graph: bool,
                  attention: AttentionBackend) -> Callable[[KVPools], ModelRunner]:
     """Runners over given pools (the real ones, the probes'), all with the resolved backend."""
     sched = settings.scheduler
+    lookahead = settings.speculative.lookahead  # a verify step writes this far ahead
 
     def make(pools: KVPools) -> ModelRunner:
         return ModelRunner(model, pools, use_cuda_graph=use_cuda_graph and sched.cuda_graph,
                            graph_batch_sizes=sched.cuda_graph_batch_sizes,
-                           attention_backend=attention)
+                           attention_backend=attention, lookahead=lookahead)
 
     return make
 
@@ -172,7 +173,8 @@ def _measure_share(share: ShareTracker, settings: Settings, model: CausalLM, spe
         share.measure_graphs(capture_probe(_make_runner(settings, model, True, attention),
                                            pools, sched.cuda_graph_capture_tokens))
     eager = _make_runner(settings, model, False, attention)(pools)
-    rows = sched.max_running_requests if graphs else 1  # a prefill peer decodes nothing
+    # a prefill peer decodes nothing; a verify step runs 1 + K entries per request
+    rows = sched.max_running_requests * (1 + settings.speculative.lookahead) if graphs else 1
     share.measure_headroom(lambda: eager_probe(eager, rows, PROBE_PREFILL_TOKENS))
     return share.budget()
 

@@ -70,9 +70,15 @@ class ApiConfig:
             strict_model_name=settings.api.strict_model_name,
             reasoning_parser=settings.api.reasoning_parser,
             tool_call_parser=settings.api.tool_call_parser,
-            server_info_defaults=cache_info(settings),
+            server_info_defaults={**cache_info(settings), **speculative_info(settings)},
             system_start_date=settings.api.system_start_date or utc_today(clock),
         )
+
+
+def speculative_info(settings: Any) -> dict[str, Any]:
+    """The speculative settings under SGLang's server_info keys (`speculative_algorithm`,
+    `speculative_num_draft_tokens`, ...; `SpeculativeSettings.server_info`)."""
+    return dict(settings.speculative.server_info())
 
 
 def cache_info(settings: Any) -> dict[str, Any]:

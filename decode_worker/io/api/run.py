@@ -20,7 +20,7 @@ from typing import Any
 
 from decode_worker.core.sampling import TopLogprobs
 from decode_worker.errors import DecodeWorkerError
-from decode_worker.io.api.backend import GenerateBackend, GenerateInput, OutputChunk
+from decode_worker.io.api.backend import GenerateBackend, GenerateInput, OutputChunk, SpecCounts
 from decode_worker.io.api.textgen import TextStream
 from decode_worker.io.metrics import Metrics
 
@@ -88,6 +88,7 @@ class GenerationRun:
         self.prompt_tokens = len(inp.input_ids)
         self.cached_tokens = 0
         self.host_cached_tokens = 0  # the part of cached_tokens restored from the host tier
+        self.spec: SpecCounts | None = None  # speculative decoding's counts (the last chunk's)
         self.finish: Finish | None = None
         self._iter: AsyncIterator[OutputChunk] | None = None
         self._first: OutputChunk | None = None
@@ -172,6 +173,7 @@ class GenerationRun:
         self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
         self.cached_tokens = chunk.cached_tokens
         self.host_cached_tokens = chunk.host_cached_tokens
+        self.spec = chunk.spec or self.spec
         if chunk.error is not None:
             return Step(self.text.finish(), [], finish=Finish(
                 "error", message=chunk.error, status=chunk.status, code=chunk.error_code))

@@ -3,10 +3,11 @@ verifies drafts at all (speculation must never cost throughput).
 
 Per request the draft length follows its recent acceptance: it grows while drafts are kept,
 halves after a miss, and a request whose drafts keep failing pauses drafting for a while (a
-pause that doubles with each further failure, up to `_MAX_PAUSE_STEPS`). Per step the batch
-verifies only when the tokens it expects to earn per second beat a plain step's: expected kept
-drafts (each request's acceptance estimate, per token) against the cost of `1 + k` entries per
-request, from the runner's measured step time by entry count (`StepCost`).
+pause that doubles with each further failure, up to `_MAX_PAUSE_STEPS`). Per step only the
+drafts worth their cost are verified: requests are taken best expected acceptance first
+(each request's acceptance estimate, per token) while each adds more tokens per second than
+its `k` extra entries cost, from the runner's measured step time by entry count
+(`StepCost`), and the step verifies only when that beats a plain step by `_MIN_GAIN`.
 
 The drafter (`core/spec`'s `Drafter`, whose contract the verify step relies on) holds the
 memory drafts come from; it sees a request's tokens when it joins the batch and its committed
@@ -21,10 +22,10 @@ from dataclasses import dataclass, field
 
 from decode_worker.core.spec.drafter import Drafter
 
-_ALPHA_PRIOR = 0.5  # per-token acceptance assumed for a request before its first verify
+_ALPHA_PRIOR = 0.3  # per-token acceptance assumed for a request before its first verify
 _EMA = 0.5  # weight of the newest verify in a request's acceptance estimate
 _MAX_PAUSE_STEPS = 64
-_MIN_GAIN = 1.02  # a verify step must promise this much more tokens per second than plain
+_MIN_GAIN = 1.1  # a verify step must promise this much more tokens per second than plain
 
 
 class TokenView:
@@ -141,7 +142,7 @@ class Speculator:
         ks = [w for w in want if w]
         got = iter(self.drafter.propose(asked, ks))
         out = [next(got)[:w] if w else [] for w in want]
-        return out if self._pays(rids, out) else None
+        return self._worth(rids, out)
 
     def record(self, rids: Sequence[str], drafts: Sequence[Sequence[int]],
                runs: Sequence[Sequence[int]]) -> None:
@@ -166,17 +167,27 @@ class Speculator:
                 if st.misses >= 2:
                     st.paused_until = self._step + min(_MAX_PAUSE_STEPS, 2 ** st.misses)
 
-    def _pays(self, rids: Sequence[str], drafts: list[list[int]]) -> bool:
-        """Whether verifying `drafts` beats a plain step in expected tokens per second."""
+    def _worth(self, rids: Sequence[str], drafts: list[list[int]]) -> list[list[int]] | None:
+        """The drafts worth verifying: requests are taken best expected acceptance first while
+        each adds more tokens per second than it costs (`cost` of the step's entries); None
+        when even the best do not beat a plain step by `_MIN_GAIN`."""
         if not any(drafts):
-            return False
+            return None
         if self.cost is None:
-            return True
+            return drafts
         n = len(drafts)
-        entries = n + sum(len(d) for d in drafts)
-        earned = float(n)
-        for rid, d in zip(rids, drafts, strict=True):
+        gain = {}  # request index -> expected kept drafts
+        for i, (rid, d) in enumerate(zip(rids, drafts, strict=True)):
             if d:
                 a = self._states[rid].alpha
-                earned += sum(a ** j for j in range(1, len(d) + 1))  # E[kept drafts]
-        return earned / self.cost(entries) >= _MIN_GAIN * n / self.cost(n)
+                gain[i] = sum(a ** j for j in range(1, len(d) + 1))
+        entries, earned, kept = n, float(n), set()
+        for i in sorted(gain, key=lambda i: gain[i] / len(drafts[i]), reverse=True):
+            more, got = entries + len(drafts[i]), earned + gain[i]
+            if got / self.cost(more) <= earned / self.cost(entries):
+                break  # the rest earn less per entry still
+            entries, earned = more, got
+            kept.add(i)
+        if not kept or earned / self.cost(entries) < _MIN_GAIN * n / self.cost(n):
+            return None
+        return [d if i in kept else [] for i, d in enumerate(drafts)]

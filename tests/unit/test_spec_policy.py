@@ -49,3 +49,15 @@ def test_misses_shorten_and_then_pause_drafting_and_hits_lengthen_it() -> None:
     assert st_bad.k == 1 and st_bad.paused_until > spec._step  # halved, then paused
     got = _drafts(spec)
     assert got is not None and got[1] == []
+
+
+def test_steps_with_nothing_worth_verifying_back_off_to_plain_steps() -> None:
+    spec = _spec(StepCost([(1, 1.0), (64, 64.0)]))  # nothing pays on a linear cost
+    waits = []
+    for _ in range(4):
+        assert spec.may_draft() and _drafts(spec) is None
+        quiet = 0
+        while not spec.may_draft():
+            quiet += 1
+        waits.append(quiet)
+    assert waits == [0, 1, 3, 7]  # 1, 2, 4, 8 steps without drafting (this one included)

@@ -97,6 +97,8 @@ class Speculator:
         self.stats = SpecStats()
         self._states: dict[str, _State] = {}
         self._step = 0
+        # after steps that found nothing worth verifying, plain (overlapped) steps for a while
+        self._quiet_until, self._quiet_len = 0, 1
 
     def joined(self, rid: str, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         """A request joins the batch with these tokens; a retracted one that joins again keeps
@@ -119,6 +121,9 @@ class Speculator:
         """Some request of the batch may draft at the next step (else a plain, overlapped step
         needs no committed tokens first)."""
         nxt = self._step + 1
+        if nxt < self._quiet_until:
+            self._step = nxt  # a plain step: it counts toward the pauses
+            return False
         return any(st.paused_until <= nxt for st in self._states.values())
 
     def drafts(self, rids: Sequence[str], tokens: Sequence[TokenView],
@@ -142,7 +147,13 @@ class Speculator:
         ks = [w for w in want if w]
         got = iter(self.drafter.propose(asked, ks))
         out = [next(got)[:w] if w else [] for w in want]
-        return self._worth(rids, out)
+        worth = self._worth(rids, out)
+        if worth is None:  # back off: the next steps stay plain (and overlapped)
+            self._quiet_until = self._step + self._quiet_len
+            self._quiet_len = min(_MAX_PAUSE_STEPS, self._quiet_len * 2)
+        else:
+            self._quiet_len = 1
+        return worth
 
     def record(self, rids: Sequence[str], drafts: Sequence[Sequence[int]],
                runs: Sequence[Sequence[int]]) -> None:

@@ -17,7 +17,7 @@ is 0 in float32 (a finite value, so an all-masked key chunk never makes NaN).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -108,13 +108,7 @@ class DecoderModel:
 
     def weights_bytes(self) -> int:
         """Bytes of every distinct tensor the model holds (a tied lm_head counts once)."""
-        tensors = {id(t): t for t in (self.embed, self.norm, self.lm_head)}
-        for lw in self.layers:
-            for f in fields(lw):
-                t = getattr(lw, f.name)
-                if isinstance(t, torch.Tensor):
-                    tensors[id(t._base if t._base is not None else t)] = t
-        return sum(t.numel() * t.element_size() for t in tensors.values())
+        return layers.weights_bytes(self.embed, self.norm, self.lm_head, self.layers)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attend: Attend,
                 *, static: bool = False) -> torch.Tensor:

@@ -11,7 +11,7 @@ bias whose chosen logits are softmaxed; experts with a clamped SwiGLU
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -87,13 +87,7 @@ class GptOssModel:
     def weights_bytes(self) -> int:
         """Bytes of every distinct tensor the model holds (a tied lm_head counts once; meta
         tensors count what they would take)."""
-        tensors = {id(t): t for t in (self.embed, self.norm, self.lm_head)}
-        for lw in self.layers:
-            for f in fields(lw):
-                t = getattr(lw, f.name)
-                if isinstance(t, torch.Tensor):
-                    tensors[id(t)] = t
-        return sum(t.numel() * t.element_size() for t in tensors.values())
+        return layers.weights_bytes(self.embed, self.norm, self.lm_head, self.layers)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attend: Attend,
                 *, static: bool = False) -> torch.Tensor:

@@ -8,7 +8,8 @@ Expert weights are in matmul orientation: gate_up [E, H, 2I] with [gate | up] co
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import fields
 
 import torch
 import torch.nn.functional as F
@@ -146,3 +147,19 @@ def expert_loop(x: torch.Tensor, top_i: torch.Tensor, top_w: torch.Tensor,
             out = out + d_b[e]
         y.index_add_(0, tok, out * top_w[tok, slot, None].to(out.dtype))
     return y
+
+
+def weights_bytes(embed: torch.Tensor, norm: torch.Tensor, lm_head: torch.Tensor,
+                  layers: Iterable[object]) -> int:
+    """Bytes of every distinct tensor a model holds: the embedding, final norm and head, and
+    each layer's tensor fields (a view, e.g. a tied lm_head, counts once with its base; meta
+    tensors count what they would take)."""
+    tensors: dict[int, torch.Tensor] = {}
+    every = [embed, norm, lm_head]
+    for lw in layers:
+        every += [t for f in fields(lw)  # type: ignore[arg-type]
+                  if isinstance(t := getattr(lw, f.name), torch.Tensor)]
+    for t in every:
+        base = t._base if t._base is not None else t
+        tensors[id(base)] = base
+    return sum(t.numel() * t.element_size() for t in tensors.values())

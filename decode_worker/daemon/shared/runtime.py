@@ -26,6 +26,7 @@ from decode_worker.device.attention_backend import AttentionBackend, resolve_att
 from decode_worker.device.default_model import ensure_default_model
 from decode_worker.device.gpu_memory import CudaMemory, DeviceMemory, ShareTracker
 from decode_worker.device.kv_pool import KVPools, KVSpec
+from decode_worker.device.landing import LandingArea
 from decode_worker.device.layout import CacheLayout, plan_cache_layout
 from decode_worker.device.memory_probe import (
     PROBE_PREFILL_TOKENS,
@@ -40,6 +41,7 @@ from decode_worker.device.runner import ModelRunner
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import ConfigError
 from decode_worker.settings import Settings
+from decode_worker.utils.mathx import cdiv
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class Runtime:
     facts: ModelFacts
     layout: CacheLayout
     host_plan: HostPlan | None = None  # the host tier's size (decode, host tier on)
+    landing: LandingArea | None = None  # for SGLang prefills of an all-layer model (decode)
 
     @property
     def pools(self) -> KVPools:
@@ -86,10 +89,12 @@ def read_model_facts(model_dir: Path) -> ModelFacts:
 
 
 def build_runtime(settings: Settings, *, use_cuda_graph: bool,
-                  host_tier: bool = False) -> Runtime:
+                  host_tier: bool = False, landing: bool = False) -> Runtime:
     """Validate the model/cache combination, then load the model and allocate the pools, and
     with `host_tier` size the host tier (an explicit `cache.hicache_size_gb` is checked against
-    the host's available memory before the model loads).
+    the host's available memory before the model loads); with `landing` (a decode worker) the
+    landing area SGLang prefills of an all-layer model need (`landing_pages`), whose bytes come
+    out of a derived pool budget.
 
     On CUDA the pools get this process's share of the device (`cache.memory_fraction` of its
     total memory) less the weights, the measured graph memory and activation headroom
@@ -122,8 +127,15 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool,
         pool_budget = _measure_share(share, settings, model, spec, kv_dtype, graphs,
                                      attention).pool_bytes
         share.mem.release_cached()  # the probe pools and runners are gone
+    num_landing = landing_pages(settings, model.cfg.sglang_ordinary) if landing else 0
+    pool_budget = _less_landing(pool_budget, num_landing, settings, spec, device, kv_dtype)
     layout = plan_cache_layout(c, spec, device, kv_dtype, budget_bytes=pool_budget)
     pools = _allocate_pools(layout, spec, device, kv_dtype, memory)
+    area = LandingArea(pools, num_landing) if num_landing else None
+    if area is not None:
+        log.info("landing area for SGLang prefills (full KV in every layer of %s): %d pages "
+                 "of %d tokens, %s", model.cfg.model_type, num_landing, c.page_size,
+                 gib(area.memory_region().length))
     runner = _make_runner(settings, model, use_cuda_graph, attention)(pools)
     graph_bytes = _capture(runner, settings, memory)
     if share is not None:
@@ -135,7 +147,30 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool,
              "pages of %d tokens (%s)", model_dir, device, dtype, attention, moe,
              layout.num_full_pages, layout.num_swa_pages, layout.page_size, layout.source)
     return Runtime(runner, Tokenizer.from_dir(model_dir), model_dir,
-                   settings.model.served_model_name or model_dir.name, facts, layout, host_plan)
+                   settings.model.served_model_name or model_dir.name, facts, layout, host_plan,
+                   area)
+
+
+def _less_landing(budget: int | None, num_landing: int, settings: Settings, spec: KVSpec,
+                  device: torch.device, kv_dtype: torch.dtype) -> int | None:
+    """The pools' derived budget less the landing area's bytes (None: explicit sizes)."""
+    if not num_landing:
+        return budget
+    c = settings.cache
+    if budget is None and device.type != "cuda":
+        budget = c.cpu_pool_bytes
+    page = len(spec.layer_types) * spec.page_bytes(c.page_size, kv_dtype, "full")
+    return None if budget is None else budget - (num_landing + 1) * page
+
+
+def landing_pages(settings: Settings, sglang_ordinary: bool) -> int:
+    """Landing pages a decode worker holds for SGLang prefills of a model they lay out with
+    full KV in every layer (`sglang_ordinary`): `transfer.sglang_landing_tokens` in pages; 0
+    when no such prefill can feed it (`peer_protocol` native) or the setting is 0."""
+    t = settings.transfer
+    if not sglang_ordinary or t.peer_protocol == "native":
+        return 0
+    return cdiv(t.sglang_landing_tokens, settings.cache.page_size)
 
 
 def _device_and_dtypes(settings: Settings) -> tuple[torch.device, torch.dtype, torch.dtype]:

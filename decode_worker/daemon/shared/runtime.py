@@ -131,11 +131,7 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool,
     pool_budget = _less_landing(pool_budget, num_landing, settings, spec, device, kv_dtype)
     layout = plan_cache_layout(c, spec, device, kv_dtype, budget_bytes=pool_budget)
     pools = _allocate_pools(layout, spec, device, kv_dtype, memory)
-    area = LandingArea(pools, num_landing) if num_landing else None
-    if area is not None:
-        log.info("landing area for SGLang prefills (full KV in every layer of %s): %d pages "
-                 "of %d tokens, %s", model.cfg.model_type, num_landing, c.page_size,
-                 gib(area.memory_region().length))
+    area = _allocate_landing(pools, num_landing, memory, model.cfg.model_type)
     runner = _make_runner(settings, model, use_cuda_graph, attention)(pools)
     graph_bytes = _capture(runner, settings, memory)
     if share is not None:
@@ -149,6 +145,22 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool,
     return Runtime(runner, Tokenizer.from_dir(model_dir), model_dir,
                    settings.model.served_model_name or model_dir.name, facts, layout, host_plan,
                    area)
+
+
+def _allocate_landing(pools: KVPools, num_pages: int, memory: DeviceMemory | None,
+                      model_type: str) -> LandingArea | None:
+    """The landing area (None for 0 pages), or a ConfigError naming the setting when the device
+    has no room for it (explicit pool sizes leave its bytes to the operator)."""
+    if not num_pages:
+        return None
+    need = (num_pages + 1) * len(pools.spec.layer_types) * pools.page_bytes("full")
+    if memory is not None and need > memory.mem_get_info()[0]:
+        raise MemoryBudgetError(
+            f"landing area of {num_pages} pages needs {gib(need)}, the device has "
+            f"{gib(memory.mem_get_info()[0])} free; lower transfer.sglang_landing_tokens")
+    log.info("landing area for SGLang prefills (full KV in every layer of %s): %d pages of %d "
+             "tokens, %s", model_type, num_pages, pools.page_size, gib(need))
+    return LandingArea(pools, num_pages)
 
 
 def _less_landing(budget: int | None, num_landing: int, settings: Settings, spec: KVSpec,

@@ -158,3 +158,24 @@ def test_a_transfer_that_can_never_fit_fails_at_once_naming_the_setting() -> Non
     assert "transfer.sglang_landing_tokens" in big.ended.message
     assert not rig.router.submitted and rig.free == 4 and not rig.t.parked
     assert big.req.state is RequestState.FAILED
+
+
+def test_the_landing_area_is_sized_in_pages_and_taken_out_of_a_derived_budget() -> None:
+    from decode_worker.daemon.shared.landing_plan import budget_less_landing, landing_pages
+    from decode_worker.settings import load_settings
+
+    def settings(**overrides: object) -> Any:
+        return load_settings(overrides={"cache.page_size": 16, **overrides}, environ={}).settings
+
+    s = settings(**{"transfer.sglang_landing_tokens": 100})
+    assert landing_pages(s, sglang_ordinary=True) == 7  # 100 tokens: 7 pages of 16
+    assert landing_pages(s, sglang_ordinary=False) == 0  # SGLang sends SWA state: no landing
+    assert landing_pages(settings(**{"transfer.peer_protocol": "native"}), True) == 0
+    assert landing_pages(settings(**{"transfer.sglang_landing_tokens": 0}), True) == 0
+    spec = KVSpec(LAYERS, 1, 2)  # a page of every layer: 3 x 16 x 2 x 2 x 4 B = 768 B
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert budget_less_landing(None, 7, s, spec, cpu, torch.float32) == (
+        s.cache.cpu_pool_bytes - 8 * 768)  # dummy page 0 included
+    assert budget_less_landing(10_000, 7, s, spec, cuda, torch.float32) == 10_000 - 8 * 768
+    assert budget_less_landing(None, 7, s, spec, cuda, torch.float32) is None  # explicit sizes
+    assert budget_less_landing(5_000, 0, s, spec, cpu, torch.float32) == 5_000

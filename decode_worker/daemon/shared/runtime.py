@@ -22,6 +22,11 @@ from decode_worker.core.validation import (
     validate_startup,
 )
 from decode_worker.daemon.shared.host_plan import HostPlan, check_host_size, plan_host_tier
+from decode_worker.daemon.shared.landing_plan import (
+    allocate_landing,
+    budget_less_landing,
+    landing_pages,
+)
 from decode_worker.device.attention_backend import AttentionBackend, resolve_attention_backend
 from decode_worker.device.default_model import ensure_default_model
 from decode_worker.device.gpu_memory import CudaMemory, DeviceMemory, ShareTracker
@@ -41,7 +46,6 @@ from decode_worker.device.runner import ModelRunner
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import ConfigError
 from decode_worker.settings import Settings
-from decode_worker.utils.mathx import cdiv
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +132,11 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool,
                                      attention).pool_bytes
         share.mem.release_cached()  # the probe pools and runners are gone
     num_landing = landing_pages(settings, model.cfg.sglang_ordinary) if landing else 0
-    pool_budget = _less_landing(pool_budget, num_landing, settings, spec, device, kv_dtype)
+    pool_budget = budget_less_landing(pool_budget, num_landing, settings, spec, device,
+                                      kv_dtype)
     layout = plan_cache_layout(c, spec, device, kv_dtype, budget_bytes=pool_budget)
     pools = _allocate_pools(layout, spec, device, kv_dtype, memory)
-    area = _allocate_landing(pools, num_landing, memory, model.cfg.model_type)
+    area = allocate_landing(pools, num_landing, memory, model.cfg.model_type)
     runner = _make_runner(settings, model, use_cuda_graph, attention)(pools)
     graph_bytes = _capture(runner, settings, memory)
     if share is not None:
@@ -145,44 +150,6 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool,
     return Runtime(runner, Tokenizer.from_dir(model_dir), model_dir,
                    settings.model.served_model_name or model_dir.name, facts, layout, host_plan,
                    area)
-
-
-def _allocate_landing(pools: KVPools, num_pages: int, memory: DeviceMemory | None,
-                      model_type: str) -> LandingArea | None:
-    """The landing area (None for 0 pages), or a ConfigError naming the setting when the device
-    has no room for it (explicit pool sizes leave its bytes to the operator)."""
-    if not num_pages:
-        return None
-    need = (num_pages + 1) * len(pools.spec.layer_types) * pools.page_bytes("full")
-    if memory is not None and need > memory.mem_get_info()[0]:
-        raise MemoryBudgetError(
-            f"landing area of {num_pages} pages needs {gib(need)}, the device has "
-            f"{gib(memory.mem_get_info()[0])} free; lower transfer.sglang_landing_tokens")
-    log.info("landing area for SGLang prefills (full KV in every layer of %s): %d pages of %d "
-             "tokens, %s", model_type, num_pages, pools.page_size, gib(need))
-    return LandingArea(pools, num_pages)
-
-
-def _less_landing(budget: int | None, num_landing: int, settings: Settings, spec: KVSpec,
-                  device: torch.device, kv_dtype: torch.dtype) -> int | None:
-    """The pools' derived budget less the landing area's bytes (None: explicit sizes)."""
-    if not num_landing:
-        return budget
-    c = settings.cache
-    if budget is None and device.type != "cuda":
-        budget = c.cpu_pool_bytes
-    page = len(spec.layer_types) * spec.page_bytes(c.page_size, kv_dtype, "full")
-    return None if budget is None else budget - (num_landing + 1) * page
-
-
-def landing_pages(settings: Settings, sglang_ordinary: bool) -> int:
-    """Landing pages a decode worker holds for SGLang prefills of a model they lay out with
-    full KV in every layer (`sglang_ordinary`): `transfer.sglang_landing_tokens` in pages; 0
-    when no such prefill can feed it (`peer_protocol` native) or the setting is 0."""
-    t = settings.transfer
-    if not sglang_ordinary or t.peer_protocol == "native":
-        return 0
-    return cdiv(t.sglang_landing_tokens, settings.cache.page_size)
 
 
 def _device_and_dtypes(settings: Settings) -> tuple[torch.device, torch.dtype, torch.dtype]:

@@ -218,7 +218,7 @@ class Metrics:
     def update_pool(
         self, pool: str, *, available: int, used: int, evictable: int, protected: int, total: int
     ) -> None:
-        """Set one pool's page gauges (pool is "full" or "swa")."""
+        """Set one pool's page gauges (pool is "full", "swa", "host" or "landing")."""
         values = (available, used, evictable, protected, total)
         for gauge, value in zip(self._pool_gauges(), values, strict=True):
             gauge.labels(pool=pool).set(value)

@@ -185,6 +185,13 @@ class TransferSettings(_Section):
         0, ge=0, lt=65536, description="Prefill peer, sglang protocol: its rank's ZMQ PULL port "
         "(0 = any free port)"
     )
+    sglang_landing_tokens: int = Field(
+        8192, ge=0, description="Decode worker, a model SGLang lays out with full KV in every "
+        "layer (Gemma 3) and SGLang prefills (peer_protocol auto or sglang): tokens of every "
+        "layer the landing area holds for the transfers in flight, whose windows are then "
+        "copied into the pools; its bytes come out of the derived pool budget. A transfer "
+        "waits for room; one whose new tokens exceed this fails; 0 = refuse such transfers"
+    )
     kv_checksum: bool = Field(
         False, description="Decode worker: ask native prefill peers for a CRC-32 of the KV pages "
         "of each transfer and check it before the request starts (DRAM pools only; SGLang's "

@@ -4,14 +4,15 @@ cache, host tier, KV events) fed by two reference prefill peers, one per protoco
 
 Per family and protocol, a three-turn chat plus the last prompt again: greedy tokens equal
 transformers' (float32), logprobs within 1e-4, the first turn cold, later turns partial hits
-that move fewer bytes, the repeat a full hit. Then, per family, three chats interleaved on a
+that move fewer bytes, the repeat a full hit. Gemma 3 over SGLang's protocol comes as a stock
+SGLang prefill sends it, every layer's KV (the worker lands it and keeps the window): each turn
+moves exactly that many bytes. Then, per family, three chats interleaved on a
 device pool that holds about one and a half: turns restore their prefix from the host tier, and
 an index built only from the worker's KV events predicts every turn's `cached_tokens`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ import zmq
 
 from decode_worker.core.kv_event_index import KVEventIndex
 from decode_worker.daemon.shared.procs import PdServers, ServerProcess, http_json, scrape_metric
+from decode_worker.io.kv.sglang.prefill_plan import AUX_ROW_BYTES
 from tests.e2e.driver import TOP_LOGPROBS, conversation
 from tests.e2e.test_e2e_kv_events import replay
 from tests.e2e.test_e2e_pd import check_turns
@@ -84,24 +86,16 @@ def stack(request: pytest.FixtureRequest, family_dir: Callable[[str], Path]) -> 
                    "--kv-events-config", json.dumps(EVENTS)]
     sglang = ServerProcess("prefill-sglang", ["prefill", "--port", "0", "--bootstrap-port",
                                               "0", "--protocol", "sglang", *common])
-    # SGLang lays Gemma 3 out with full KV in every layer, which this worker does not take
-    # yet: its reference peer refuses to pose as such a prefill (test_sglang_layout_refusal)
-    speaks_sglang = family != "gemma3"
     with PdServers(common, prefill_args=["--protocol", "native"],
-                   decode_args=decode_args) as pd, contextlib.ExitStack() as more:
-        prefills = {"native": pd.prefill}
-        if speaks_sglang:
-            prefills["sglang"] = more.enter_context(sglang)
-            sglang.wait_ready(120.0)
-        yield Stack(family, pd.decodes[0], prefills, _reference(path))
+                   decode_args=decode_args) as pd, sglang:
+        sglang.wait_ready(120.0)
+        yield Stack(family, pd.decodes[0], {"native": pd.prefill, "sglang": sglang},
+                    _reference(path))
 
 
 @pytest.mark.parametrize("protocol", ["native", "sglang"])
 def test_chat_matches_reference_with_cold_partial_and_full_hits(stack: Stack,
                                                                 protocol: str) -> None:
-    if protocol not in stack.prefills:
-        pytest.skip("SGLang lays Gemma 3 out as an ordinary model: "
-                    "tests/interop/test_sglang_families.py")
     users = conversation(3, seed={"native": 20, "sglang": 21}[protocol])
     history: list[int] = []
     turns, before = [], stack.moved()
@@ -112,6 +106,12 @@ def test_chat_matches_reference_with_cold_partial_and_full_hits(stack: Stack,
                       "meta_info": out["meta_info"], "bytes_after": stack.moved()})
         history = prompt + out["output_ids"]
     check_turns(turns, stack.reference, 8, before)
+    if stack.family == "gemma3" and protocol == "sglang":  # every layer: 4 x 256 B per token
+        sent = [b - a for a, b in zip([before] + [t["bytes_after"] for t in turns[:-1]],
+                                      [t["bytes_after"] for t in turns], strict=True)]
+        assert sent == [(-(-len(t["input_ids"]) // PAGE) * PAGE
+                         - t["meta_info"]["cached_tokens"]) * 1024 + AUX_ROW_BYTES
+                        for t in turns], sent
     again = stack.generate(protocol, turns[-1]["input_ids"], 8)  # the whole prompt is cached
     assert again["output_ids"] == turns[-1]["output_ids"]
     cached = again["meta_info"]["cached_tokens"]
@@ -190,16 +190,3 @@ def test_chat_renders_the_checkpoint_template_and_returns_forced_tool_calls(
     assert call["function"]["name"] == "weather"
     assert set(json.loads(call["function"]["arguments"])) == {"city"}
 
-
-def test_the_reference_peer_refuses_to_pose_as_an_sglang_prefill_of_gemma3(
-        family_dir: Callable[[str], Path]) -> None:
-    """`decode-worker prefill --protocol sglang` on Gemma 3 stops at start-up in one line: a
-    stock SGLang prefill would send every layer's KV, which the decode side does not take."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-m", "decode_worker", "prefill", "--protocol",
-                          "sglang", "--port", "0", "--model", str(family_dir("gemma3"))],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert "lays out gemma3_text as an ordinary model" in out.stderr.strip().splitlines()[-1]

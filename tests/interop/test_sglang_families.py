@@ -7,11 +7,11 @@ layer of it and masks the window). It runs transformers' real prefill of a tiny 
 transformers wrote (tests/families.py) and SGLang's `NixlKVSender` writes the KV into the
 worker; the test plays the router (tests/interop/pd.py).
 
-Checked: a three-turn Qwen3 conversation equals transformers' greedy tokens, logprobs and top
-logprobs, later turns cached and the prefill told a decode prefix. Gemma 3 in SGLang's
-all-layer layout is not taken yet (docs/DEPLOY.md, "Gemma 3 and a stock SGLang prefill"): the
-request fails at once (before any KV moves) with a 502 saying why, and the worker keeps
-serving, every page back.
+Checked: a three-turn conversation of each family equals transformers' greedy tokens, logprobs
+and top logprobs, later turns cached and the prefill told a decode prefix. Gemma 3 arrives in
+SGLang's all-layer layout, lands in the worker's landing area and only the window of its
+sliding layers is kept (docs/DEPLOY.md, "Gemma 3 and a stock SGLang prefill"): the bytes moved
+are every layer's, and every landing page is back once idle.
 
 Ports: 43500-43599 only (both harnesses' HTTP, ZMQ and UCX ranges, and the workers').
 """
@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 
-from decode_worker.daemon.shared.procs import ServerProcess
-from tests.e2e.live_fixtures import Live
+from decode_worker.daemon.shared.procs import ServerProcess, scrape_metric
+from decode_worker.io.kv.sglang.prefill_plan import AUX_ROW_BYTES
+from tests.e2e.live_fixtures import Live, Metrics
 from tests.families import reference_model
 from tests.interop.pd import (
     PAGE_SIZE,
@@ -86,11 +87,12 @@ def pairs(family_dir: Callable[[str], Path]) -> Iterator[dict[str, Pair]]:
             proc.stop()
 
 
-def test_qwen3_from_sglang_prefill_classes_matches_reference(pairs: dict[str, Pair]) -> None:
-    pair = pairs["qwen3"]
+def chat(pair: Pair, seed: int) -> list[tuple[int, int]]:
+    """A three-turn conversation through the pair, each turn checked against transformers, the
+    later ones cached (the prefill told a decode prefix); (prompt length, cached) per turn."""
     history: list[int] = []
-    cached, prefixes = [], []
-    for turn, user in enumerate(conversation(seed=7)):
+    turns, prefixes = [], []
+    for turn, user in enumerate(conversation(seed=seed)):
         prompt = history + user
         resp, state = pd_request(pair.harness, pair.worker, prompt)
         assert resp.status_code == 200, f"turn {turn}: {resp.text[:2000]}"
@@ -98,19 +100,31 @@ def test_qwen3_from_sglang_prefill_classes_matches_reference(pairs: dict[str, Pa
             pair.harness.output()[-3000:])
         out = resp.json()
         check_against_reference(pair.reference, prompt, out)
-        cached.append(out["meta_info"]["cached_tokens"])
+        turns.append((len(prompt), out["meta_info"]["cached_tokens"]))
         prefixes.append(state["ranks"][0]["decode_prefix_len"])
         history = prompt + out["output_ids"]
+    cached = [c for _, c in turns]
     assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
-    assert prefixes[0] == 0 and all(p > 0 for p in prefixes[1:]), prefixes
-    assert_idle_and_whole(pair.worker)
+    assert prefixes == cached, (prefixes, cached)
+    return turns
 
 
-def test_gemma3_in_sglangs_all_layer_layout_fails_cleanly(pairs: dict[str, Pair]) -> None:
+def test_qwen3_from_sglang_prefill_classes_matches_reference(pairs: dict[str, Pair]) -> None:
+    chat(pairs["qwen3"], seed=7)
+    assert_idle_and_whole(pairs["qwen3"].worker)
+
+
+def test_gemma3_in_sglangs_all_layer_layout_lands_and_matches_reference(
+        pairs: dict[str, Pair]) -> None:
+    """Every layer's KV of each turn's new tokens moves (SGLang's layout: 4 layers x 2 KV
+    heads x 16 dims x float32 x K and V = 1 KiB per token, the last page whole, plus the aux
+    row), lands, and the window is copied into the SWA pool: the tokens are transformers'."""
     pair = pairs["gemma3"]
-    prompt = conversation(seed=8)[0]
-    resp, _ = pd_request(pair.harness, pair.worker, prompt)
-    assert resp.status_code == 502, resp.text[:2000]
-    assert "lays out gemma3_text as an ordinary model" in resp.text
+    before = scrape_metric(pair.worker.url, "decode_worker_transfer_bytes_total")
+    turns = chat(pair, seed=8)
+    moved = scrape_metric(pair.worker.url, "decode_worker_transfer_bytes_total") - before
+    want = sum((-(-n // PAGE_SIZE) * PAGE_SIZE - c) * 1024 + AUX_ROW_BYTES for n, c in turns)
+    assert moved == want, (moved, want, turns)
+    landing = Metrics(pair.worker.get("/metrics").text).pool("landing")
+    assert landing["total"] > 0, landing  # the landing area exists (and is all free: below)
     assert_idle_and_whole(pair.worker)
-    assert pair.worker.get("/health").status_code == 200  # and it keeps serving

@@ -18,7 +18,7 @@ from decode_worker.errors import InvalidTransition
 from tests.examples import examples
 
 WAITS = [*Wait, None]
-LIVE_ONLY, ENDED_ONLY = {Wait.PEER, Wait.START}, {Wait.STEPS}
+LIVE_ONLY, ENDED_ONLY = {Wait.PEER, Wait.LANDING, Wait.START}, {Wait.STEPS}
 
 
 def _live(i: int) -> LiveRequest:

@@ -87,6 +87,12 @@ class Books:
                 self.metrics.update_pool(pool, available=st.available, used=st.total - st.available,
                                          evictable=st.evictable, protected=st.protected,
                                          total=st.total)
+        landing = self.table.fetcher.landing
+        if landing is not None:  # pages held by transfers in flight, nothing cached
+            book = landing.book
+            self.metrics.update_pool("landing", available=book.num_free, evictable=0,
+                                     used=book.num_total - book.num_free, protected=0,
+                                     total=book.num_total)
         self.metrics.update_queues(prealloc=q.prealloc, transfer=q.transfer, running=q.running)
         self._publish_host()
 
@@ -209,9 +215,13 @@ class Books:
 
     def check_integrity(self) -> None:
         """Every pool page is free, cached by the tree or held by exactly one request (live, or
-        ended while a transfer still holds its pages). Raises FatalError otherwise."""
-        ctx = self.kv_ctx
-        self.table.parked.check_integrity()
+        ended while a transfer still holds its pages), and every landing page by exactly one
+        transfer in flight. Raises FatalError otherwise."""
+        ctx, lot = self.kv_ctx, self.table.parked
+        lot.check_integrity()
+        landing = self.table.fetcher.landing
+        if landing is not None:
+            landing.book.check_integrity(lot.transfer_ids())
         held_full, held_swa = held_page_ids(self.table.holders(), ctx.page_size)
         if ctx.tree is not None:
             ctx.tree.check_integrity(held_full, held_swa)

@@ -44,11 +44,12 @@ from decode_worker.daemon.decode.bridge import (
 )
 from decode_worker.daemon.decode.fetcher import AuxBuffers, KVFetcher
 from decode_worker.daemon.decode.host_tier import HostTier
+from decode_worker.daemon.decode.landing import LandingDock
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.requests import RequestTable
 from decode_worker.daemon.decode.speculate import Speculator, StepCost
 from decode_worker.daemon.decode.stepper import DecodeStepper, sample_kind
-from decode_worker.daemon.shared.compat import model_compat, region_layouts
+from decode_worker.daemon.shared.compat import landing_region, model_compat, region_layouts
 from decode_worker.daemon.shared.host_plan import HostPlan, host_tier_enabled, plan_host_tier
 from decode_worker.daemon.shared.runtime import Runtime, build_runtime
 from decode_worker.device.aux_buffer import AuxBuffer
@@ -143,17 +144,21 @@ class DecodeEngine:
         decode_alloc = DecodeAllocator(self.kv_ctx)
         num_aux = sched.max_running_requests + _AUX_SPARE_ROWS
         aux, sglang_aux = AuxBuffer(num_aux), SglangAuxBuffers(num_aux)
+        landing = rt.landing  # SGLang prefills of a model they lay out with all layers full
         self.receiver = ProtocolRouter(
             settings.transfer, model_compat(rt.runner, rt.model_name),
             region_layouts(rt.pools, aux),
             [(r.addr, row_bytes, num_aux) for r, row_bytes in sglang_aux.regions()],
-            kv_timeout_s=sched.kv_timeout_s)
+            kv_timeout_s=sched.kv_timeout_s,
+            landing=landing_region(landing) if landing is not None else None)
         sampler = Sampler(rt.pools.device)
         self.inbox = Inbox()
         batch = RunningBatch(rt.runner.new_inputs(sched.max_running_requests), decode_alloc,
                              sample_kind)
-        self.fetcher = KVFetcher(self.receiver, AuxBuffers(aux, sglang_aux), self.kv_ctx,
-                                 rt.runner, sampler)
+        self.fetcher = KVFetcher(
+            self.receiver, AuxBuffers(aux, sglang_aux), self.kv_ctx, rt.runner, sampler,
+            sglang_all_layers=rt.runner.model.cfg.sglang_ordinary,
+            landing=LandingDock(landing, self.page_size) if landing is not None else None)
         self.spec = _speculator(settings, rt)
         self.table = RequestTable(self.kv_ctx, self.queue, decode_alloc, self.receiver,
                                   self.fetcher, outbox or Outbox.unbound(), batch,
@@ -174,7 +179,7 @@ class DecodeEngine:
 
     @classmethod
     def build(cls, settings: Settings, metrics: Metrics) -> DecodeEngine:
-        return cls(settings, build_runtime(settings, use_cuda_graph=True,
+        return cls(settings, build_runtime(settings, use_cuda_graph=True, landing=True,
                                            host_tier=host_tier_enabled(settings.cache)), metrics)
 
     @property

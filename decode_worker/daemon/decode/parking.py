@@ -5,6 +5,8 @@
 wait      a live request waits for                 an ended request (answered) waits for
 PEER      its prefill peer's protocol; then the    -  (it holds nothing: it leaves at once)
           prealloc queue
+LANDING   room in the landing area (its pages      -  (nothing writes its pages but a
+          held, nothing posted); then TRANSFER        restore: it leaves, or waits RESTORE)
 TRANSFER  its KV transfer; then RESTORE or START   the transfer to stop writing its pages
 RESTORE   its host-tier restore; then START        the restore to stop writing its pages
 START     its place in the batch (READY)           -  (its pages go back at once)
@@ -23,12 +25,14 @@ import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from decode_worker.core.admission import Admit
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.errors import InvalidTransition
 
 
 class Wait(enum.Enum):
     PEER = "peer"
+    LANDING = "landing"
     TRANSFER = "transfer"
     RESTORE = "restore"
     START = "start"
@@ -41,12 +45,14 @@ _ENTRIES = frozenset(Wait)
 _MOVES: dict[Wait | None, frozenset[Wait | None]] = {
     None: _ENTRIES,
     Wait.PEER: frozenset({None}),
+    Wait.LANDING: frozenset({Wait.TRANSFER, None}),
     Wait.TRANSFER: frozenset({Wait.RESTORE, Wait.START, None}),
     Wait.RESTORE: frozenset({Wait.START, None}),
     Wait.START: frozenset({None}),
     Wait.STEPS: frozenset({None}),
 }
-_LIVE_ONLY = frozenset({Wait.PEER, Wait.START})  # an ended request never waits for these
+# an ended request never waits for these
+_LIVE_ONLY = frozenset({Wait.PEER, Wait.LANDING, Wait.START})
 _ENDED_ONLY = frozenset({Wait.STEPS})
 
 
@@ -56,7 +62,8 @@ class Parked:
     "failed"): its pages go back when the wait is over. `since`: when a PEER wait began (the
     protocol probe's clock); `until_step`: the batch's committed-step count at which no
     launched step uses its pages (STEPS); `then`: what makes a live request READY once its
-    restore is done (RESTORE)."""
+    restore is done (RESTORE); `admit`: the admission whose transfer waits for landing room
+    (LANDING)."""
 
     live: LiveRequest
     wait: Wait
@@ -65,6 +72,7 @@ class Parked:
     until_step: int = 0
     then: Callable[[float], None] | None = None
     transfer_id: int | None = None  # TRANSFER: the transfer it is indexed by
+    admit: Admit | None = None
 
 
 class ParkingLot:
@@ -76,11 +84,11 @@ class ParkingLot:
 
     def park(self, live: LiveRequest, wait: Wait, *, status: str | None = None,
              since: float = 0.0, until_step: int = 0,
-             then: Callable[[float], None] | None = None) -> Parked:
+             then: Callable[[float], None] | None = None, admit: Admit | None = None) -> Parked:
         """`live` (not parked) starts waiting for `wait`."""
         if live.parked is not None:
             raise InvalidTransition(f"rid={live.rid} is parked already")
-        rec = Parked(live, wait, status, since, until_step, then)
+        rec = Parked(live, wait, status, since, until_step, then, admit=admit)
         self._check(rec, None, wait)
         self._enter(rec, wait)
         return rec
@@ -93,6 +101,7 @@ class ParkingLot:
         if rec.transfer_id is not None:
             del self._by_transfer[rec.transfer_id]
             rec.transfer_id = None
+        rec.admit = None  # only a LANDING wait keeps its admission
         if to is None:
             rec.live.parked = None
             return
@@ -122,6 +131,10 @@ class ParkingLot:
     def of_transfer(self, transfer_id: int) -> Parked | None:
         return self._by_transfer.get(transfer_id)
 
+    def transfer_ids(self) -> list[int]:
+        """The transfers in flight (or not yet reported stopped) of parked requests."""
+        return list(self._by_transfer)
+
     def ended(self) -> Iterator[Parked]:
         """Every record of an ended request (its pages are still held)."""
         for recs in self._at.values():
@@ -131,13 +144,15 @@ class ParkingLot:
         return any(self._at.values())
 
     def check_integrity(self) -> None:
-        """Every record sits in the index of its wait, once, its request points back at it, and
-        the transfer index holds exactly the TRANSFER records. Raises AssertionError."""
+        """Every record sits in the index of its wait, once, its request points back at it, the
+        transfer index holds exactly the TRANSFER records, and only LANDING records keep an
+        admission. Raises AssertionError."""
         seen: set[int] = set()
         for wait, recs in self._at.items():
             for rec in recs:
                 assert rec.wait is wait and rec.live.parked is rec and id(rec) not in seen
                 assert (rec.transfer_id is not None) == (wait is Wait.TRANSFER)
+                assert rec.admit is None or wait is Wait.LANDING
                 assert wait not in (_LIVE_ONLY if rec.status is not None else _ENDED_ONLY)
                 seen.add(id(rec))
         assert {id(r) for r in self._by_transfer.values()} == {

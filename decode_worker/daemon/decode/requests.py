@@ -10,6 +10,8 @@ answers the client once (`Ended`), counts the end, and releases exactly what the
 where at end          released by end
 prealloc queue        its place there (it holds no pages)
 PEER / START          at once: nothing / its pages and prefix lock
+LANDING               at once: its pages and prefix lock (no transfer was posted); after its
+                      restore, if one still writes its pages
 TRANSFER / RESTORE    nothing yet: the peer or the host tier may still write its pages; the
                       record stays, and `poll` releases them once the writer stopped
 running batch         its pages and prefix lock (valid KV stays cached in the tree), or, while
@@ -37,7 +39,7 @@ from decode_worker.daemon.decode.bridge import FINISH_REASONS, AddRequest, Outbo
 from decode_worker.daemon.decode.fetcher import KVFetcher
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.parking import Parked, ParkingLot, Wait
-from decode_worker.errors import ServiceUnavailable
+from decode_worker.errors import DecodeWorkerError, ServiceUnavailable
 from decode_worker.io.kv.peer import TransferEvent
 
 log = logging.getLogger(__name__)
@@ -88,9 +90,11 @@ class RequestTable:
     @property
     def num_fetching(self) -> int:
         """Live requests still getting their KV: transfers in flight (and ended ones whose
-        transfer has not stopped), and those waiting for their restore."""
+        transfer has not stopped) or waiting for landing room, and those waiting for their
+        restore."""
         lot = self.parked
-        return lot.count(Wait.TRANSFER) + lot.count(Wait.RESTORE, ended=False)
+        return (lot.count(Wait.TRANSFER) + lot.count(Wait.LANDING)
+                + lot.count(Wait.RESTORE, ended=False))
 
     # -- where a request goes next -------------------------------------------------------------
     def wait_for_peer(self, live: LiveRequest, now: float) -> None:
@@ -116,11 +120,40 @@ class RequestTable:
             live.cached_tokens = admit.prefix_len
             live.host_cached_tokens = admit.host_hit_len(self.kv_ctx.page_size)
         if live.has_peer and not req.is_resumed:
-            fetcher.post(live, admit, now)
-            self.parked.park(live, Wait.TRANSFER)
+            self._post(live, admit, now)
             return
         prefix_len = admit.prefix_len
         self._when_restored(live, lambda t: fetcher.prefill_here(live, prefix_len, t), now)
+
+    def _post(self, live: LiveRequest, admit: Admit, now: float) -> None:
+        """Post `live`'s transfer (TRANSFER), or it waits for landing room behind those that
+        wait already (LANDING), or it ends when it can never get that room."""
+        fetcher, lot = self.fetcher, self.parked
+        why = fetcher.landing_refusal(live, admit)
+        if why is not None:
+            self.end(live, "transfer_failed", f"KV transfer refused: {why}", now, failed=True)
+            return
+        behind_others = fetcher.lands(live) and lot.has(Wait.LANDING)
+        if not behind_others and fetcher.post(live, admit, now):
+            lot.park(live, Wait.TRANSFER)
+            return
+        log.info("rid=%s waits for landing room", live.rid)
+        lot.park(live, Wait.LANDING, admit=admit)
+
+    def _post_landing(self, rec: Parked, now: float) -> bool:
+        """Post the transfer of a request that waited for landing room; False while there is
+        still too little (it keeps waiting). An input the receiver refuses ends it."""
+        live, admit = rec.live, rec.admit
+        assert admit is not None  # LANDING keeps its admission
+        try:
+            if not self.fetcher.post(live, admit, now):
+                return False
+        except DecodeWorkerError as exc:  # this request's inputs, not the engine
+            self.parked.move(rec, None)
+            self.end(live, "bad_request", str(exc), now, failed=True)
+            return True
+        self.parked.move(rec, Wait.TRANSFER)
+        return True
 
     def take_ready(self) -> list[LiveRequest]:
         """The requests whose KV and first token are in (READY), in arrival order: they leave
@@ -133,13 +166,17 @@ class RequestTable:
 
     # -- the one poll --------------------------------------------------------------------------
     def poll(self, now: float) -> None:
-        """Move on every parked request whose wait is over: transfers that reported, restores
-        that are done, peers whose protocol is known, launched steps that were waited for."""
+        """Move on every parked request whose wait is over: transfers that reported, landing
+        room that came free, restores that are done, peers whose protocol is known, launched
+        steps that were waited for."""
         lot = self.parked
         for event in self.fetcher.events():
             rec = lot.of_transfer(event.transfer_id)
             if rec is not None:
                 self._transfer_event(rec, event, now)
+        for rec in lot.at(Wait.LANDING):  # in arrival order, after the transfers freed room
+            if not self._post_landing(rec, now):
+                break
         for rec in lot.at(Wait.RESTORE):
             if not rec.live.is_restoring:
                 self._restored(rec, now)
@@ -240,6 +277,9 @@ class RequestTable:
             self.on_end(live.rid, status)
         self._tell_peer(live, reason, message)
         rec, lot = live.parked, self.parked
+        if rec is not None and rec.wait is Wait.LANDING:  # no transfer was posted
+            lot.move(rec, None)
+            rec = None
         if rec is not None and (rec.wait is Wait.TRANSFER or live.is_restoring):
             lot.end(rec, status)  # something may still write its pages: they wait for it
             if live.transfer_id is not None:

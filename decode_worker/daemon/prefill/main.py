@@ -29,9 +29,7 @@ from decode_worker.daemon.shared.http_server import (
     write_ports_file,
 )
 from decode_worker.daemon.shared.runtime import build_runtime
-from decode_worker.device.model.arch import sglang_layout_refusal
 from decode_worker.device.runner import ModelRunner
-from decode_worker.errors import ConfigError
 from decode_worker.io.api.app import ApiApp
 from decode_worker.io.api.common import ApiConfig
 from decode_worker.io.metrics import Metrics
@@ -65,9 +63,6 @@ def _run(settings: Settings, sock: socket.socket, ports_file: Path | None) -> in
     peer: PrefillPeer | SglangPrefillPeer
     metrics = Metrics()  # HTTP requests, request outcomes, prefill time (TTFT / e2e)
     if settings.transfer.prefill_protocol == "sglang":
-        refusal = sglang_layout_refusal(runner.model.cfg)
-        if refusal is not None:  # a stock SGLang prefill would not send this layout
-            raise ConfigError(f"transfer.prefill_protocol=sglang: {refusal}")
         peer = SglangPrefillPeer(runner, settings.transfer, http_port, match_timeout_s=wait_s)
     else:
         peer = PrefillPeer(runner, settings.transfer, name, match_timeout_s=wait_s,

@@ -37,14 +37,19 @@ log = logging.getLogger(__name__)
 
 
 def geometry(runner: ModelRunner) -> Geometry:
-    """Our pools as `prefill_plan` sees them: one row = one page of one layer, K then V."""
+    """Our pools as `prefill_plan` sees them: one row = one page of one layer, K then V; a
+    model SGLang lays out with full KV in every layer (Gemma 3) is sent so, every layer a KV
+    entry, as a stock SGLang prefill sends it."""
     pools, regions = runner.pools, {}
     for name in ("full", "swa"):
         t = pools.tensor(name)
         regions[name] = RegionLayout(name, t.data_ptr(), t.shape[0], t.shape[1],
                                      pools.page_bytes(name), t.device.index or 0,
                                      "VRAM" if t.is_cuda else "DRAM")  # fmt: skip
-    return Geometry(regions["full"], regions["swa"], pools.page_size, runner.window)
+    num_layers = len(pools.spec.layer_types)
+    all_layers = (tuple(pools.layer_slot(i) for i in range(num_layers))
+                  if runner.model.cfg.sglang_ordinary else ())  # fmt: skip
+    return Geometry(regions["full"], regions["swa"], pools.page_size, runner.window, all_layers)
 
 
 def rank_registration(ip: str, port: int, page_size: int, http_port: int) -> dict[str, object]:

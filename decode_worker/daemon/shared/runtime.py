@@ -22,10 +22,16 @@ from decode_worker.core.validation import (
     validate_startup,
 )
 from decode_worker.daemon.shared.host_plan import HostPlan, check_host_size, plan_host_tier
+from decode_worker.daemon.shared.landing_plan import (
+    allocate_landing,
+    budget_less_landing,
+    landing_pages,
+)
 from decode_worker.device.attention_backend import AttentionBackend, resolve_attention_backend
 from decode_worker.device.default_model import ensure_default_model
 from decode_worker.device.gpu_memory import CudaMemory, DeviceMemory, ShareTracker
 from decode_worker.device.kv_pool import KVPools, KVSpec
+from decode_worker.device.landing import LandingArea
 from decode_worker.device.layout import CacheLayout, plan_cache_layout
 from decode_worker.device.memory_probe import (
     PROBE_PREFILL_TOKENS,
@@ -57,6 +63,7 @@ class Runtime:
     facts: ModelFacts
     layout: CacheLayout
     host_plan: HostPlan | None = None  # the host tier's size (decode, host tier on)
+    landing: LandingArea | None = None  # for SGLang prefills of an all-layer model (decode)
 
     @property
     def pools(self) -> KVPools:
@@ -86,10 +93,12 @@ def read_model_facts(model_dir: Path) -> ModelFacts:
 
 
 def build_runtime(settings: Settings, *, use_cuda_graph: bool,
-                  host_tier: bool = False) -> Runtime:
+                  host_tier: bool = False, landing: bool = False) -> Runtime:
     """Validate the model/cache combination, then load the model and allocate the pools, and
     with `host_tier` size the host tier (an explicit `cache.hicache_size_gb` is checked against
-    the host's available memory before the model loads).
+    the host's available memory before the model loads); with `landing` (a decode worker) the
+    landing area SGLang prefills of an all-layer model need (`landing_pages`), whose bytes come
+    out of a derived pool budget.
 
     On CUDA the pools get this process's share of the device (`cache.memory_fraction` of its
     total memory) less the weights, the measured graph memory and activation headroom
@@ -122,8 +131,12 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool,
         pool_budget = _measure_share(share, settings, model, spec, kv_dtype, graphs,
                                      attention).pool_bytes
         share.mem.release_cached()  # the probe pools and runners are gone
+    num_landing = landing_pages(settings, model.cfg.sglang_ordinary) if landing else 0
+    pool_budget = budget_less_landing(pool_budget, num_landing, settings, spec, device,
+                                      kv_dtype)
     layout = plan_cache_layout(c, spec, device, kv_dtype, budget_bytes=pool_budget)
     pools = _allocate_pools(layout, spec, device, kv_dtype, memory)
+    area = allocate_landing(pools, num_landing, memory, model.cfg.model_type)
     runner = _make_runner(settings, model, use_cuda_graph, attention)(pools)
     graph_bytes = _capture(runner, settings, memory)
     if share is not None:
@@ -135,7 +148,8 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool,
              "pages of %d tokens (%s)", model_dir, device, dtype, attention, moe,
              layout.num_full_pages, layout.num_swa_pages, layout.page_size, layout.source)
     return Runtime(runner, Tokenizer.from_dir(model_dir), model_dir,
-                   settings.model.served_model_name or model_dir.name, facts, layout, host_plan)
+                   settings.model.served_model_name or model_dir.name, facts, layout, host_plan,
+                   area)
 
 
 def _device_and_dtypes(settings: Settings) -> tuple[torch.device, torch.dtype, torch.dtype]:

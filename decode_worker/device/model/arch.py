@@ -95,7 +95,8 @@ class ModelConfig:
     fp8_block: tuple[int, int] | None = None  # FP8 block-quantized weights: block shape
     kv_shapes: dict[str, KVShape] = field(default_factory=dict)  # overrides per layer type
     # SGLang 0.5.23 lays this model out as an ordinary one (full KV in every layer, the window
-    # only a mask: not on its hybrid-SWA list) although it has sliding layers (Gemma 3)
+    # only a mask: not on its hybrid-SWA list) although it has sliding layers (Gemma 3): its
+    # prefills' KV lands in the decode side's landing area first (docs/DEPLOY.md)
     sglang_ordinary: bool = False
 
     @property
@@ -150,16 +151,3 @@ class ModelConfig:
         if moe is not None and not 1 <= moe.top_k <= moe.num_experts:
             raise ConfigError(f"{source}: num_experts_per_tok must be in [1, num_experts]")
 
-
-def sglang_layout_refusal(cfg: object) -> str | None:
-    """Why this worker cannot take a stock SGLang prefill's KV for `cfg`'s model, or None:
-    SGLang lays it out with full KV in every layer, and this worker keeps only the window of
-    its sliding layers (taking that layout needs a landing area; docs/DEPLOY.md)."""
-    if not getattr(cfg, "sglang_ordinary", False):
-        return None
-    kind = getattr(cfg, "model_type", "this model")
-    return (f"SGLang 0.5.23 lays out {kind} as an ordinary model (full KV in every layer, "
-            "the window only a mask) and this worker keeps only the window of its sliding "
-            "layers; taking that layout is not built yet: serve it through the reference "
-            "prefill peer's native protocol (docs/DEPLOY.md, \"Gemma 3 and a stock SGLang "
-            "prefill\")")

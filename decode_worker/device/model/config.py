@@ -50,6 +50,15 @@ class GptOssConfig:
         return self.sliding_window - 1
 
     @property
+    def model_type(self) -> str:
+        return "gpt_oss"
+
+    @property
+    def sglang_ordinary(self) -> bool:
+        """False: SGLang lays gpt-oss out with SWA pools (a hybrid-SWA model there)."""
+        return False
+
+    @property
     def num_groups(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 

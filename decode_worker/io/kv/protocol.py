@@ -64,9 +64,10 @@ class ModelCompat(msgspec.Struct, frozen=True):
 
 
 class RegionLayout(msgspec.Struct, frozen=True):
-    """One registered memory region seen as `num_layers x rows_per_layer` rows of `row_bytes`."""
+    """One registered memory region seen as `num_layers x rows_per_layer` rows of `row_bytes`
+    ("landing": every model layer, where an SGLang prefill of an all-layer model writes)."""
 
-    name: Literal["full", "swa", "aux"]
+    name: Literal["full", "swa", "aux", "landing"]
     addr: int
     num_layers: int
     rows_per_layer: int

@@ -53,8 +53,10 @@ class ProtocolRouter:
     """The engine's receiver (peer.TransferReceiver) over native and SGLang peers.
 
     `regions`: our "full", "swa" and "aux" RegionLayouts; `sglang_aux`: SGLang's 10 aux buffers
-    as (addr, row_bytes, num_rows); `peer_protocol`: None = `settings.peer_protocol`. Owns the
-    shared NIXL agent (and closes it). Raises ConfigError (NIXL).
+    as (addr, row_bytes, num_rows); `peer_protocol`: None = `settings.peer_protocol`;
+    `landing`: where SGLang prefills of a model they lay out with full KV in every layer write
+    (registered here, addressed by the SGLang receiver only). Owns the shared NIXL agent (and
+    closes it). Raises ConfigError (NIXL).
     """
 
     def __init__(
@@ -68,17 +70,20 @@ class ProtocolRouter:
         kv_timeout_s: float = 30.0,
         agent_name: str | None = None,
         zmq_ports: tuple[int, int] | None = None,
+        landing: p.RegionLayout | None = None,
     ) -> None:
         self.mode: Mode = peer_protocol or settings.peer_protocol
         self.settings = settings
         self.agent = NixlAgent(agent_name or unique_agent_name("decode"), settings.backend,
                                settings.progress_delay_us)  # fmt: skip
-        register_regions(self.agent, regions)
+        sg_regions = regions if landing is None else {**regions, "landing": landing}
+        register_regions(self.agent, sg_regions)
         self.native = KVReceiver(settings, compat, regions, kv_timeout_s, agent=self.agent)
         self.sglang: SglangReceiver | None = None
         if self.mode != "native":
-            self.sglang = SglangReceiver(settings, compat, regions, sglang_aux, agent=self.agent,
-                                         kv_timeout_s=kv_timeout_s, zmq_ports=zmq_ports)
+            self.sglang = SglangReceiver(settings, compat, sg_regions, sglang_aux,
+                                         agent=self.agent, kv_timeout_s=kv_timeout_s,
+                                         zmq_ports=zmq_ports)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="peer-probe")
         self.protocols = PeerProtocols(self.mode, probe, self._pool,
                                        max(0.2, min(2.0, settings.peer_dead_after_s / 2)))

@@ -191,8 +191,8 @@ def test_models_subcommand_prints_every_family_as_json(capsys: pytest.CaptureFix
     assert main(["models", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["family"] for r in rows] == [f.name for f in FAMILIES]
-    assert {r["family"]: r["prefill_protocols"] for r in rows}["qwen3"] == ["native", "sglang"]
-    assert {r["family"]: r["prefill_protocols"] for r in rows}["gemma3"] == ["native"]
+    protocols = {r["family"]: r["prefill_protocols"] for r in rows}
+    assert protocols["qwen3"] == protocols["gemma3"] == ["native", "sglang"]
 
 
 def test_demo_family_writes_a_tiny_model_once(tmp_path: Path) -> None:

@@ -185,3 +185,31 @@ def test_registration_announces_one_prefill_page_as_the_stride() -> None:
     assert reg.kv_item_lens == (lay.item_len,) * 4 and reg.kv_mem_kinds == ("VRAM",) * 4
     assert reg.num_slots == (2 * PAGES + 1) * 2 and reg.tp_size == 1 and reg.tp_rank == 0
     assert reg.state_data_lens == (lay.state_num_slots * lay.item_len,) * 6
+
+
+LANDING_BASE = 9_000_000
+
+
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_a_landing_region_takes_every_layer_as_sglangs_ordinary_layout(ratio: int) -> None:
+    """Gemma 3 as SGLang lays it out: every model layer a KV entry (K of each, then V) in the
+    landing region, no state; the ids of landing pages put each layer's K and V of each token
+    on that layer's landing page, and the bytes counted are every layer's."""
+    land = RegionLayout("landing", LANDING_BASE, 5, 9, PAGE_BYTES, 0, "VRAM")
+    lay = build_layout({**regions(), "landing": land}, compat(), PS_D // ratio)
+    assert len(lay.kv_ptrs) == 10 and lay.state_ptrs == () and lay.num_full_pages == 8
+    assert lay.kv_ptrs[-1] + lay.kv_num_slots * lay.item_len == land.addr + land.length
+    pages = [8, 3, 5]  # landing pages of decode pages 1, 2, 3: [16, 64) of a 60-token prompt
+    ids = kv_page_ids(lay, 60, 16, pages)
+    written = sglang_writes(lay, lay.kv_ptrs, ids, 16)
+    for (layer, kind, pos) in set(written.values()):
+        if pos < 60:
+            addr = our_token_addr(land, layer, pages[pos // PS_D - 1], kind, pos % PS_D)
+            assert all(written[addr + b] == (layer, kind, pos) for b in range(TOKEN_BYTES))
+    aux = [(10_000 + 64 * i, 64, 4) for i in range(10)]
+    info, num_bytes = translate(lay, WINDOW, TransferRequest(1, 7, "r", 60, 16, 16, pages, [],
+                                                             0, 5.0), "h", 5, "a", aux)
+    assert info.state_page_ids == () and info.decode_prefix_len == 16
+    assert num_bytes == 3 * 5 * PAGE_BYTES + 640  # 3 pages of every layer, the aux row
+    reg = registration(lay, "10.0.0.1", 18310, "agent", b"md", [1], 0)
+    assert len(reg.kv_ptrs) == 10 and reg.state_ptrs == () and reg.state_data_lens == ()

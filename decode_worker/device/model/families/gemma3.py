@@ -87,5 +87,4 @@ def tiny_config(vocab_size: int) -> dict[str, Any]:
 
 FAMILY = Family("gemma3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
                 ("gemma3_text", "gemma3"), READS, read_config, tiny_config,
-                "google/gemma-3-27b-it", "full + SWA pools (SWA: window only)",
-                protocols=("native",))  # SGLang lays it out with full KV in every layer
+                "google/gemma-3-27b-it", "full + SWA pools (SWA: window only)")

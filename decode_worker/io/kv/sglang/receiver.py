@@ -56,9 +56,9 @@ AuxRegion = tuple[int, int, int]  # (addr, row_bytes, num_rows) of one SGLang au
 class SglangReceiver(ReceiverBase[SglangPeer]):
     """Receives KV written by SGLang prefill instances into our pools (see module doc).
 
-    `regions`: our "full" and "swa" RegionLayouts (an "aux" entry is ignored); `aux_buffers`:
-    SGLang's 10 aux buffers in its order, allocated by the caller in host memory and registered
-    here with the agent. `agent`: a NixlAgent shared with the native receiver (its owner
+    `regions`: our "full" and "swa" RegionLayouts (an "aux" entry is ignored), and a "landing"
+    one for a model SGLang lays out with full KV in every layer (layout.py); `aux_buffers`:
+    SGLang's 10 aux buffers in its order, allocated in host memory, registered here. `agent`: a NixlAgent shared with the native receiver (its owner
     registered the pools and closes it); without one this receiver builds its own and registers
     the pools too. `zmq_ports` = (lo, hi) confines our status socket's port. Raises ConfigError
     if the agent cannot start or register.
@@ -71,7 +71,7 @@ class SglangReceiver(ReceiverBase[SglangPeer]):
         zmq_ports: tuple[int, int] | None = None, http_timeout_s: float | None = None,
     ) -> None:  # fmt: skip
         self.compat = compat
-        self.regions = {k: v for k, v in regions.items() if k in ("full", "swa")}
+        self.regions = {k: v for k, v in regions.items() if k in ("full", "swa", "landing")}
         self.aux_buffers = list(aux_buffers)
         super().__init__(settings, self.regions, kv_timeout_s, agent, agent_name)
         self.agent.register([MemoryRegion(a, rb * n, 0, "DRAM") for a, rb, n in self.aux_buffers])

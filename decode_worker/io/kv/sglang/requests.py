@@ -48,6 +48,8 @@ def translate(
     PageError if the request's window start is not SGLang's, or its pages or aux row do not fit.
     A model without SWA layers has no SWA state (SGLang: no state type), so no window: its
     full hit (P = L) is SGLang's aux-only full hit, no KV ids and `decode_prefix_len = L`.
+    So is one that lands in the landing region (SGLang's all-layer layout): its
+    `full_page_ids` are landing pages, every layer's KV of [P, L) goes there.
     """
     ps_p, L, P = lay.prefill_page_size, req.prompt_len, req.reused_len
     kv = kv_page_ids(lay, L, P, req.full_page_ids)

@@ -60,8 +60,9 @@ class SglangReceiver(ReceiverBase[SglangPeer]):
     one for a model SGLang lays out with full KV in every layer (layout.py); `aux_buffers`:
     SGLang's 10 aux buffers in its order, allocated in host memory, registered here. `agent`:
     a NixlAgent shared with the native receiver (its owner registered the pools and closes
-    it); without one this receiver builds its own and registers the pools too. `zmq_ports` = (lo, hi) confines our status socket's port. Raises ConfigError
-    if the agent cannot start or register.
+    it); without one this receiver builds its own and registers the pools too. `zmq_ports` =
+    (lo, hi) confines our status socket's port. Raises ConfigError if the agent cannot start
+    or register.
     """
 
     def __init__(

@@ -13,9 +13,11 @@
 #   demo      `decode-worker demo` on the GPU (three processes sharing the card), on
 #             MODEL=DIR when set (any supported model directory), else the built-in gpt-oss
 #   bench     scripts/bench_gpu_decode.py (gpt-oss-20b's shape), or bench_decode.py on CUDA
+#   verify    scripts/bench_gpu_verify.py: speculative verify steps (1 + k queries a request)
+#             against plain steps, attention kernels and whole steps, batch 1-128 x k 1-8
 #   hosttier  scripts/gpu_host_tier.py: host-tier restore bandwidth vs pinned host-to-device
 # Logs go to $OUT (default /tmp/gpu_check), one file a part; the last lines are a table of the
-# parts, the host tier's line and the benchmark's contract line. Without CUDA the CUDA parts are skipped, saying why
+# parts, the host tier's line, the verify benchmark's line and the benchmark's contract line. Without CUDA the CUDA parts are skipped, saying why
 # (exit 0); a failed part makes the exit status 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -89,12 +91,15 @@ if [ -f scripts/bench_gpu_decode.py ]; then
 else
   part bench 150 1 "$PY" scripts/bench_decode.py --device cuda --steps 16 --batch-sizes 1,8,32
 fi
+part verify 240 1 "$PY" scripts/bench_gpu_verify.py
 part hosttier 90 1 "$PY" scripts/gpu_host_tier.py
 
 echo "gpu_check: part       result   time"
 printf '%s\n' "${rows[@]}"
 hosttier=$(grep -h '^gpu_host_tier: restore_gbps=' "$OUT/hosttier.log" 2>/dev/null | tail -n 1)
 echo "${hosttier:-gpu_host_tier: not run}"
+verify=$(grep -h '^bench_gpu_verify:' "$OUT/verify.log" 2>/dev/null | tail -n 1)
+echo "${verify:-bench_gpu_verify: not run}"
 contract=$(grep -h '^bench_gpu_decode:' "$OUT/bench.log" 2>/dev/null | tail -n 1)
 echo "${contract:-bench_gpu_decode: not run}"
 for row in "${rows[@]}"; do

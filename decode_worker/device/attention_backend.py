@@ -21,6 +21,7 @@ import torch
 from decode_worker.device.attention import DecodeAttention
 from decode_worker.device.kv_pool import KVPools
 from decode_worker.device.model.gpt_oss import Attend
+from decode_worker.device.query_groups import QueryGroups
 from decode_worker.errors import ConfigError
 
 AttentionBackend = Literal["triton", "torch"]
@@ -66,13 +67,16 @@ def resolve_backend(name: str, setting: str, device: torch.device) -> AttentionB
 
 def decode_attention(backend: AttentionBackend, pools: KVPools, window: int,
                      positions: torch.Tensor, full_table: torch.Tensor, swa_table: torch.Tensor,
-                     *, max_keys: int, scale: float | None = None) -> Attend:
+                     *, max_keys: int, scale: float | None = None,
+                     groups: QueryGroups | None = None) -> Attend:
     """The `Attend` of one decode step (arguments as `DecodeAttention`'s; `max_keys`: the
-    most keys a request can have, which bounds the Triton backend's split count)."""
+    most keys a request can have, which bounds the Triton backend's split count; `groups`: a
+    verify step's groups of entries, which the Triton backend reads the keys of once per group
+    and the torch path, reading them per entry, does not need)."""
     if backend == "torch":
         return DecodeAttention(pools, window, positions, full_table, swa_table, scale)
     # imported here: triton loads only for a runner that uses it (after TRITON_INTERPRET)
     from decode_worker.device.attention_triton import TritonDecodeAttention
 
     return TritonDecodeAttention(pools, window, positions, full_table, swa_table, max_keys,
-                                 scale)
+                                 scale, groups)

@@ -5,7 +5,10 @@ Same contract as `DecodeAttention` (device/attention.py, the reference): one new
 request, its K/V written into its page first, then attention over [0, pos] (full layers) or
 [pos - window, pos] (SWA layers, through the ring table). Unlike the torch path nothing here
 depends on the table width: the kernels read each request's key count from `positions` on the
-device, so a CUDA graph captured with the widest table serves every context length.
+device, so a CUDA graph captured with the widest table serves every context length. A verify
+step (`groups`: a request in consecutive entries, device/query_groups.py) runs the grouped
+kernel (kernels/verify_attention.py), which reads a request's keys once for all its entries;
+a plain step runs the single-query kernel.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from decode_worker.device.kernels.decode_attention import (
     partials,
     write_kv,
 )
+from decode_worker.device.kernels.verify_attention import paged_verify
 from decode_worker.device.kv_pool import KVPools
+from decode_worker.device.query_groups import QueryGroups
 from decode_worker.utils.mathx import cdiv
 
 MAX_SPLITS = 32  # split-K parts of a full layer's keys (bs 1 on a 132-SM H200: 8 x 32 programs)
@@ -53,22 +58,24 @@ class TritonDecodeAttention:
 
     def __init__(self, pools: KVPools, window: int, positions: torch.Tensor,
                  full_table: torch.Tensor, swa_table: torch.Tensor, max_keys: int,
-                 scale: float | None = None) -> None:
+                 scale: float | None = None, groups: QueryGroups | None = None) -> None:
         """positions: [bs] i64; full_table: [bs, W] (page of p at column p // page_size,
         covering each request's position; wider is fine); swa_table: [bs, ring] (column
         (p // page_size) % ring); `window`: earlier tokens a sliding query sees (HF
         `sliding_window - 1`); `max_keys`: the most keys a full-layer request can have (sets
         the split count with the batch size); `scale`: the softmax scale (default
-        head_dim ** -0.5)."""
-        self.pools, self.positions = pools, positions
+        head_dim ** -0.5); `groups`: a verify step's groups of entries (the SWA ring then
+        covers window + the longest group's positions)."""
+        self.pools, self.positions, self.groups = pools, positions, groups
         self.tables = {"full": full_table, "swa": swa_table}
         self.windows = {"full": NO_WINDOW, "swa": window}
-        bs, dev = positions.shape[0], positions.device
-        spec = pools.spec
+        dev, spec = positions.device, pools.spec
+        glen = groups.max_len if groups is not None else 1
+        leaders = cdiv(positions.shape[0], glen)  # the programs that read keys, about
         self.splits = {
-            "full": num_kv_splits(bs, spec.shape("full").num_kv_heads, max_keys, dev),
-            "swa": num_kv_splits(bs, spec.shape("swa").num_kv_heads, min(max_keys, window + 1),
-                                 dev)}
+            "full": num_kv_splits(leaders, spec.shape("full").num_kv_heads, max_keys, dev),
+            "swa": num_kv_splits(leaders, spec.shape("swa").num_kv_heads,
+                                 min(max_keys, window + glen), dev)}
         self.scratch: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.scale = scale or spec.head_dim ** -0.5
 
@@ -84,5 +91,9 @@ class TritonDecodeAttention:
             bs, heads, hd = q.shape
             scratch = partials(bs, heads, hd, self.splits[pool], q.device)
             self.scratch[pool] = scratch
+        if self.groups is not None:
+            return paged_verify(q, kv, table, self.positions, self.groups.first,
+                                self.groups.max_len, sinks, self.windows[pool], self.scale,
+                                scratch)
         return paged_decode(q, kv, table, self.positions, sinks, self.windows[pool],
                             self.scale, scratch)

@@ -9,6 +9,11 @@ captured on first use or ahead of time (`capture_all`, at start-up) and share on
 Batches above the largest size bucket or wider than `max_pages` run eager (the runner decides
 with `can_run`). `destroy()` drops every graph and its memory pool.
 
+A verify step whose entries come in groups (`QueryGroups`, device/query_groups.py: a request's
+consecutive queries) runs in a graph of its own per (size, width, group bucket), the group
+bucket the power of two >= its longest group; `first` is one more static input, and padding
+rows are groups of one.
+
 Capturing is split from the bucket logic: `CudaGraphBackend` captures real CUDA graphs;
 `FakeGraphBackend` (CPU, for tests) "replays" by re-running the step into the same static
 buffers, so the buckets, padding and static-buffer handling run on machines without a GPU.
@@ -27,11 +32,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from decode_worker.device.query_groups import QueryGroups
 from decode_worker.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, QueryGroups | None],
+                  torch.Tensor]
 Replay = Callable[[], object]
 
 # ops that read a tensor back to the host or whose output shape depends on tensor values: a
@@ -151,6 +158,7 @@ class _Graph:
     full_t: torch.Tensor  # [B, P] i32 (the row tables' dtype)
     swa_t: torch.Tensor  # [B, ring] i32
     out: torch.Tensor  # [B, V] f32
+    first: torch.Tensor  # [B] i64: a grouped graph's QueryGroups.first (plain: unused)
 
 
 def graph_bucket(batch_sizes: list[int], max_pages: int, bs: int, width: int) -> tuple[int, int]:
@@ -163,6 +171,12 @@ def graph_bucket(batch_sizes: list[int], max_pages: int, bs: int, width: int) ->
     while pages < width:
         pages *= 2
     return size, min(pages, max_pages)
+
+
+def group_bucket(max_len: int) -> int:
+    """The grouped graph a step whose longest group is `max_len` entries runs in: the power of
+    two >= max_len (the kernel's queries per program are a power of two anyway)."""
+    return 1 << max(0, max_len - 1).bit_length()
 
 
 def capture_widths(pages: int, max_pages: int) -> list[int]:
@@ -190,7 +204,8 @@ class CudaGraphDecoder:
         self.swa_ring = swa_ring
         self.backend = backend if backend is not None else CudaGraphBackend(device)
         self.width_buckets = width_buckets
-        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.graphs: dict[tuple[int, int], _Graph] = {}  # plain steps
+        self.grouped: dict[tuple[int, int, int], _Graph] = {}  # (size, pages, group bucket)
 
     def can_run(self, bs: int, width: int) -> bool:
         return bs <= self.batch_sizes[-1] and width <= self.max_pages
@@ -200,14 +215,21 @@ class CudaGraphDecoder:
         return size, pages if self.width_buckets else self.max_pages
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, full_t: torch.Tensor,
-            swa_t: torch.Tensor) -> torch.Tensor:
+            swa_t: torch.Tensor, groups: QueryGroups | None = None) -> torch.Tensor:
         """Copy the batch into the bucket's static buffers, replay, return logits [bs, V].
 
         The logits are a view of the graph's static output, valid until the next `run`
-        (sample them first, or clone). swa_t: [bs, swa_ring]."""
+        (sample them first, or clone). swa_t: [bs, swa_ring]. `groups`: a verify step's
+        (its graph is keyed by its group bucket too)."""
         bs, width = full_t.shape
         key = self.bucket(bs, width)
-        g = self.graphs.get(key) or self._capture(*key)
+        if groups is None:
+            g = self.graphs.get(key) or self._capture(*key)
+        else:
+            glen = group_bucket(groups.max_len)
+            g = self.grouped.get((*key, glen)) or self._capture(*key, glen)
+            torch.arange(g.first.shape[0], out=g.first)  # padding rows: groups of one
+            g.first[:bs].copy_(groups.first)
         g.tokens.zero_()
         g.positions.zero_()
         g.full_t.zero_()
@@ -219,32 +241,43 @@ class CudaGraphDecoder:
         g.replay()
         return g.out[:bs]  # [bs, V]; a view: the next replay overwrites it
 
-    def capture_all(self, widths: list[int]) -> None:
-        """Capture every (size bucket, width) now instead of on first use (warm-up)."""
+    def capture_all(self, widths: list[int], group_lens: tuple[int, ...] = ()) -> None:
+        """Capture every (size bucket, width) now instead of on first use (warm-up); with
+        `group_lens`, also every grouped graph of those longest-group lengths' buckets."""
         for size in self.batch_sizes:
             for width in widths:
                 key = self.bucket(size, width)
                 if key not in self.graphs:
                     self._capture(*key)
+                for glen in sorted({group_bucket(n) for n in group_lens}):
+                    if (*key, glen) not in self.grouped:
+                        self._capture(*key, glen)
 
-    def _capture(self, size: int, pages: int) -> _Graph:
+    def _capture(self, size: int, pages: int, glen: int = 0) -> _Graph:
+        """The plain graph of (size, pages), or with `glen` > 0 the grouped one."""
         dev = self.device
         tokens = torch.zeros(size, dtype=torch.long, device=dev)  # [B]
         positions = torch.zeros(size, dtype=torch.long, device=dev)  # [B]
         full_t = torch.zeros(size, pages, dtype=torch.int32, device=dev)  # [B, P]
         swa_t = torch.zeros(size, self.swa_ring, dtype=torch.int32, device=dev)  # [B, ring]
+        first = torch.arange(size, device=dev)  # [B] i64
+        groups = QueryGroups(first, glen) if glen else None
 
         def step() -> torch.Tensor:
-            return self.step(tokens, positions, full_t, swa_t)  # [B, V]
+            return self.step(tokens, positions, full_t, swa_t, groups)  # [B, V]
 
         check_capturable(step, dev)
         replay, out = self.backend.capture(step)
-        g = _Graph(replay, tokens, positions, full_t, swa_t, out)
-        self.graphs[(size, pages)] = g
-        log.debug("captured decode graph: batch %d, %d pages", size, pages)
+        g = _Graph(replay, tokens, positions, full_t, swa_t, out, first)
+        if glen:
+            self.grouped[(size, pages, glen)] = g
+        else:
+            self.graphs[(size, pages)] = g
+        log.debug("captured decode graph: batch %d, %d pages, groups of %d", size, pages, glen)
         return g
 
     def destroy(self) -> None:
         """Drop every graph and static buffer; frees the graph memory pool."""
         self.graphs.clear()
+        self.grouped.clear()
         self.backend.release()

@@ -32,6 +32,7 @@ from decode_worker.device.decode_inputs import (
 )
 from decode_worker.device.kv_pool import KVPools
 from decode_worker.device.model.base import CausalLM
+from decode_worker.device.query_groups import QueryGroups, group_starts, longest_group
 from decode_worker.errors import ClientError, PageError
 from decode_worker.utils.mathx import cdiv
 
@@ -152,7 +153,8 @@ class ModelRunner:
         A request may appear in several consecutive entries of `rows` at consecutive positions
         (a verify step: its input token, then its draft tokens): each entry is one query, every
         entry's K/V is written before any is read, so a draft sees those before it. `drafts`
-        = (entry indices, their input tokens) replaces those entries' tokens.
+        = (entry indices, their input tokens) replaces those entries' tokens; with it the
+        Triton attention reads each such request's keys once (`QueryGroups`).
 
         Returns (logits [bs, V] f32, row ids [bs] i64 on the device). The logits may be the
         graph's static output: valid until the next decode call (sample before it).
@@ -160,14 +162,24 @@ class ModelRunner:
         inputs.flush()
         row_a, pos_a = np.asarray(rows, np.int64), np.asarray(positions, np.int64)
         bs, width = len(row_a), int(pos_a.max()) // self.pools.page_size + 1
-        parts = (row_a, pos_a) if drafts is None else (row_a, pos_a, *drafts)
-        both = inputs.to_device(np.concatenate(parts))  # [2 bs (+ 2 d)] i64, one copy
+        first = self._group_starts(row_a, pos_a, drafts)  # [bs] or [0]
+        parts = (row_a, pos_a, first) if drafts is None else (row_a, pos_a, first, *drafts)
+        both = inputs.to_device(np.concatenate(parts))  # [2 bs + g (+ 2 d)] i64, one copy
         rows_t, positions_t = both[:bs], both[bs:2 * bs]  # [bs] each
+        groups = QueryGroups(both[2 * bs:3 * bs], longest_group(first)) if len(first) else None
         tokens, full_t, swa_t = inputs.gather(rows_t, width)  # [bs], [bs, width], [bs, ring]
         if drafts is not None:  # verified drafts: their rows' input tokens come from the host
-            d = len(drafts[0])
-            tokens[both[2 * bs:2 * bs + d]] = both[2 * bs + d:]  # tokens: [bs]
-        return self._run(tokens, positions_t, full_t, swa_t), rows_t
+            d, at = len(drafts[0]), 2 * bs + len(first)
+            tokens[both[at:at + d]] = both[at + d:]  # tokens: [bs]
+        return self._run(tokens, positions_t, full_t, swa_t, groups), rows_t
+
+    def _group_starts(self, rows: np.ndarray, positions: np.ndarray,
+                      drafts: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+        """`group_starts` of a verify step that groups entries on the Triton backend, else
+        empty (the torch path reads keys per entry; groups of one are a plain step)."""
+        if drafts is None or not len(drafts[0]) or self.attention_backend != "triton":
+            return np.empty(0, np.int64)
+        return group_starts(rows, positions)  # [bs]
 
     @torch.inference_mode()
     def step_seconds(self, entries: Sequence[int], context: int, repeats: int = 3
@@ -198,32 +210,37 @@ class ModelRunner:
         return HostTokens(chosen, extras)
 
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor, full_t: torch.Tensor,
-             swa_t: torch.Tensor) -> torch.Tensor:
+             swa_t: torch.Tensor, groups: QueryGroups | None) -> torch.Tensor:
         """Graph (when one fits) or eager: [bs, V] f32 logits, maybe a static buffer's view."""
         if self.graphs is not None and self.graphs.can_run(*full_t.shape):
-            return self.graphs.run(tokens, positions, full_t, swa_t)
-        return self.eager_step(tokens, positions, full_t, swa_t)
+            return self.graphs.run(tokens, positions, full_t, swa_t, groups)
+        return self.eager_step(tokens, positions, full_t, swa_t, groups)
 
     def eager_step(self, tokens: torch.Tensor, positions: torch.Tensor,
-                   full_t: torch.Tensor, swa_t: torch.Tensor) -> torch.Tensor:
+                   full_t: torch.Tensor, swa_t: torch.Tensor,
+                   groups: QueryGroups | None = None) -> torch.Tensor:
         """Pure tensor step (graph-capturable; a memory probe's step): [bs] tokens -> [bs, V]
-        f32 logits. The tables are not checked: page 0 is the dummy page."""
+        f32 logits. The tables are not checked: page 0 is the dummy page. `groups`: a verify
+        step's groups of entries (device/query_groups.py)."""
         attn = decode_attention(self.attention_backend, self.pools, self.window, positions,
                                 full_t, swa_t, max_keys=self.max_pages * self.pools.page_size,
-                                scale=self.scale)
+                                scale=self.scale, groups=groups)
         hidden = self.model.forward(tokens, positions, attn, static=self.graphs is not None)
         return self.model.logits(hidden)  # [bs, V]
 
-    def capture_graphs(self, max_context_len: int) -> int:
+    def capture_graphs(self, max_context_len: int, group_lens: tuple[int, ...] = ()) -> int:
         """Capture every (size bucket, width bucket) up to `max_context_len` tokens now, so that
         no step pays a capture later; no-op without graphs. Returns the number of graphs. With
-        the Triton backend the width does not matter: one graph per size bucket."""
+        the Triton backend the width does not matter: one graph per size bucket, and one more
+        per size bucket and verify group bucket of `group_lens` (1 + k for the k a verify step
+        may have; the torch path has no grouped graphs)."""
         if self.graphs is None:
             return 0
         pages = cdiv(max_context_len, self.pools.page_size)
+        lens = group_lens if self.attention_backend == "triton" else ()
         with torch.inference_mode():
-            self.graphs.capture_all(capture_widths(pages, self.graphs.max_pages))
-        return len(self.graphs.graphs)
+            self.graphs.capture_all(capture_widths(pages, self.graphs.max_pages), lens)
+        return len(self.graphs.graphs) + len(self.graphs.grouped)
 
     def destroy(self) -> None:
         """Release graph memory (call before the pools are deregistered)."""

@@ -1,6 +1,6 @@
 """`scripts/gpu_check.sh` on a machine without CUDA: every CUDA part is skipped, saying why,
-and the run ends with its table, the host tier's line and the benchmark's contract line (exit
-0); `scripts/gpu_host_tier.py` skips cleanly on its own too."""
+and the run ends with its table, the host tier's line, the verify benchmark's line and the
+benchmark's contract line (exit 0); `scripts/gpu_host_tier.py` skips cleanly on its own too."""
 
 from __future__ import annotations
 
@@ -23,13 +23,14 @@ def test_gpu_check_skips_its_cuda_parts_cleanly_without_cuda(tmp_path: Path) -> 
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert lines[-1] == "bench_gpu_decode: not run"
-    assert lines[-2] == "gpu_host_tier: not run"
-    table = lines[lines.index("gpu_check: part       result   time") + 1:-2]
+    assert lines[-2] == "bench_gpu_verify: not run"
+    assert lines[-3] == "gpu_host_tier: not run"
+    table = lines[lines.index("gpu_check: part       result   time") + 1:-3]
     assert [row.split()[:2] for row in table] == [
         ["imports", "pass"], ["tests/gpu", "skip"], ["e2e", "skip"], ["demo", "skip"],
-        ["bench", "skip"], ["hosttier", "skip"]]
-    assert out.stdout.count("skipped: no CUDA device") == 5
-    for name in ("imports", "tests_gpu", "e2e", "demo", "bench", "hosttier"):
+        ["bench", "skip"], ["verify", "skip"], ["hosttier", "skip"]]
+    assert out.stdout.count("skipped: no CUDA device") == 6
+    for name in ("imports", "tests_gpu", "e2e", "demo", "bench", "verify", "hosttier"):
         assert (tmp_path / f"{name}.log").is_file()
 
 

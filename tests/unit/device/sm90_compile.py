@@ -1,4 +1,5 @@
-"""Compile the decode attention kernels for an H200 (sm_90) without a GPU: Triton's frontend,
+"""Compile the decode attention kernels (single-query and grouped, for verify steps) for an H200
+(sm_90) without a GPU: Triton's frontend,
 its NVIDIA passes and the bundled ptxas, so a shape or type rule the interpreter does not check
 (tl.dot operand shapes, constexpr branches, layouts) fails in CI here.
 
@@ -11,18 +12,21 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from decode_worker.device.kernels import decode_attention as kernels
+from decode_worker.device.kernels import verify_attention as verify
 
 SM90 = GPUTarget("cuda", 90, 32)
 
 
-def _compile(fn: object, sig: dict[str, str], consts: Mapping[str, object], warps: int) -> None:
-    sig = {**sig, **dict.fromkeys(consts, "constexpr")}
+def _compile(fn: Any, sig: dict[str, str], consts: Mapping[str, object], warps: int) -> None:
+    given = {**sig, **dict.fromkeys(consts, "constexpr")}
+    sig = {name: given[name] for name in fn.arg_names}  # in the kernel's argument order
     compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=SM90,
                               options={"num_warps": warps})
     assert "cubin" in compiled.asm, "no cubin"
@@ -30,14 +34,20 @@ def _compile(fn: object, sig: dict[str, str], consts: Mapping[str, object], warp
 
 
 def compile_all(dt: str, group: int, kv_heads: int, head_dim: int, page: int) -> None:
-    """Stage 1, stage 2 and the KV write for pools and q of Triton dtype `dt`, with the
-    compile-time parameters `paged_decode` and `write_kv` launch them with."""
+    """Stage 1 (single-query, and grouped for groups of 2 and 9 entries), stage 2 and the KV
+    write for pools and q of Triton dtype `dt`, with the compile-time parameters
+    `paged_decode`, `paged_verify` and `write_kv` launch them with."""
     ints = dict.fromkeys(("s_page", "s_kv", "s_tok", "s_table", "ring"), "i32")
-    _compile(kernels._stage1_kernel, {
-        "q_ptr": f"*{dt}", "kv_ptr": f"*{dt}", "table_ptr": "*i32", "pos_ptr": "*i64",
-        "part_ptr": "*fp32", "lse_ptr": "*fp32", "sq_b": "i32", "sq_h": "i32", **ints,
-        "window": "i32", "scale": "fp32"},
-        kernels.stage1_meta(group, head_dim, page, f32=dt == "fp32"), 4)
+    f32 = dt == "fp32"
+    stage1 = {"q_ptr": f"*{dt}", "kv_ptr": f"*{dt}", "table_ptr": "*i32", "pos_ptr": "*i64",
+              "part_ptr": "*fp32", "lse_ptr": "*fp32", "sq_b": "i32", "sq_h": "i32", **ints,
+              "window": "i32", "scale": "fp32"}
+    _compile(kernels._stage1_kernel, stage1, kernels.stage1_meta(group, head_dim, page, f32), 4)
+    for max_len in (2, 9):  # k = 1 and k = 8
+        meta = verify.grouped_stage1_meta(
+            group, verify.queries_per_program(max_len, group, f32), head_dim, page, f32)
+        _compile(verify._grouped_stage1_kernel,
+                 {**stage1, "first_ptr": "*i64", "bs": "i32"}, meta, verify.grouped_warps(meta))
     _compile(kernels._stage2_kernel, {
         "part_ptr": "*fp32", "lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": f"*{dt}",
         "so_b": "i32", "num_splits": "i32"}, kernels.stage2_meta(group, head_dim), 2)

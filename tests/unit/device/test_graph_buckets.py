@@ -11,7 +11,9 @@ from decode_worker.device.cuda_graph import (
     FakeGraphBackend,
     capture_widths,
     graph_bucket,
+    group_bucket,
 )
+from decode_worker.device.query_groups import QueryGroups
 from decode_worker.settings import load_settings
 from decode_worker.utils.mathx import cdiv
 
@@ -30,7 +32,7 @@ def test_bucket_is_the_smallest_size_and_power_of_two_width() -> None:
 
 
 def _step(tokens: torch.Tensor, positions: torch.Tensor, full_t: torch.Tensor,
-          swa_t: torch.Tensor) -> torch.Tensor:
+          swa_t: torch.Tensor, groups: QueryGroups | None) -> torch.Tensor:
     return torch.zeros(tokens.shape[0], 1)  # [B, 1]
 
 
@@ -53,3 +55,34 @@ def test_the_h200_config_captures_one_graph_per_batch_bucket_with_the_triton_ker
             assert {pages for _, pages in decoder.graphs} == {max_pages}
             assert decoder.bucket(3, 5) == (4, max_pages)
     assert counts == {True: 112, False: 14}
+
+
+def test_a_verify_step_runs_in_its_group_buckets_graph_with_padding_rows_alone() -> None:
+    """Grouped steps get graphs of their own per (size, width, group bucket); each replay sees
+    this step's `first` and padding rows as groups of one, whatever an earlier step left."""
+    seen: list[tuple[list[int], int] | None] = []
+
+    def step(tokens: torch.Tensor, positions: torch.Tensor, full_t: torch.Tensor,
+             swa_t: torch.Tensor, groups: QueryGroups | None) -> torch.Tensor:
+        seen.append(None if groups is None else (groups.first.tolist(), groups.max_len))
+        return torch.zeros(tokens.shape[0], 1)  # [B, 1]
+
+    assert [group_bucket(n) for n in (1, 2, 3, 5, 9)] == [1, 2, 4, 8, 16]
+    decoder = CudaGraphDecoder(step, torch.device("cpu"), [8], 16, FakeGraphBackend(),
+                               swa_ring=3, width_buckets=False)
+
+    def run(first: list[int] | None, max_len: int = 0) -> tuple[list[int], int] | None:
+        n = len(first) if first else 2
+        groups = QueryGroups(torch.tensor(first), max_len) if first else None
+        decoder.run(torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long),
+                    torch.zeros(n, 2, dtype=torch.int32), torch.zeros(n, 3, dtype=torch.int32),
+                    groups)
+        return seen[-1]  # what the replay saw
+
+    assert run([0, 0, 0, 3, 3], 3) == ([0, 0, 0, 3, 3, 5, 6, 7], 4)
+    assert run([0, 0, 2], 2) == ([0, 0, 2, 3, 4, 5, 6, 7], 2)
+    assert run([0, 1, 1, 1], 3) == ([0, 1, 1, 1, 4, 5, 6, 7], 4)  # the first graph, reused
+    assert run(None) is None
+    assert set(decoder.grouped) == {(8, 16, 4), (8, 16, 2)} and set(decoder.graphs) == {(8, 16)}
+    decoder.capture_all([16], group_lens=(9,))
+    assert set(decoder.grouped) == {(8, 16, 4), (8, 16, 2), (8, 16, 16)}

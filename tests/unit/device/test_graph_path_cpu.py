@@ -23,6 +23,7 @@ from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model import gpt_oss
 from decode_worker.device.model.gpt_oss import GptOssModel
 from decode_worker.device.model.weights import load_model
+from decode_worker.device.query_groups import QueryGroups
 from decode_worker.device.runner import ModelRunner
 from decode_worker.errors import ConfigError
 from tests.decode_steps import decode_lists, run_steps
@@ -103,7 +104,8 @@ def test_batches_above_the_largest_bucket_or_wider_run_eager(model: GptOssModel)
 def test_capture_graphs_prepares_every_bucket_and_destroy_releases(model: GptOssModel) -> None:
     backend = FakeGraphBackend()
     runner = build(model, backend)
-    count = runner.capture_graphs(max_context_len=200)  # 13 pages: widths 1, 2, 4, 8, 13 -> 16
+    count = runner.capture_graphs(max_context_len=200,  # 13 pages: widths 1, 2, 4, 8, 13 -> 16
+                                  group_lens=(5,))  # torch reads keys per entry: no grouped
     assert count == len(BUCKETS) * 5 == backend.captured
     graphed = run_steps(runner, [40, 150], steps=3)
     assert backend.captured == count  # every step replayed a graph captured at start
@@ -166,7 +168,7 @@ def test_a_step_that_fails_the_guard_is_never_captured() -> None:
     backend = FakeGraphBackend()
 
     def bad_step(tokens: torch.Tensor, positions: torch.Tensor, full_t: torch.Tensor,
-                 swa_t: torch.Tensor) -> torch.Tensor:
+                 swa_t: torch.Tensor, groups: QueryGroups | None) -> torch.Tensor:
         return torch.zeros(tokens.shape[0], 3) + int(tokens.sum())
 
     decoder = CudaGraphDecoder(bad_step, CPU, [1, 2], 4, backend, swa_ring=1)

@@ -75,7 +75,8 @@ def sequential(model: GptOssModel, prompt: list[int], steps: int) -> tuple[list[
                                                  (True, "triton")])
 def test_verify_entries_match_sequential_steps_and_rejected_drafts_stay_unseen(
         model: GptOssModel, graphs: bool, backend: str) -> None:
-    """The reference runs torch eager; the Triton kernels run under the interpreter on CPU."""
+    """The reference runs torch eager; the Triton kernels run under the interpreter on CPU
+    (verify steps in the grouped kernel: device/kernels/verify_attention.py)."""
     prompt = [(i * 37 + 11) % 250 + 3 for i in range(150)]  # past the 127-token window
     steps = 24
     tokens, ref = sequential(model, prompt, steps)  # tokens[0] came from prefill
@@ -93,3 +94,6 @@ def test_verify_entries_match_sequential_steps_and_rejected_drafts_stay_unseen(
         req.commit(tokens[done + 1:done + 2 + right])  # accepted drafts + the bonus
         done += right + 1
     assert req.seq[len(prompt):] == tokens[:done + 1]
+    graphs = req.runner.graphs
+    if backend == "triton":  # the drafts' steps ran the grouped kernel, one KV pass a request
+        assert graphs is not None and {glen for _, _, glen in graphs.grouped} == {4, 8}

@@ -69,7 +69,9 @@ def tokens_per_s(model, bs: int, args: argparse.Namespace, sampled: bool,  # typ
     speculator = None
     if spec:
         counts = sorted({1 << i for i in range((bs * (1 + k)).bit_length())} | {bs * (1 + k)})
-        cost = StepCost(runner.step_seconds(counts, args.prompt_len + args.max_new // 2))
+        ctx = args.prompt_len + args.max_new // 2
+        cost = StepCost(runner.step_seconds(counts, ctx),
+                        runner.step_seconds(counts, ctx, group=1 + k))
         speculator = Speculator(make_drafter(SpecParams(args.algorithm, k)), k, cost)
     rig = Rig(runner, spec=speculator, page_size=PAGE, window=model.cfg.window, num_rows=bs,
               full_pages=pages, swa_pages=pages)

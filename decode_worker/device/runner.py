@@ -182,22 +182,27 @@ class ModelRunner:
         return group_starts(rows, positions)  # [bs]
 
     @torch.inference_mode()
-    def step_seconds(self, entries: Sequence[int], context: int, repeats: int = 3
-                     ) -> list[tuple[int, float]]:
-        """How long a decode step of each of `entries` rows takes (the fastest of `repeats`,
-        after a warm-up: other load only ever adds time), every row at position `context` on
-        the dummy page: what a verify step of that many entries costs against a plain one
-        (speculation's cost model). Writes only the dummy page."""
+    def step_seconds(self, entries: Sequence[int], context: int, group: int = 1,
+                     repeats: int = 3) -> list[tuple[int, float]]:
+        """How long a decode step of each of `entries` entries takes (the fastest of `repeats`,
+        after a warm-up: other load only ever adds time): requests of `group` consecutive
+        entries each (1: plain steps; 1 + K: verify steps, drafts and all, so a kernel that
+        reads a request's KV once is timed as it runs), at positions from `context` on the
+        dummy page. Speculation's cost model. Writes only the dummy page."""
         ps = self.pools.page_size
-        context = min(context, self.max_pages * ps - 1)
-        inputs = self.new_inputs(max(entries))
-        rows = [inputs.acquire() for _ in range(max(entries))]
+        context = min(context, self.max_pages * ps - 1 - group)
+        inputs = self.new_inputs(cdiv(max(entries), group))
+        rows = [inputs.acquire() for _ in range(cdiv(max(entries), group))]
         out = []
         for n in entries:
+            within = np.arange(n) % group  # [n] 0 .. group - 1 per request
+            drafts = (np.flatnonzero(within), np.zeros(int((within > 0).sum()), np.int64))
             times = []
             for _ in range(repeats + 1):
                 t0 = time.perf_counter()
-                logits, _ = self.decode_rows(inputs, rows[:n], [context] * n)
+                logits, _ = self.decode_rows(inputs, [rows[i // group] for i in range(n)],
+                                             (context + within).tolist(),
+                                             drafts if group > 1 else None)
                 logits.sum().item()  # waits for the step
                 times.append(time.perf_counter() - t0)
             out.append((n, min(times[1:])))

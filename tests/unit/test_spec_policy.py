@@ -10,10 +10,12 @@ from tests.spec_rig import ScriptedDrafter
 K = 8
 
 
-def _spec(cost: StepCost | None) -> Speculator:
+def _spec(cost: StepCost | None, probed: bool = True) -> Speculator:
+    """Two requests; `probed`: each has verified once already (its acceptance is measured)."""
     spec = Speculator(ScriptedDrafter(lambda rid, toks, k: [7] * k), K, cost)
     for rid in ("good", "bad"):
         spec.joined(rid, [1, 2, 3], [4])
+        spec._states[rid].probing = not probed
     return spec
 
 
@@ -61,3 +63,11 @@ def test_steps_with_nothing_worth_verifying_back_off_to_plain_steps() -> None:
             quiet += 1
         waits.append(quiet)
     assert waits == [0, 1, 3, 7]  # 1, 2, 4, 8 steps without drafting (this one included)
+
+
+def test_a_request_not_verified_yet_probes_once_with_a_short_draft() -> None:
+    spec = _spec(StepCost([(1, 1.0), (64, 64.0)]), probed=False)  # nothing pays on this cost
+    got = _drafts(spec)
+    assert got == [[7, 7], [7, 7]]  # probes: at most two draft tokens each
+    spec.record(["good", "bad"], got, [[7, 7, 9], [9]])
+    assert not spec._states["good"].probing and _drafts(spec) is None

@@ -98,9 +98,13 @@ def _speculator(settings: Settings, rt: Runtime) -> Speculator | None:
     k, rows = params.num_draft_tokens, settings.scheduler.max_running_requests
     top = min(rows * (1 + k), _SPEC_CALIBRATE_MAX_ENTRIES)
     counts = sorted({1 << i for i in range(top.bit_length())} | {top})
-    cost = StepCost(rt.runner.step_seconds(counts, _SPEC_CALIBRATE_CONTEXT))
-    log.info("speculative decoding: %s, up to %d draft tokens; step cost by entries: %s",
-             params.algorithm, k, ", ".join(f"{n}: {cost(n) * 1e3:.2f} ms" for n in counts))
+    ctx = _SPEC_CALIBRATE_CONTEXT
+    cost = StepCost(rt.runner.step_seconds(counts, ctx),
+                    rt.runner.step_seconds(counts, ctx, group=1 + k))
+    log.info("speculative decoding: %s, up to %d draft tokens; step cost by entries (plain / "
+             "verify): %s",
+             params.algorithm, k, ", ".join(
+                 f"{n}: {cost(n) * 1e3:.2f} / {cost.verify(n) * 1e3:.2f} ms" for n in counts))
     return Speculator(make_drafter(params), k, cost)
 
 

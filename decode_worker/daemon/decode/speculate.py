@@ -25,6 +25,7 @@ from decode_worker.core.spec.drafter import Drafter
 _ALPHA_PRIOR = 0.3  # per-token acceptance assumed for a request before its first verify
 _EMA = 0.5  # weight of the newest verify in a request's acceptance estimate
 _MAX_PAUSE_STEPS = 64
+_PROBE_TOKENS = 2  # a request's first verify: this many draft tokens at most
 _MIN_GAIN = 1.1  # a verify step must promise this much more tokens per second than plain
 
 
@@ -49,12 +50,16 @@ class TokenView:
 
 class StepCost:
     """A decode step's time by its entry count (calibrated at start-up: `ModelRunner` steps
-    of 1, 2, 4, ... entries), interpolated linearly between measured counts."""
+    of 1, 2, 4, ... entries), interpolated linearly between measured counts. `verify`: the
+    same for verify steps (requests of 1 + K entries; a kernel may read a request's KV once
+    for all of them), when measured apart; else verify entries cost as plain ones."""
 
-    def __init__(self, points: Sequence[tuple[int, float]]) -> None:
+    def __init__(self, points: Sequence[tuple[int, float]],
+                 verify: Sequence[tuple[int, float]] | None = None) -> None:
         pts = sorted(points)
         self.counts = [n for n, _ in pts]
         self.seconds = [s for _, s in pts]
+        self.verify = StepCost(verify) if verify else self
 
     def __call__(self, entries: int) -> float:
         c, s = self.counts, self.seconds
@@ -76,6 +81,7 @@ class _State:
     seen: int = 0  # tokens the drafter has of it
     misses: int = 0  # verifies in a row that kept none of its drafts
     paused_until: int = 0  # the step from which it drafts again
+    probing: bool = True  # not verified yet: its acceptance is a guess until it is
 
 
 @dataclass(slots=True)
@@ -168,6 +174,7 @@ class Speculator:
                 continue
             st_all.proposed_total += len(draft)
             st_all.accepted_total += kept
+            st.probing = False
             st.alpha = (1 - _EMA) * st.alpha + _EMA * (kept / len(draft))
             if kept == len(draft):
                 st.k, st.misses = min(self.k_max, st.k + 2), 0
@@ -193,12 +200,23 @@ class Speculator:
                 a = self._states[rid].alpha
                 gain[i] = sum(a ** j for j in range(1, len(d) + 1))
         entries, earned, kept = n, float(n), set()
+        # a request not verified yet probes once with a short draft: its acceptance is only a
+        # guess until a verify measures it (without a probe a cautious guess never changes)
+        for i in [i for i in gain if self._states[rids[i]].probing]:
+            drafts[i] = drafts[i][:_PROBE_TOKENS]
+            gain[i] = 0.0
+            entries += len(drafts[i])
+            kept.add(i)
         for i in sorted(gain, key=lambda i: gain[i] / len(drafts[i]), reverse=True):
+            if i in kept:
+                continue
             more, got = entries + len(drafts[i]), earned + gain[i]
-            if got / self.cost(more) <= earned / self.cost(entries):
+            if got / self.cost.verify(more) <= earned / self.cost.verify(entries):
                 break  # the rest earn less per entry still
             entries, earned = more, got
             kept.add(i)
-        if not kept or earned / self.cost(entries) < _MIN_GAIN * n / self.cost(n):
-            return None
+        if not kept or earned / self.cost.verify(entries) < _MIN_GAIN * n / self.cost(n):
+            kept = {i for i in kept if self._states[rids[i]].probing}  # the probes still run
+            if not kept:
+                return None
         return [d if i in kept else [] for i, d in enumerate(drafts)]

@@ -4,9 +4,10 @@ the CPU at batch 1, 8 and 32, for repeating greedy work and for sampled work, th
 daemon's stepper and verify step over the built-in tiny gpt-oss; then spec-sim on a
 code-editing trace built from a git repository's history (this one by default).
 
-The built-in model's weights are random: its greedy answers fall into loops, which prompt
-lookup predicts almost perfectly. That flatters drafts; the spec-sim rows, on real edits, are
-the honest acceptance figures. Sampled work (temperature 1) rarely repeats: drafts mostly fail,
+Greedy work repeats itself (each prompt says a phrase again and again), and the built-in
+model's weights are random: its greedy answers fall into loops, which prompt lookup predicts
+almost perfectly. That flatters drafts; the spec-sim rows, on real edits, are the honest
+acceptance figures. Sampled work (temperature 1) rarely repeats: drafts mostly fail,
 and the policy must keep that from costing throughput.
 
     python scripts/bench_spec.py                     # ~2-4 min on 2 cores
@@ -80,7 +81,12 @@ def tokens_per_s(model, bs: int, args: argparse.Namespace, sampled: bool,  # typ
                                              ignore_eos=True))
     gen = torch.Generator().manual_seed(bs)
     for i in range(bs):
-        prompt = torch.randint(3, 200, (args.prompt_len,), generator=gen).tolist()
+        # greedy work repeats itself: a phrase said again and again, then a request's own words
+        # (prompt lookup finds the phrase; the random model's answers loop on it)
+        phrase = torch.randint(3, 200, (8,), generator=gen).tolist()
+        tail = torch.randint(3, 200, (args.prompt_len // 4,), generator=gen).tolist()
+        prompt = (phrase * (args.prompt_len // 8) + tail if not sampled else
+                  torch.randint(3, 200, (args.prompt_len,), generator=gen).tolist())
         rig.add(f"r{i}", prompt, None, params)
     t0 = time.perf_counter()
     out = rig.run()

@@ -37,6 +37,7 @@ from decode_worker.io.kv.sglang.receiver import SglangReceiver
 from decode_worker.settings import TransferSettings
 from decode_worker.utils.mathx import align_down, cdiv
 from tests.interop.sglang_peer import HarnessPorts, SglangPrefill, venv_python
+from tests.waiting import wait_transfer, wait_value
 
 pytestmark = pytest.mark.slow
 PYTHON = venv_python()
@@ -84,16 +85,8 @@ class Decode:
         return ids
 
     def wait(self, tid: int, kind: str, timeout_s: float = 30.0) -> list[TransferEvent]:
-        got: list[TransferEvent] = []
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self.seen += self.rx.poll()
-            got += [e for e in self.seen if e.transfer_id == tid]
-            self.seen = [e for e in self.seen if e.transfer_id != tid]
-            if any(e.kind == kind for e in got):
-                return got
-            time.sleep(0.002)
-        raise AssertionError(f"transfer {tid}: no {kind!r} within {timeout_s} s; got {got}")
+        """Poll until transfer `tid` has an event of `kind`; returns its events so far."""
+        return wait_transfer(self.rx.poll, self.seen, tid, kind, timeout_s)
 
 
 @dataclass
@@ -297,7 +290,7 @@ def test_malformed_and_unknown_status_messages_are_counted_and_dropped(
         decode16.seen += decode16.rx.poll()
         return (stats.bad_frames == 2 and stats.unknown_notifs == 1) or None
 
-    _until(counted, 5.0)
+    wait_value(counted, 5.0)
     check_room(decode16, submit(decode16, harnesses["A"], A.bootstrap, 3322, 50))
 
 
@@ -369,7 +362,7 @@ def test_the_router_probes_sglang_and_routes_to_it(harnesses: dict[str, SglangPr
     router = ProtocolRouter(SETTINGS, compat(16), region_layouts(pools, AuxBuffer(4)), bufs,
                             peer_protocol="auto", zmq_ports=OUR_ZMQ)  # fmt: skip
     try:
-        proto = _until(lambda: router.protocol_of("127.0.0.1", B.bootstrap), 10.0)
+        proto = wait_value(lambda: router.protocol_of("127.0.0.1", B.bootstrap), 10.0)
         assert (proto.kind, proto.prefill_page_size, proto.tp_size) == ("sglang", 16, 2)
         d = Decode(16, pools, aux, router)
         r = submit(d, harnesses["B"], B.bootstrap, 3701, 150, seed=9)
@@ -381,15 +374,6 @@ def test_the_router_probes_sglang_and_routes_to_it(harnesses: dict[str, SglangPr
         router.close()
 
 
-def _until(fn: Callable[[], Any], timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if (value := fn()) is not None:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"nothing within {timeout_s} s")
-
-
 def _check_native_and_unavailable_peers(router: ProtocolRouter) -> None:
     """A ZMQ socket is a native peer; a closed port is unavailable and a submit to it fails
     peer_dead at once."""
@@ -398,12 +382,12 @@ def _check_native_and_unavailable_peers(router: ProtocolRouter) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.bind("tcp://127.0.0.1:18393")
     try:
-        assert _until(lambda: router.protocol_of("127.0.0.1", 18393), 5.0).kind == "native"
+        assert wait_value(lambda: router.protocol_of("127.0.0.1", 18393), 5.0).kind == "native"
     finally:
         sock.close()
         ctx.term()
     since = time.monotonic()  # a caller waits for the probe that answers after it asked
-    proto = _until(lambda: router.protocol_of("127.0.0.1", 18394, since), 5.0)
+    proto = wait_value(lambda: router.protocol_of("127.0.0.1", 18394, since), 5.0)
     assert proto.kind == "unavailable" and "unreachable" in proto.detail
     tid = router.submit("127.0.0.1", 18394, rid="x", room=1, prompt_len=16, reused_len=0,
                         swa_window_start=0, full_page_ids=[1], swa_page_ids=[1], aux_slot=0)
@@ -468,9 +452,9 @@ def test_a_request_ended_before_the_failure_was_polled_aborts_no_rank(
         decode16.seen += rx.poll()
         return rx._book.get(r.tid).phase == "sent" or None  # type: ignore[attr-defined]
 
-    _until(info_sent, 10.0)
+    wait_value(info_sent, 10.0)
     held = HeldInbox(inbox.recv_all)
-    _until(lambda: held.fill(2), 10.0)  # both ranks' reports arrived; the receiver read none
+    wait_value(lambda: held.fill(2), 10.0)  # both ranks' reports arrived; the receiver read none
     inbox.recv_all = held
     rx.cancel_room("127.0.0.1", B.bootstrap, r.room, "client_abort", "the client left")
     rx.abort(r.tid)

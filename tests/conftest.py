@@ -21,11 +21,13 @@ def _has_cuda() -> bool:
 if not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 else:
-    # servers the tests start share one card (up to four at once: prefill peers, decode
-    # workers, the test process's own engine): each gets its own share of the device
+    # servers the tests start share one card (up to four at once per pytest process: prefill
+    # peers, decode workers, the test process's own engine; pytest-xdist runs several such
+    # processes): each gets its own share of the device
     from decode_worker.core.memory_budget import colocated_share
 
-    os.environ.setdefault("DECODE_WORKER_CACHE__MEMORY_FRACTION", str(colocated_share(4)))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ.setdefault("DECODE_WORKER_CACHE__MEMORY_FRACTION", str(colocated_share(4 * workers)))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

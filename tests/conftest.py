@@ -30,10 +30,38 @@ else:
     os.environ.setdefault("DECODE_WORKER_CACHE__MEMORY_FRACTION", str(colocated_share(4 * workers)))
 
 
+# Servers that tests/e2e/conftest.py shares between test files: under pytest-xdist the files
+# that use one run on one worker (one start, not one per worker).
+SHARED_SERVERS = ("plain_live", "plain_pd")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _xdist_groups(config):
+        _group_by_file(items)
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs CUDA (run on a GPU machine)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _xdist_groups(config: pytest.Config) -> bool:
+    """Whether this is a pytest-xdist worker under `--dist loadgroup` (xdist tells its workers
+    `loadgroup`, their own `dist` is "no")."""
+    return bool(getattr(config.option, "loadgroup", False))
+
+
+def _group_by_file(items: list[pytest.Item]) -> None:
+    """`--dist loadgroup` keeps each group on one worker, in file order: a group is a test
+    file (its module fixtures built once, its tests in order), or every file that uses one of
+    the SHARED_SERVERS."""
+    files: dict[str, set[str]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], set()).update(
+            f for f in SHARED_SERVERS if f in getattr(item, "fixturenames", ()))
+    for item in items:
+        shared = files[item.nodeid.split("::")[0]]
+        item.add_marker(pytest.mark.xdist_group(min(shared) if shared else
+                                                 item.nodeid.split("::")[0]))

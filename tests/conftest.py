@@ -32,7 +32,7 @@ else:
 
 # Servers that tests/e2e/conftest.py shares between test files: under pytest-xdist the files
 # that use one run on one worker (one start, not one per worker).
-SHARED_SERVERS = ("plain_live", "plain_pd")
+SHARED_SERVERS = ("plain_live", "plain_pd", "plain_routed")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups

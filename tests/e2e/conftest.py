@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from decode_worker.daemon.shared.router import has_router
 from decode_worker.device.default_model import write_model
 from tests.e2e.driver import Workers
 from tests.e2e.live_fixtures import Live, live_server
@@ -50,6 +51,15 @@ def plain_pd(e2e_model_dir: Path) -> Iterator[Callable[[str], Workers]]:
     finally:
         for workers in started.values():
             workers.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="package")
+def plain_routed(e2e_model_dir: Path) -> Iterator[Workers]:
+    """A native prefill peer and a decode worker, default settings, behind smg (PD mode) when
+    it is installed (`router` is None without it); shared by the OpenAI SDK and Responses API
+    tests, which send only fresh requests and count nothing."""
+    with Workers(e2e_model_dir, router=has_router(), extra=[]) as workers:
+        yield workers
 
 
 @pytest.fixture(scope="session")

@@ -57,7 +57,6 @@ SETTINGS = TransferSettings(heartbeat_interval_s=0.2, peer_dead_after_s=1.5, abo
 # One harness rank listens on 9 UCX ports (8 transfer threads + 1); our agent on 1 (lo only).
 A = HarnessPorts(18300, 18301, "18310-18312", "18320-18334")  # TP 1
 B = HarnessPorts(18302, 18303, "18313-18316", "18335-18359")  # TP 2
-C = HarnessPorts(18304, 18305, "18317-18319", "18360-18374")  # silenced, killed, restarted
 OUR_ZMQ, OUR_UCX = (18306, 18309), "18375-18389"
 AUX_SCHEMA = ((torch.int32, 16), (torch.int32, 16), (torch.float32, 16), (torch.int32, 16),
               (torch.float32, 128), (torch.int32, 128), (torch.float32, 16), (torch.int64, 16),
@@ -330,24 +329,27 @@ def _wait_failed(d: Decode, r: Room, timeout_s: float) -> tuple[TransferEvent, f
     return next(e for e in events if e.kind == "failed"), time.monotonic() - start
 
 
-def test_a_silent_then_killed_prefill_fails_peer_dead_and_a_restart_registers_again() -> None:
+def test_a_silent_then_killed_prefill_fails_peer_dead_and_a_restart_registers_again(
+        harnesses: dict[str, SglangPrefill]) -> None:
+    """On harness A, which no later test in this file uses (it is SIGSTOPped, killed, and
+    restarted behind the same address, where this test kills it again)."""
     assert PYTHON is not None
     d = make_decode(16)
-    harness = SglangPrefill(PYTHON, C, []).start()
+    harness = harnesses["A"]
     try:
-        harness.wait_ready()
-        check_room(d, submit(d, harness, C.bootstrap, 3601, 80))
-        r = submit(d, harness, C.bootstrap, 3602, 300, delay_s=30.0)
-        time.sleep(0.3)
+        check_room(d, submit(d, harness, A.bootstrap, 3601, 80))
+        r = submit(d, harness, A.bootstrap, 3602, 300, delay_s=30.0)
+        state = harness.wait_room(3602, ("waiting_for_input", "transferring"), timeout_s=10)
+        assert state["status"] in ("waiting_for_input", "transferring"), state  # in flight
         assert harness.proc is not None
         os.killpg(harness.proc.pid, signal.SIGSTOP)  # alive but silent: /health times out
         failed, took = _wait_failed(d, r, SETTINGS.peer_dead_after_s + 5)
         assert failed.reason == "peer_dead" and took >= SETTINGS.peer_dead_after_s - 0.5
         harness.kill()
-        harness = SglangPrefill(PYTHON, C, []).start()  # restarted behind the same address
+        harness = SglangPrefill(PYTHON, A, []).start()  # restarted behind the same address
         harness.wait_ready()
-        check_room(d, submit(d, harness, C.bootstrap, 3603, 120, seed=3))
-        r = submit(d, harness, C.bootstrap, 3604, 120, fail="die")  # dies on our TransferInfo
+        check_room(d, submit(d, harness, A.bootstrap, 3603, 120, seed=3))
+        r = submit(d, harness, A.bootstrap, 3604, 120, fail="die")  # dies on our TransferInfo
         failed, took = _wait_failed(d, r, SETTINGS.peer_dead_after_s + 5)
         assert failed.reason == "peer_dead" and took < SETTINGS.peer_dead_after_s + 1
     finally:

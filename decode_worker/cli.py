@@ -24,7 +24,28 @@ _SUBCOMMANDS = {
     "demo": ("decode_worker.daemon.demo.main",
              "prefill peer + decode worker + a multi-turn chat demo"),
     "make-model": ("decode_worker.device.default_model", "write the tiny default gpt-oss model"),
+    "models": ("decode_worker.device.model.catalog",
+               "list the supported model families: what each reads, what serves it"),
     "config": ("decode_worker.cli", "print the resolved settings and where each came from"),
+    "harmony-vocab": ("decode_worker.daemon.shared.harmony_vocab",
+                      "write the o200k_base.tiktoken directory smg needs for gpt-oss (harmony) "
+                      "without network: point TIKTOKEN_ENCODINGS_BASE at it"),
+    "spec-sim": ("decode_worker.daemon.spec_sim",
+                 "replay a trace through the speculative drafters: what they would earn"),
+}
+# SGLang's speculative flags (serve, spec-sim) -> (settings key, type)
+_SPEC_FLAGS: dict[str, tuple[str, type]] = {
+    "--speculative-algorithm": ("speculative.algorithm", str),
+    "--speculative-num-draft-tokens": ("speculative.num_draft_tokens", int),
+    "--speculative-ngram-min-match-window-size": ("speculative.ngram_min_match_window_size",
+                                                  int),
+    "--speculative-ngram-max-match-window-size": ("speculative.ngram_max_match_window_size",
+                                                  int),
+    "--speculative-ngram-capacity": ("speculative.ngram_capacity", int),
+    "--speculative-suffix-max-tree-depth": ("speculative.suffix_max_tree_depth", int),
+    "--speculative-suffix-max-cached-requests": ("speculative.suffix_max_cached_requests", int),
+    "--speculative-suffix-max-spec-factor": ("speculative.suffix_max_spec_factor", float),
+    "--speculative-suffix-min-token-prob": ("speculative.suffix_min_token_prob", float),
 }
 
 
@@ -32,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="decode-worker",
         description="Decode worker for prefill/decode disaggregated serving of sliding-window "
-        "hybrid models (gpt-oss). Settings: defaults < --config TOML < DECODE_WORKER_<SECTION>__"
-        "<KEY> env < --set/flags.",
+        "hybrid and full-attention models (gpt-oss, Llama 3, Qwen3, Qwen3-MoE, Gemma 3). "
+        "Settings: defaults < --config TOML < DECODE_WORKER_<SECTION>__<KEY> env < "
+        "--set/flags.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (_, help_text) in _SUBCOMMANDS.items():
@@ -72,15 +94,38 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--turns", type=int, default=4, help="chat turns per conversation")
             p.add_argument("--conversations", type=int, default=4, help="parallel conversations")
             p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per answer")
+            p.add_argument("--family", metavar="NAME",
+                           help="run a tiny seeded random model of this family (gpt-oss, "
+                           "llama, qwen3, qwen3_moe, gemma3; `decode-worker models` lists them), "
+                           "written once under model.cache_dir; default: --model, else gpt-oss")
             p.add_argument("--device-pages", type=int, default=None,
                            help="the decode worker's full pool in pages (default: small enough "
                            "that the chats outgrow it, so the host tier shows; 0: its own "
                            "sizing)")
         if name == "make-model":
             p.add_argument("dir", type=Path, help="output directory (Hugging Face layout)")
-        if name == "config":
+        if name in ("config", "models"):
             p.add_argument("--json", action="store_true", help="print JSON instead of text")
+        if name == "harmony-vocab":
+            p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                           help="directory to write o200k_base.tiktoken into (created if "
+                           "missing)")
+            p.add_argument("--from", dest="source", type=Path, metavar="FILE",
+                           help="copy and verify this o200k_base.tiktoken instead of rebuilding "
+                           "it from the quicktok-v1 package")
+        if name in ("serve", "spec-sim"):
+            _add_speculative(p)
+        if name == "spec-sim":
+            p.add_argument("trace", type=Path, help="JSONL: {id, conversation, prompt, "
+                           "response} per line, text or token ids")
     return parser
+
+
+def _add_speculative(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("speculative decoding (SGLang's flags; see docs/DEPLOY.md)")
+    for flag, (key, kind) in _SPEC_FLAGS.items():
+        metavar = "NGRAM|SUFFIX" if kind is str else kind.__name__.upper()
+        group.add_argument(flag, type=kind, metavar=metavar, help=f"({key})")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -109,6 +154,8 @@ def resolve(args: argparse.Namespace) -> LoadedSettings:
         "transfer.prefill_protocol": getattr(args, "protocol", None),
         "kv_events.config": getattr(args, "kv_events_config", None),
     }
+    for flag, (key, _) in _SPEC_FLAGS.items():
+        named[key] = getattr(args, flag[2:].replace("-", "_"), None)
     overrides.update({k: v for k, v in named.items() if v is not None})
     return load_settings(args.config, overrides)
 

@@ -2,8 +2,8 @@
 """Decode throughput of the paged runtime next to transformers' `generate`, same weights, same run.
 
 For each batch size: prefill `--prompt-len` random tokens per request, then time `--steps`
-batched decode steps (per-step latency median / p90, tokens/s), through page lists rebuilt per
-step (`runtime eager`) and through the daemon's persistent inputs (`runtime slots`). The
+batched decode steps (per-step latency median / p90, tokens/s) through the daemon's path
+(persistent decode inputs, `ModelRunner.decode_rows`). The
 reference is `GptOssForCausalLM.generate` (greedy) on the same directory, timed as
 (time(steps new tokens) - time(1 new token)) / (steps - 1) per step, so its prefill cancels out.
 On CUDA the runtime is measured with CUDA graphs and eager. Greedy tokens of both are compared.
@@ -25,7 +25,7 @@ import torch
 from decode_worker.device.default_model import write_model
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.weights import load_model
-from decode_worker.device.runner import DecodeBatch, ModelRunner
+from decode_worker.device.runner import ModelRunner
 from decode_worker.utils.mathx import cdiv
 
 
@@ -48,61 +48,54 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class Rows:
+    """Requests decoding through the daemon's path: persistent page-table rows, next tokens
+    written on the device by the argmax (`decode_rows`), only new pages written per step."""
+
+    def __init__(self, runner: ModelRunner, prompts: list[list[int]], steps: int) -> None:
+        ps = runner.pools.page_size
+        self.runner, self.inputs = runner, runner.new_inputs(len(prompts))
+        self.ids: list[int] = []
+        self.seqs: list[list[int]] = []
+        self.tables: list[list[int]] = []
+        nxt = 1
+        for prompt in prompts:
+            pages = list(range(nxt, nxt + cdiv(len(prompt) + steps, ps)))
+            nxt += len(pages)
+            self.seqs.append([*prompt, int(runner.prefill(prompt, pages, pages).argmax())])
+            self.ids.append(self.inputs.acquire())
+            self.tables.append(pages)
+            self.inputs.write_full(self.ids[-1], 0, pages)
+            self.inputs.write_swa(self.ids[-1], 0, pages[:len(prompt) // ps + 1])
+            self.inputs.write_token(self.ids[-1], self.seqs[-1][-1])
+
+    def step(self) -> list[int]:
+        """One greedy step of every request; its tokens (appended to `seqs`)."""
+        ps, inputs = self.runner.pools.page_size, self.inputs
+        positions = [len(s) - 1 for s in self.seqs]
+        for row, pages, pos in zip(self.ids, self.tables, positions, strict=True):
+            if pos % ps == 0:  # the page the core just added
+                inputs.write_swa(row, pos // ps, [pages[pos // ps]])
+        logits, rows_t = self.runner.decode_rows(inputs, self.ids, positions)
+        chosen = logits.argmax(-1)  # [bs]
+        inputs.tokens[rows_t] = chosen
+        tokens = self.runner.fetch_tokens(chosen).wait()
+        for s, t in zip(self.seqs, tokens, strict=True):
+            s.append(t)
+        return tokens
+
+
 def bench_runtime(runner: ModelRunner, prompts: list[list[int]], steps: int
                   ) -> tuple[list[float], list[list[int]]]:
     """Per-step seconds and the greedy tokens (first from prefill, then `steps - 1` decodes)."""
-    ps, dev = runner.pools.page_size, runner.device
-    tables, seqs, nxt = [], [], 1
-    for prompt in prompts:
-        pages = list(range(nxt, nxt + cdiv(len(prompt) + steps, ps)))
-        nxt += len(pages)
-        tables.append(pages)
-        seqs.append([*prompt, int(runner.prefill(prompt, pages, pages).argmax())])
+    rows, dev = Rows(runner, prompts, steps), runner.device
     times = []
     for _ in range(steps - 1):
-        batch = DecodeBatch([s[-1] for s in seqs], [len(s) - 1 for s in seqs], tables, tables)
         sync(dev)
         t0 = time.perf_counter()
-        tokens = runner.decode(batch).argmax(-1).tolist()
-        sync(dev)
+        rows.step()
         times.append(time.perf_counter() - t0)
-        for s, t in zip(seqs, tokens, strict=True):
-            s.append(t)
-    return times, [s[len(p):] for s, p in zip(seqs, prompts, strict=True)]
-
-
-def bench_slots(runner: ModelRunner, prompts: list[list[int]], steps: int
-                ) -> tuple[list[float], list[list[int]]]:
-    """`bench_runtime` through the daemon's path: persistent page-table rows and next tokens
-    written on the device by the argmax (`decode_slots`), only new pages written per step."""
-    ps, dev = runner.pools.page_size, runner.device
-    slots = runner.new_slots(len(prompts))
-    ids, seqs, tables, nxt = [], [], [], 1
-    for prompt in prompts:
-        pages = list(range(nxt, nxt + cdiv(len(prompt) + steps, ps)))
-        nxt += len(pages)
-        seqs.append([*prompt, int(runner.prefill(prompt, pages, pages).argmax())])
-        ids.append(slots.acquire())
-        tables.append(pages)
-        slots.write_full(ids[-1], 0, pages)
-        slots.write_swa(ids[-1], 0, pages[:len(prompt) // ps + 1])
-        slots.write_token(ids[-1], seqs[-1][-1])
-    times = []
-    for _ in range(steps - 1):
-        positions = [len(s) - 1 for s in seqs]
-        sync(dev)
-        t0 = time.perf_counter()
-        for slot, pages, pos in zip(ids, tables, positions, strict=True):
-            if pos % ps == 0:  # the page the core just added
-                slots.write_swa(slot, pos // ps, [pages[pos // ps]])
-        logits, slots_t = runner.decode_slots(slots, ids, positions)
-        chosen = logits.argmax(-1)  # [bs]
-        slots.tokens[slots_t] = chosen
-        tokens = runner.fetch_tokens(chosen).wait()
-        times.append(time.perf_counter() - t0)
-        for s, t in zip(seqs, tokens, strict=True):
-            s.append(t)
-    return times, [s[len(p):] for s, p in zip(seqs, prompts, strict=True)]
+    return times, [s[len(p):] for s, p in zip(rows.seqs, prompts, strict=True)]
 
 
 def bench_reference(ref, prompts: list[list[int]], steps: int  # type: ignore[no-untyped-def]
@@ -135,10 +128,9 @@ def bench_paired(runner: ModelRunner, ref, prompts: list[list[int]],  # type: ig
     Returns (our step times, reference step times, our tokens, the reference's tokens)."""
     from transformers import DynamicCache
 
-    ps, dev = runner.pools.page_size, runner.device
-    tables = [list(range(1 + i * cdiv(len(p) + steps, ps), 1 + (i + 1) * cdiv(len(p) + steps, ps)))
-              for i, p in enumerate(prompts)]
-    ours = [int(runner.prefill(p, t, t).argmax()) for p, t in zip(prompts, tables, strict=True)]
+    dev = runner.device
+    rows = Rows(runner, prompts, steps)
+    ours = [s[-1] for s in rows.seqs]
     bs, length = len(prompts), len(prompts[0])
     cache = DynamicCache(config=ref.config)
     pos = torch.arange(length, device=dev)[None].expand(bs, -1)  # [bs, L], as generate passes
@@ -148,10 +140,9 @@ def bench_paired(runner: ModelRunner, ref, prompts: list[list[int]],  # type: ig
     ours_seq, theirs_seq = [[t] for t in ours], [[t] for t in theirs.tolist()]
     ours_t, ref_t = [], []
     for step in range(steps - 1):
-        batch = DecodeBatch(ours, [length + step] * bs, tables, tables)
         sync(dev)
         t0 = time.perf_counter()
-        ours = runner.decode(batch).argmax(-1).tolist()
+        ours = rows.step()
         sync(dev)
         t1 = time.perf_counter()
         pos = torch.full((bs, 1), length + step, device=dev)  # [bs, 1]
@@ -193,12 +184,6 @@ def bench_batch(args: argparse.Namespace, model, ref,  # type: ignore[no-untyped
         runner = make_runner(model, args.page_size, bs, need, graphs, sizes)
         bench_runtime(runner, prompts[:1] * bs, 4)  # warm-up (and graph capture)
         times, tokens = bench_runtime(runner, prompts, args.steps)
-        results[label] = (report(label, bs, times), tokens)
-        runner.destroy()
-    for label, graphs in [("runtime slots eager", False)] + [("runtime slots graph", True)] * cuda:
-        runner = make_runner(model, args.page_size, bs, need, graphs, sizes)
-        bench_slots(runner, prompts[:1] * bs, 4)  # warm-up (and graph capture)
-        times, tokens = bench_slots(runner, prompts, args.steps)
         results[label] = (report(label, bs, times), tokens)
         runner.destroy()
     if cuda:

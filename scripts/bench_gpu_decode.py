@@ -4,7 +4,7 @@
 Builds gpt-oss-20b's shape (or 120b's, `--shape 120b`) with random weights as an MXFP4 checkpoint
 in device memory, loads it through the product's loader (`weights.from_state_dict`, MoE backend
 per `--moe-backend`), fills the KV pools with random values and times one decode step (the
-`decode_slots` path with CUDA graphs: model + argmax + token write-back; median of `--steps`
+`decode_rows` path with CUDA graphs: model + argmax + token write-back; median of `--steps`
 after warm-up) at every batch x context cell whose pools fit. The floor of a cell is the bytes
 the step must read (docs/GPU.md, "Floor": attention and lm_head weights, the
 experts a batch hits, the KV it attends to) over the device-to-device copy bandwidth measured
@@ -95,7 +95,7 @@ def time_cell(model: GptOssModel, pools: KVPools, batch: int, context: int,
     ps, cfg = pools.page_size, model.cfg
     need, ring = cdiv(context, ps), cdiv(cfg.window, ps) + 1
     runner = make_runner(model, pools, batch, need, args.attention_backend)
-    slots = runner.new_slots(batch)
+    slots = runner.new_inputs(batch)
     last = (context - 1) // ps
     ids = []
     for i in range(batch):
@@ -110,7 +110,7 @@ def time_cell(model: GptOssModel, pools: KVPools, batch: int, context: int,
         for step in range(args.warmup + args.steps):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            logits, slots_t = runner.decode_slots(slots, ids, positions)
+            logits, slots_t = runner.decode_rows(slots, ids, positions)
             slots.tokens[slots_t] = logits.argmax(-1)  # [bs]
             torch.cuda.synchronize()
             if step >= args.warmup:

@@ -52,12 +52,12 @@ class _TimedRunner:
     def __init__(self, inner: Any) -> None:
         self.inner, self.wait_s, self.wait_cpu_s, self.compute_cpu_s = inner, 0.0, 0.0, 0.0
 
-    def new_slots(self, num_rows: int) -> Any:
-        return self.inner.new_slots(num_rows)
+    def new_inputs(self, num_rows: int) -> Any:
+        return self.inner.new_inputs(num_rows)
 
-    def decode_slots(self, slots: Any, slot_ids: list[int], positions: list[int]) -> Any:
+    def decode_rows(self, inputs: Any, rows: list[int], positions: list[int]) -> Any:
         t0, cpu0 = time.perf_counter(), time.thread_time()
-        out = self.inner.decode_slots(slots, slot_ids, positions)
+        out = self.inner.decode_rows(inputs, rows, positions)
         self.wait_s += time.perf_counter() - t0
         self.wait_cpu_s += time.thread_time() - cpu0
         return out
@@ -165,9 +165,9 @@ class _EventsStack:
 
         from decode_worker.core.pages import PageAllocator
         from decode_worker.core.radix_tree import UnifiedRadixTree
-        from decode_worker.io.kv_events.config import parse_kv_events_config
         from decode_worker.io.kv_events.hub import KvEventHub
         from decode_worker.io.kv_events.publisher import ZmqKvEventPublisher
+        from decode_worker.settings.kv_events import parse_kv_events_config
 
         self.runner = FakeDeviceRunner(2.0)
         self.stepper = running_stepper(self.runner, bs, ctx, True)

@@ -84,11 +84,11 @@ class Decode:
         self.room += 1
         tid = self.rx.submit("127.0.0.1", self.port, rid=f"b{self.room}", room=self.room,
                              prompt_len=prompt_len, reused_len=reused, swa_window_start=s,
-                             full_page_ids=full, swa_page_ids=swa, aux_slot=0,
+                             full_page_ids=full, swa_page_ids=swa, aux_row=0,
                              prompt_ids=[0] * prompt_len)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            for ev in self.rx.poll():
+            for ev in self.rx.take_events():
                 if ev.transfer_id == tid and ev.kind != "released":
                     if ev.kind != "done":
                         raise RuntimeError(f"transfer failed: {ev}")

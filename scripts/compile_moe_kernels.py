@@ -4,7 +4,9 @@
 The interpreter (CPU tests) checks arithmetic, not whether a kernel compiles for the device (a
 tile shape can crash a compiler pass, spill registers or overflow shared memory). This script
 records the exact launches `fused_moe` makes at gpt-oss-20b's expert shape (hidden =
-intermediate = 2880, 32 experts, top-4) for decode and prefill sizes, with meta tensors, and
+intermediate = 2880, 32 experts, top-4) for decode and prefill sizes, and Qwen3-30B-A3B's
+plain SiLU-gated bf16 experts (hidden 2048, intermediate 768, 128 experts, top-8; decode and a
+256-token step), with meta tensors, and
 compiles each with the installed triton's bundled ptxas for sm_90. Per launch: shared memory,
 registers, spilled bytes (cuobjdump -res-usage). Exit status 1 when a kernel fails to compile.
 
@@ -48,8 +50,9 @@ class Recorder:
         return lambda *args, **kwargs: self.launches.append((self.fn, args, kwargs))
 
 
-def record(num_tokens: int, mxfp4: bool, dtype: torch.dtype) -> list[Any]:
-    """The launches of one fused_moe call at the 20b expert shape (meta tensors, nothing runs)."""
+def record(num_tokens: int, mxfp4: bool, dtype: torch.dtype, qwen3: bool = False) -> list[Any]:
+    """The launches of one fused_moe call at the 20b expert shape (`qwen3`: Qwen3-30B-A3B's
+    SiLU experts) with meta tensors: nothing runs."""
     launches: list[Any] = []
     saved = {m: {n: getattr(m, n) for n in names} for m, names in (
         (fused_moe, ("gate_up_kernel", "down_kernel", "sum_kernel")),
@@ -58,7 +61,11 @@ def record(num_tokens: int, mxfp4: bool, dtype: torch.dtype) -> list[Any]:
         for name, fn in kernels.items():
             setattr(module, name, Recorder(fn, launches))
     try:
-        fused_moe.fused_moe(*_meta_inputs(num_tokens, mxfp4, dtype), 4, 1.702, 7.0)
+        if qwen3:
+            fused_moe.fused_moe(*_meta_inputs(num_tokens, False, dtype, (128, 2048, 768)), 8,
+                                1.0, 0.0, silu=True)
+        else:
+            fused_moe.fused_moe(*_meta_inputs(num_tokens, mxfp4, dtype), 4, 1.702, 7.0)
     finally:
         for module, kernels in saved.items():
             for name, fn in kernels.items():
@@ -66,8 +73,9 @@ def record(num_tokens: int, mxfp4: bool, dtype: torch.dtype) -> list[Any]:
     return launches
 
 
-def _meta_inputs(num_tokens: int, mxfp4: bool, dtype: torch.dtype) -> tuple[Any, ...]:
-    e, h, i, meta = 32, 2880, 2880, torch.device("meta")
+def _meta_inputs(num_tokens: int, mxfp4: bool, dtype: torch.dtype,
+                 shape: tuple[int, int, int] = (32, 2880, 2880)) -> tuple[Any, ...]:
+    (e, h, i), meta = shape, torch.device("meta")
 
     def t(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dt, device=meta)
@@ -126,12 +134,14 @@ def main() -> int:
     args = p.parse_args()
     print(f"triton {triton.__version__}, target sm_{TARGET.arch}")
     failed = 0
-    cases = [(int(n), True, torch.bfloat16) for n in args.tokens.split(",")]
-    cases.append((4, False, torch.float32))  # dense float32 experts (the float32 end-to-end test)
-    for num_tokens, mxfp4, dtype in cases:
-        for fn, launch_args, kwargs in record(num_tokens, mxfp4, dtype):
+    cases = [(int(n), True, torch.bfloat16, False) for n in args.tokens.split(",")]
+    cases.append((4, False, torch.float32, False))  # dense float32 (the float32 e2e test)
+    cases += [(1, False, torch.bfloat16, True), (256, False, torch.bfloat16, True)]  # Qwen3-MoE
+    for num_tokens, mxfp4, dtype, qwen3 in cases:
+        for fn, launch_args, kwargs in record(num_tokens, mxfp4, dtype, qwen3):
             tiles = {k: v for k, v in kwargs.items() if k in ("BM", "BN", "BK", "num_warps")}
-            label = f"T={num_tokens} {'mxfp4' if mxfp4 else 'dense'} {dtype} {fn.__name__} {tiles}"
+            kind = "qwen3-silu" if qwen3 else "mxfp4" if mxfp4 else "dense"
+            label = f"T={num_tokens} {kind} {dtype} {fn.__name__} {tiles}"
             try:
                 print(f"{label}: {resources(compile_launch(fn, launch_args, kwargs))}", flush=True)
             except Exception as exc:  # a compiler failure is what this script reports

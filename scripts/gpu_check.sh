@@ -6,10 +6,12 @@
 # into a scratch folder put first on PYTHONPATH (the checkout after it), then runs, each part
 # with its own timeout (the whole under 8 minutes):
 #   imports   every module the daemon and the tests need, and the versions
-#   tests/gpu the CUDA tests (graph replay == eager, kernels, decode slots, sampler)
+#   tests/gpu the CUDA tests (graph replay == eager, kernels, decode inputs, sampler)
 #   e2e       the P/D end-to-end test on the GPU (VRAM pools over NIXL), native and SGLang
-#             protocols, token-exact against transformers in float32
-#   demo      `decode-worker demo` on the GPU (three processes sharing the card)
+#             protocols, token-exact against transformers in float32; and every family
+#             (Llama 3, Qwen3, Qwen3-MoE, Gemma 3: tests/e2e/test_e2e_families.py, native)
+#   demo      `decode-worker demo` on the GPU (three processes sharing the card), on
+#             MODEL=DIR when set (any supported model directory), else the built-in gpt-oss
 #   bench     scripts/bench_gpu_decode.py (gpt-oss-20b's shape), or bench_decode.py on CUDA
 #   hosttier  scripts/gpu_host_tier.py: host-tier restore bandwidth vs pinned host-to-device
 # Logs go to $OUT (default /tmp/gpu_check), one file a part; the last lines are a table of the
@@ -76,10 +78,12 @@ if missing:
     sys.exit("missing: " + "; ".join(missing))
 EOF
 part tests/gpu 150 1 "$PY" -m pytest -q -p no:cacheprovider tests/gpu
-part e2e 150 1 env DECODE_WORKER_MODEL__DEVICE=cuda DECODE_WORKER_MODEL__DTYPE=float32 \
-  "$PY" -m pytest -q -p no:cacheprovider tests/e2e/test_e2e_pd.py -k direct
+part e2e 270 1 env DECODE_WORKER_MODEL__DEVICE=cuda DECODE_WORKER_MODEL__DTYPE=float32 \
+  "$PY" -m pytest -q -p no:cacheprovider tests/e2e/test_e2e_pd.py tests/e2e/test_e2e_families.py \
+  -k "direct or (cold_partial and native)"
 part demo 100 1 env DECODE_WORKER_MODEL__DEVICE=cuda \
-  "$PY" -m decode_worker demo --turns 2 --conversations 2 --max-new-tokens 16
+  "$PY" -m decode_worker demo --turns 2 --conversations 2 --max-new-tokens 16 \
+  ${MODEL:+--model "$MODEL"}
 if [ -f scripts/bench_gpu_decode.py ]; then
   part bench 200 1 "$PY" scripts/bench_gpu_decode.py
 else

@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-router", action="store_true", help="do not start the router (smg)")
     ap.add_argument("--grpc-share", type=float, default=0.25,
                     help="fraction of the turns sent over gRPC (0: the servers serve no gRPC)")
+    ap.add_argument("--speculative-algorithm", default="NGRAM", choices=["NGRAM", "SUFFIX", "none"],
+                    help="the decode worker's speculative decoding (drafts where the traffic "
+                    "repeats itself: part of it)")
     ap.add_argument("--faults", default=",".join(FAULTS),
                     help="comma-separated fault kinds to inject (default: all)")
     args = ap.parse_args(argv)
@@ -81,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0.0 <= args.grpc_share <= 1.0:
         ap.error(f"--grpc-share {args.grpc_share}: must be within [0, 1]")
     model = args.model or _tiny_model()
-    cluster = Cluster(model, with_router=not args.no_router, grpc=args.grpc_share > 0)
+    cluster = Cluster(model, with_router=not args.no_router, grpc=args.grpc_share > 0,
+                      spec=args.speculative_algorithm)
     try:
         cluster.start()
         return _soak(cluster, args.duration, args.seed, args.threads, kinds, args.grpc_share)

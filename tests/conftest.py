@@ -65,3 +65,19 @@ def _group_by_file(items: list[pytest.Item]) -> None:
         shared = files[item.nodeid.split("::")[0]]
         item.add_marker(pytest.mark.xdist_group(min(shared) if shared else
                                                  item.nodeid.split("::")[0]))
+
+
+@pytest.fixture(scope="session")
+def family_dir(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """family -> a tiny checkpoint of it written by transformers (tests/families.py), written
+    once per session on first use and shared by every test that asks."""
+    made: dict[str, object] = {}
+
+    def get(family: str):  # type: ignore[no-untyped-def]
+        if family not in made:
+            from tests.families import write_hf_checkpoint
+
+            made[family] = write_hf_checkpoint(tmp_path_factory.mktemp(family) / "model", family)
+        return made[family]
+
+    return get

@@ -73,6 +73,7 @@ class QueueLimits:
     kv_timeout_s: float = 30.0
     max_active: int | None = None
     decode_reserve_tokens: int = 256
+    lookahead_tokens: int = 0  # positions a step may write past the next (speculative drafts)
 
 
 class PreallocQueue:
@@ -87,7 +88,8 @@ class PreallocQueue:
     def __init__(self, ctx: KVContext, limits: QueueLimits | None = None) -> None:
         self.ctx = ctx
         self.limits = limits or QueueLimits()
-        self._budget = AdmissionBudget(ctx, self.limits.decode_reserve_tokens)  # the ledger
+        self._budget = AdmissionBudget(ctx, self.limits.decode_reserve_tokens,
+                                       self.limits.lookahead_tokens)  # the ledger
         self._waiting: deque[DecodeRequest] = deque()  # new arrivals, by arrival
         self._retracted: deque[DecodeRequest] = deque()  # readmitted first
         self._queued: dict[str, DecodeRequest] = {}  # membership (deques skip stale entries)
@@ -108,7 +110,7 @@ class PreallocQueue:
         return self._queued.get(rid) or self._budget.get(rid)
 
     # -- arrivals ------------------------------------------------------------------------------
-    def add(self, req: DecodeRequest, now: float) -> Abort | None:
+    def enqueue(self, req: DecodeRequest, now: float) -> Abort | None:
         """Queue a new (QUEUED) request. A request that can never fit is aborted at once
         (`too_large`, returned); a full queue raises `ServiceUnavailable` (nothing changes)."""
         if len(self._queued) >= self.limits.max_queued:
@@ -135,7 +137,7 @@ class PreallocQueue:
         self._queued[req.rid] = req
         q.append(req)
 
-    def abort(self, rid: str, now: float, reason: str, message: str = "") -> Abort | None:
+    def abort_request(self, rid: str, now: float, reason: str, message: str = "") -> Abort | None:
         """Abort a request queued here or admitted from here (in any non-terminal state),
         returning its pages; None if unknown or already done. The shell decided this abort and
         counts it (`stats` counts only the aborts admission decides). The shell tells the peer,

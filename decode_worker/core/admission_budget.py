@@ -9,7 +9,8 @@ admit r  iff  new_pages(r) + reserve(r) <= budget      (else r waits: FIFO head-
 ```
 `reserve(r)` keeps room for a request to grow while decoding: full pages for the next
 `decode_reserve_tokens` tokens (capped at its `max_new_tokens`), SWA pages up to its steady-state
-peak.
+peak; both with `lookahead` more positions when a step may write that far ahead (speculative
+decoding's drafts).
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ class AdmissionBudget:
     thread-safe (the compute thread owns it and `ctx`'s tree and pools).
     """
 
-    def __init__(self, ctx: KVContext, decode_reserve_tokens: int) -> None:
+    def __init__(self, ctx: KVContext, decode_reserve_tokens: int, lookahead: int = 0) -> None:
         self.ctx = ctx
-        self.reserve_pages = cdiv(decode_reserve_tokens, ctx.page_size)
-        self.swa_peak = (swa_peak_pages(ctx.window, ctx.page_size, ctx.radix_cache)
+        self.reserve_pages = cdiv(decode_reserve_tokens + lookahead, ctx.page_size)
+        self.swa_peak = (swa_peak_pages(ctx.window, ctx.page_size, ctx.radix_cache, lookahead)
                          if ctx.swa is not None else 0)
         self._active: dict[str, DecodeRequest] = {}
         self._pass_res: list[int] | None = None

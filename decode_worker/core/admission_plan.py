@@ -76,17 +76,23 @@ def plan_sglang(ctx: KVContext, req: DecodeRequest, keys: list[PageKey]) -> Reus
     """SGLang's prefill sends SWA for `[floor(max(P, fill - window)), fill)` (its page): a
     `P` above `fill - window` is asked for only when the tree holds live SWA for
     `[fill - window, P)` (a RESUME match); else the reuse stops at the window's start and
-    the whole window arrives fresh. `window` = earlier tokens a query sees (127)."""
+    the whole window arrives fresh. `window` = earlier tokens a query sees (127).
+
+    P stays below `fill` even when the tree holds the whole prompt (a retry of a prompt of
+    whole pages): at `P = fill` SGLang 0.5.23's sender sends no SWA and no KV (its window
+    `[fill, fill)` is empty), and its own decode never asks so (`_match_prefix_and_lock`
+    caps the prefix at `fill - _swa_tail_len(fill)`). So the last page, full and SWA,
+    arrives with the first token, as for any other hit."""
     fill, ps, tree = req.fill_len, ctx.page_size, ctx.tree
-    low = max(fill - ctx.window, 0)
+    low, top = max(fill - ctx.window, 0), align_down(fill - 1, ps)
     if tree is not None:
-        m = tree.match_prefix((), MatchMode.RESUME, align_down(fill, ps), keys=keys)
+        m = tree.match_prefix((), MatchMode.RESUME, top, keys=keys)
         if m.prefix_len > low:  # live SWA of [low, P) in the tree: SWA arrives from P
             start = align_down(low, ps)
             return Reuse(m.prefix_len, m.prefix_len, [], m.full_page_ids, tree.lock(m.node),
                          start, m.swa_page_ids[start // ps :], m.prefix_len, m.prefix_len)
     r = Reuse()
-    cap = align_down(low, ps) if ctx.radix_cache else 0
+    cap = min(align_down(low, ps), top) if ctx.radix_cache else 0
     if tree is not None and cap > 0:
         m = tree.match_prefix((), MatchMode.TRANSFER, cap, keys=keys)
         if m.total_len > 0:
@@ -109,13 +115,13 @@ def reserved_kv(ctx: KVContext, req: DecodeRequest, r: Reuse, keys: list[PageKey
     """The `ReqKV` of an admission by plan `r` with the new pages: the reused prefix (locked)
     then `new_full`; SWA 0 below the window start, the tree's live pages, then `new_swa`. Its
     tokens are the prompt itself while that is the whole fill (`ReqKV.shares_tokens`: no copy)
-    and its keys a copy of the request's (the `ReqKV` extends its own as it decodes)."""
+    and its keys the request's own cached list: both are the keys of the same growing token
+    sequence (`fill_ids` is `kv.token_ids`), so they are cached once and extended by either."""
     ps = ctx.page_size
     swa_ids = [0] * (r.swa_start // ps) + r.tree_swa + new_swa if ctx.swa is not None else []
     tokens, shared = req.kv_tokens()
     kv = ReqKV(tokens, r.full_ids + new_full, swa_ids, r.swa_start, r.device_prefix, r.lock,
-               keys[:],
-               shares_tokens=shared)
+               keys, shares_tokens=shared)
     if ctx.swa is not None and r.fresh_from < r.device_prefix:  # the tail starts in the prefix
         kv.swa_owned_from = r.fresh_from
     return kv

@@ -15,12 +15,12 @@ is cached in the tree (`cache_finished_req(insert=True)`) and the shell requeues
 `PreallocQueue.requeue`; it is readmitted (matching what is still cached) before any new request.
 The last running request is retracted too if it alone cannot get a page, so pages held by
 requests still receiving KV can never deadlock the batch: admission keeps no request from ever
-fitting alone (it aborts those at `add`).
+fitting alone (it aborts those at `enqueue`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from decode_worker.core.kv_context import KVContext
@@ -59,24 +59,36 @@ class DecodeAllocator:
         if self.ctx.tree is not None and req.kv is not None:
             self.ctx.tree.cache_unfinished_req(req.kv)
 
-    def finish(self, req: DecodeRequest, now: float) -> None:
+    def finish_request(self, req: DecodeRequest, now: float) -> None:
         """RUNNING -> FINISHED: cache the computed KV, return the rest, drop the lock."""
         req.transition(S.FINISHED, now, releaser=self.ctx)
 
+    def cache_computed(self, req: DecodeRequest) -> None:
+        """A RUNNING request ends while a launched step still uses its pages: insert its
+        computed page-aligned KV into the tree now (the tree's events of this step name it, so
+        they are published before its answer leaves), as `cache_unfinished_req`. It keeps its
+        lock and the pages past the aligned end (the launched step writes only there) until
+        `finish_request` or the abort releases them, which then inserts nothing new. A
+        duplicate page it held is freed now: the launched step still reads it, but that row's
+        token is dropped. A no-op without a tree or outside RUNNING."""
+        if self.ctx.tree is not None and req.kv is not None and req.state is S.RUNNING:
+            self.ctx.tree.cache_unfinished_req(req.kv)
+
     def prepare_step(self, running: Sequence[DecodeRequest], now: float,
-                     in_flight: Collection[str] = ()) -> StepPlan:
-        """Slide every request's SWA window, then give each the page its next position needs,
+                     ahead: Mapping[str, int] | None = None) -> StepPlan:
+        """Slide every request's SWA window, then give each the pages its step writes,
         evicting from the tree and then retracting (see the module policy) when short.
-        `in_flight`: rids with a launched step not yet committed (overlapped scheduling): their
-        next position is `kv.seq_len + 1` (the window still slides by `kv.seq_len`, which the
-        launched step reads). Raises `InvalidTransition` for a request that is not RUNNING."""
+        `ahead`: per rid, how far past `kv.seq_len` its step writes (absent: 0, the next
+        position only): 1 for a launched step not yet committed (overlapped scheduling), plus
+        its draft tokens when it verifies a draft; the window still slides by `kv.seq_len`.
+        Raises `InvalidTransition` for a request that is not RUNNING."""
         for req in running:
             if req.state is not S.RUNNING or req.kv is None:
                 raise InvalidTransition(f"req={req.rid}: prepare_step in {req.state.value}")
         self.slide(running)
         plan = StepPlan(runnable=list(running))
         while True:
-            need = self._needs(plan.runnable, in_flight)
+            need = self._needs(plan.runnable, ahead or {})
             if not self.ctx.evict_for(len(need.full), len(need.swa)):
                 break
             victim = min(plan.runnable, key=_retract_order)  # a pool is short
@@ -103,11 +115,12 @@ class DecodeAllocator:
             ctx.swa.free(freed)
             ctx.stats.swa_pages_released_total += len(freed)
 
-    def grow(self, reqs: Sequence[DecodeRequest], in_flight: Collection[str] = ()) -> bool:
-        """Give each of RUNNING `reqs` the pages its next position needs (evicting from the tree
-        when short); False, with nothing given, when a pool stays short: then `prepare_step`
-        over the whole batch retracts."""
-        need = self._needs(reqs, in_flight)
+    def grow(self, reqs: Sequence[DecodeRequest], ahead: Mapping[str, int] | None = None
+             ) -> bool:
+        """Give each of RUNNING `reqs` the pages its step writes (`ahead` as in `prepare_step`;
+        evicting from the tree when short); False, with nothing given, when a pool stays short:
+        then `prepare_step` over the whole batch retracts."""
+        need = self._needs(reqs, ahead or {})
         if self.ctx.evict_for(len(need.full), len(need.swa)):
             return False
         self._grow(need)
@@ -125,17 +138,18 @@ class DecodeAllocator:
         return swa_slide_at(target, ctx.window, ps, ctx.radix_cache)
 
     # -- internals -----------------------------------------------------------------------------
-    def _needs(self, reqs: Sequence[DecodeRequest], in_flight: Collection[str]) -> _Needs:
-        """The requests whose next step needs a full page, and an SWA page (with its index)."""
+    def _needs(self, reqs: Sequence[DecodeRequest], ahead: Mapping[str, int]) -> _Needs:
+        """The full pages and the SWA pages (with their indices) the requests' steps write and
+        they do not hold yet, in page order per request."""
         ps, has_swa, need = self.ctx.page_size, self.ctx.swa is not None, _Needs([], [])
         for req in reqs:
             kv = req.kv
             assert kv is not None  # RUNNING holds kv (checked in prepare_step)
-            idx = (len(kv.token_ids) + (req.rid in in_flight)) // ps
-            if idx >= len(kv.full_page_ids):
-                need.full.append(kv)
-            if has_swa and idx >= len(kv.swa_page_ids):
-                need.swa.append((kv, idx))
+            n = len(kv.token_ids)
+            first, last = n // ps, (n + ahead.get(req.rid, 0)) // ps  # the pages written
+            need.full += [kv] * (last + 1 - len(kv.full_page_ids))
+            if has_swa:
+                need.swa += [(kv, i) for i in range(max(len(kv.swa_page_ids), first), last + 1)]
         return need
 
     def _grow(self, need: _Needs) -> None:
@@ -175,8 +189,8 @@ class DecodeAllocator:
 
 @dataclass(slots=True)
 class _Needs:
-    full: list[ReqKV]  # requests whose next position needs a full page
-    swa: list[tuple[ReqKV, int]]  # ... an SWA page, at this logical page index
+    full: list[ReqKV]  # one entry per full page a request needs (its next ones, in order)
+    swa: list[tuple[ReqKV, int]]  # one per SWA page, with its logical page index (ascending)
 
 
 def _retract_order(req: DecodeRequest) -> tuple[int, int]:

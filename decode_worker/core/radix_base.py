@@ -6,7 +6,9 @@ See `radix_tree.UnifiedRadixTree` for the public contract.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from typing import Concatenate, ParamSpec, TypeVar
 
 from decode_worker.core.host_tier import HostTierStats, HostTransition, HostWrite, WritePolicy
 from decode_worker.core.pages import PageAllocator
@@ -15,6 +17,22 @@ from decode_worker.core.radix_lru import RadixLedger
 from decode_worker.core.radix_node import Node, PageKey, common_pages, page_keys
 from decode_worker.errors import ConfigError
 from decode_worker.utils.mathx import cdiv
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T", bound="TreeBase")
+
+
+def changes_tree(method: Callable[Concatenate[T, P], R]) -> Callable[Concatenate[T, P], R]:
+    """Marks a tree method that changes what a match or an admission budget sees (insert,
+    evict, lock, unlock): each call bumps `version` first. The one place it is bumped."""
+
+    def bumped(self: T, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        self.version += 1
+        return method(self, *args, **kwargs)
+
+    functools.update_wrapper(bumped, method)
+    return bumped
 
 
 class TreeBase:
@@ -56,9 +74,9 @@ class TreeBase:
         self.host_listener: Callable[[HostTransition], None] | None = None
         self._tick = 0
         self._uuid = 0
-        # bumped by every change a match or an admission budget can see (insert, evict, lock,
-        # unlock); not by a match (its splits and LRU touches change no answer). A caller that
-        # saw the same version sees the same matches and the same evictable/protected counts.
+        # bumped by every change a match or an admission budget can see (`changes_tree`); not
+        # by a match (its splits and LRU touches change no answer). A caller that saw the same
+        # version sees the same matches and the same evictable/protected counts.
         self.version = 0
         # pages of one page-aligned window: the leaf size when insert caps a long live run
         self._window_pages = max(1, cdiv(window, page_size))

@@ -5,6 +5,7 @@ to host-only when they have a host copy) and SWA tombstoning. Host eviction is i
 from __future__ import annotations
 
 from decode_worker.core.host_tier import Transition, WritePolicy
+from decode_worker.core.radix_base import changes_tree
 from decode_worker.core.radix_host import HostOps
 from decode_worker.core.radix_node import Node
 
@@ -12,6 +13,7 @@ from decode_worker.core.radix_node import Node
 class EvictOps(HostOps):
     """`evict_full`, `evict_swa` (mixed into `UnifiedRadixTree`)."""
 
+    @changes_tree
     def evict_full(self, num_pages: int, *, write_back: bool = True) -> list[int]:
         """Evict unlocked device leaves, least recently used first, until at least `num_pages`
         full pages are freed or nothing is evictable. A leaf with a host copy is *demoted*
@@ -23,7 +25,6 @@ class EvictOps(HostOps):
         freed: list[int] = []
         swa_freed: list[int] = []
         ledger = self.ledger
-        self.version += 1
         write_back = (write_back and self.host is not None
                       and self.write_policy is WritePolicy.WRITE_BACK)
         while len(freed) < num_pages:
@@ -99,9 +100,13 @@ class EvictOps(HostOps):
         still use them). Returns the SWA page ids freed."""
         if self.swa is None or num_pages <= 0:
             return []
+        return self._evict_swa(num_pages)
+
+    @changes_tree
+    def _evict_swa(self, num_pages: int) -> list[int]:
+        assert self.swa is not None
         freed: list[int] = []
         ledger = self.ledger
-        self.version += 1
         for node in ledger.swa_victims(num_pages):
             assert node.swa is not None
             freed.extend(node.swa)

@@ -8,7 +8,7 @@ sees them; device eviction with demotion and host eviction are in `radix_evict.p
 from __future__ import annotations
 
 from decode_worker.core.host_tier import HostTransition, HostWrite, Transition
-from decode_worker.core.radix_base import TreeBase
+from decode_worker.core.radix_base import TreeBase, changes_tree
 from decode_worker.core.radix_events import MEDIUM_CPU_PINNED, MEDIUM_GPU
 from decode_worker.core.radix_node import Node
 
@@ -120,11 +120,15 @@ class HostOps(TreeBase):
         """Drop host-only leaves no request holds, least recently used first, until at least
         `num_pages` host pages are free again or none is left; deletes those nodes (a parent
         left host-only and childless becomes a host leaf). Returns the host page ids freed."""
-        host = self.host
-        if host is None or num_pages <= 0:
+        if self.host is None or num_pages <= 0:
             return []
+        return self._evict_host(num_pages)
+
+    @changes_tree
+    def _evict_host(self, num_pages: int) -> list[int]:
+        host = self.host
+        assert host is not None
         ledger, freed = self.ledger, list[int]()
-        self.version += 1
         while len(freed) < num_pages:
             node = ledger.host_leaves.pop()
             if node is None:

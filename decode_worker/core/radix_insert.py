@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import pairwise
 
+from decode_worker.core.radix_base import changes_tree
 from decode_worker.core.radix_host import HostOps
 from decode_worker.core.radix_node import Node, PageKey, common_pages
 from decode_worker.errors import PageError
@@ -42,6 +43,7 @@ class InsertOps(HostOps):
                                  swa_owned_len)
         return prefix * self.page_size
 
+    @changes_tree
     def _insert(
         self,
         keys: list[PageKey],
@@ -62,7 +64,6 @@ class InsertOps(HostOps):
             raise PageError("insert: a full page id is not allocated")
         self._validate_insert(n, full_ids, swa_ids, sprot, live_from)
         self._tick += 1
-        self.version += 1
         node, i, path = self.root, 0, []
         free_full: list[int] = []
         free_swa: list[int] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from decode_worker.core.radix_base import TreeBase
+from decode_worker.core.radix_base import TreeBase, changes_tree
 from decode_worker.core.radix_node import Node
 from decode_worker.errors import LockStateError
 
@@ -37,6 +37,7 @@ class LockRef:
 class LockOps(TreeBase):
     """`lock`, `unlock`, `release_swa_lock` (mixed into `UnifiedRadixTree`)."""
 
+    @changes_tree
     def lock(self, node: Node, *, swa: bool = True) -> LockRef:
         """Lock the full values on the path root -> `node` and (if `swa`) the live SWA values of
         about one window above `node`'s end: walking up, live values are locked until `window`
@@ -47,7 +48,6 @@ class LockOps(TreeBase):
         if node.parent is None and node is not self.root:
             raise LockStateError(f"lock of an evicted node {node!r} (lock right after the match)")
         self._tick += 1
-        self.version += 1
         ledger, root = self.ledger, self.root
         n = node
         while n is not root:
@@ -86,6 +86,7 @@ class LockOps(TreeBase):
             node = node.parent  # type: ignore[assignment]
         return 0
 
+    @changes_tree
     def unlock(self, lock: LockRef, *, skip_swa: bool = False) -> None:
         """Release `lock`. The SWA part is released iff still held: after `release_swa_lock` it is
         skipped, so nothing is released twice; `skip_swa` is accepted for symmetry with SGLang and
@@ -95,7 +96,6 @@ class LockOps(TreeBase):
         if lock.swa_held:
             self.release_swa_lock(lock)
         lock.full_held = False
-        self.version += 1
         ledger, root = self.ledger, self.root
         # no host-only node anywhere (kept so by this walk: it only moves host pages between
         # protected and evictable): every child is on the device, checked in O(1) per node
@@ -122,10 +122,12 @@ class LockOps(TreeBase):
         """Release only the SWA part of `lock` (a request decoding past its window); a no-op if
         already released. Walks the same span as `lock`: live values made live before the lock,
         up to the node marked with the lock's uuid."""
-        if not lock.swa_held:
-            return
+        if lock.swa_held:
+            self._release_swa(lock)
+
+    @changes_tree
+    def _release_swa(self, lock: LockRef) -> None:
         lock.swa_held = False
-        self.version += 1
         ledger, root, n = self.ledger, self.root, lock.node
         while n is not root:
             if n.swa is not None and n.swa_epoch < lock.epoch:

@@ -35,10 +35,12 @@ class ReqKV:
       live SWA entries at or past it; below it they are the tree's (or 0). It is below
       `cache_protected_len` only between admission and the first insert into the tree.
     - `page_keys` caches the page keys of `token_ids` (computed once, extended as tokens are
-      appended; reset it if `token_ids` is ever rewritten other than by appending).
+      appended; reset it if `token_ids` is ever rewritten other than by appending). Admission
+      hands it the request's own list (`DecodeRequest.page_keys`): one cache per request.
     - `shares_tokens`: `token_ids` is the request's own prompt list (admission copies nothing:
       a 1,000-token copy per admission was most of a pass's cost, in the copy and in garbage
-      collection of it); `append_token` copies it first. Never mutate `token_ids` in place.
+      collection of it); `request.StepCommit` copies it before the first decode step appends.
+      Never mutate `token_ids` in place otherwise.
     """
 
     token_ids: list[int]
@@ -55,20 +57,6 @@ class ReqKV:
     def seq_len(self) -> int:
         """Tokens whose KV the request holds."""
         return len(self.token_ids)
-
-    def append_token(self, token_id: int) -> None:
-        """One more token with KV; the first append copies a shared `token_ids`."""
-        if self.shares_tokens:
-            self.token_ids = self.token_ids[:]
-            self.shares_tokens = False
-        self.token_ids.append(token_id)
-
-    def own_tokens(self) -> None:
-        """Copy a shared `token_ids` now, so that later appends may go to the list directly
-        (the decode batch appends one token per step without `append_token`'s check)."""
-        if self.shares_tokens:
-            self.token_ids = self.token_ids[:]
-            self.shares_tokens = False
 
     def keys(self, page_size: int) -> list[PageKey]:
         """Page keys of the page-aligned prefix of `token_ids`, computing only new pages."""

@@ -15,6 +15,7 @@ hold `kv` (request-owned pages plus a lock on a tree prefix). Every transition g
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -189,13 +190,64 @@ class DecodeRequest:
         if not self.output_ids:
             self.output_ids.append(first_token_id)
 
-    def append_token(self, token_id: int) -> None:
-        """Commit one decode step of a RUNNING request: the step wrote the KV of the previous
-        input (`output_ids[-1]`) at position `kv.seq_len`, and sampled `token_id`."""
-        if self.state is not S.RUNNING or self.kv is None or not self.output_ids:
-            raise InvalidTransition(f"req={self.rid}: append_token in {self.state.value}")
-        self.kv.append_token(self.output_ids[-1])
-        self.output_ids.append(token_id)
+
+
+class StepCommit:
+    """The one way decode steps are committed: over a set of RUNNING requests (a batch's
+    members, checked once when it is built), each step gives every request n >= 1 tokens.
+
+    A step of request i ran its input token (its last output token) and, for n > 1, the
+    first n - 1 tokens of its run (verified drafts), at positions `kv.seq_len` onwards; all n
+    are output tokens, and the KV of all but the last is now held:
+    ```
+    before:  kv.token_ids = [.. t_k-1]           output_ids = [.. t_k]
+    run r:   kv.token_ids += [t_k] + r[:-1]      output_ids += r
+    ```
+    Built once per membership (the lists are cached: a step costs two appends per request);
+    valid while every member stays RUNNING, i.e. until the batch's membership changes. Raises
+    `InvalidTransition` at build for a request that is not RUNNING with a next input.
+    """
+
+    __slots__ = ("_kv_tokens", "_outputs", "reqs")
+
+    def __init__(self, reqs: list[DecodeRequest]) -> None:
+        for r in reqs:
+            kv = r.kv
+            if r.state is not S.RUNNING or kv is None or not r.output_ids:
+                raise InvalidTransition(f"req={r.rid}: commit in {r.state.value}")
+            if kv.shares_tokens:  # appends go to the list directly: it must be its own
+                kv.token_ids, kv.shares_tokens = kv.token_ids[:], False
+        self.reqs = reqs
+        self._outputs = [r.output_ids for r in reqs]
+        self._kv_tokens = [r.kv.token_ids for r in reqs]  # type: ignore[union-attr]
+
+    def subset(self, keep: list[bool]) -> StepCommit:
+        """The members where `keep` is set (no new check: they are members still)."""
+        out = StepCommit.__new__(StepCommit)
+        out.reqs = list(itertools.compress(self.reqs, keep))
+        out._outputs = list(itertools.compress(self._outputs, keep))
+        out._kv_tokens = list(itertools.compress(self._kv_tokens, keep))
+        return out
+
+    def last_tokens(self) -> list[int]:
+        """Each member's last output token (the next step's input)."""
+        return [out[-1] for out in self._outputs]
+
+    def commit(self, token_ids: list[int]) -> None:
+        """One token per member (`token_ids[i]` for member i): the n = 1 step."""
+        for output, kv_tokens, token in zip(self._outputs, self._kv_tokens, token_ids,
+                                            strict=True):
+            kv_tokens.append(output[-1])
+            output.append(token)
+
+    def commit_runs(self, runs: list[list[int]]) -> None:
+        """`runs[i]` (n >= 1 tokens) for member i: see the class."""
+        for output, kv_tokens, run in zip(self._outputs, self._kv_tokens, runs, strict=True):
+            if not run:
+                raise InvalidTransition("commit_runs: an empty run")
+            kv_tokens.append(output[-1])
+            kv_tokens += run[:-1]
+            output += run
 
 
 def held_page_ids(

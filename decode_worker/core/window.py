@@ -104,7 +104,7 @@ def sglang_window_start(
 
 
 @functools.lru_cache(maxsize=64)
-def swa_peak_pages(window: int, page_size: int, radix_cache: bool) -> int:
+def swa_peak_pages(window: int, page_size: int, radix_cache: bool, lookahead: int = 0) -> int:
     """Most SWA pages one decoding request references at once, over its whole life (exact).
 
     While the next query is at `n` the request reads SWA for `[swa_window_start(n), n]`. With the
@@ -112,7 +112,8 @@ def swa_peak_pages(window: int, page_size: int, radix_cache: bool) -> int:
     and stays locked (referenced) until the frontier passes `align_down(L)`, so early on the
     span is `[S, n]`. Both are periodic in `L` and `n` with period `page_size` once past a few
     windows, so one period of prompt lengths is simulated. `window` = earlier tokens a query
-    sees (127 for gpt-oss).
+    sees (127 for gpt-oss). `lookahead`: a step may write that many positions past `n` (its
+    verified drafts), so their pages are held too.
     """
     ps, base, best = page_size, 4 * (window + page_size), 0
     for seq_len in range(base, base + ps):
@@ -121,7 +122,7 @@ def swa_peak_pages(window: int, page_size: int, radix_cache: bool) -> int:
         for n in range(seq_len, seq_len + window + 3 * ps):  # past the lock's release
             frontier = swa_window_start(n, window, ps, radix_cache)
             lo = frontier if frontier >= locked_to else min(start, frontier)
-            best = max(best, n // ps - lo // ps + 1)
+            best = max(best, (n + lookahead) // ps - lo // ps + 1)
     return best
 
 

@@ -101,11 +101,13 @@ class DecodeAttention:
     """
 
     def __init__(self, pools: KVPools, window: int, positions: torch.Tensor,
-                 full_table: torch.Tensor, swa_table: torch.Tensor) -> None:
+                 full_table: torch.Tensor, swa_table: torch.Tensor,
+                 scale: float | None = None) -> None:
         """positions: [bs] i64; full_table: [bs, max_pages] (0-padded); swa_table:
         [bs, R] holds SWA page `i` at column `i % R` (a ring: R >= cdiv(window, page_size) + 1
         keeps the window's pages apart; a plain table at least as wide as the full one is the
-        case where `i % R == i`). Tables are i32 or i64."""
+        case where `i % R == i`). Tables are i32 or i64. `scale`: the softmax scale (default
+        head_dim ** -0.5; Gemma's query_pre_attn_scalar sets another)."""
         ps = pools.page_size
         self.pools = pools
         bs, width = full_table.shape
@@ -125,7 +127,7 @@ class DecodeAttention:
         self.swa_pages = swa_table[rows, (sclamped // ps) % ring]  # [bs, W + 1]
         self.swa_offs = sclamped % ps  # [bs, W + 1]
         self.swa_bias = mask_bias(spos >= 0)[:, None]  # [bs, 1, W + 1]
-        self.scale = pools.spec.head_dim ** -0.5
+        self.scale = scale or pools.spec.head_dim ** -0.5
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  sinks: torch.Tensor) -> torch.Tensor:
@@ -157,8 +159,10 @@ class PrefillAttention:
     """
 
     def __init__(self, pools: KVPools, window: int, start: int, num_new: int,
-                 full_table: torch.Tensor, swa_table: torch.Tensor) -> None:
-        """full_table / swa_table: [num_pages] i64 covering [0, start + num_new)."""
+                 full_table: torch.Tensor, swa_table: torch.Tensor,
+                 scale: float | None = None) -> None:
+        """full_table / swa_table: [num_pages] i64 covering [0, start + num_new); `scale` as
+        `DecodeAttention`'s."""
         ps, dev = pools.page_size, full_table.device
         self.pools, self.window, self.start = pools, window, start
         pos = torch.arange(start, start + num_new, device=dev)  # [T]
@@ -170,7 +174,7 @@ class PrefillAttention:
         self.swa_prev = torch.arange(swa_from, start, device=dev)  # [<= W] cached, SWA layers
         self.full_r = (full_table[self.full_prev // ps], self.full_prev % ps)
         self.swa_r = (swa_table[self.swa_prev // ps], self.swa_prev % ps)
-        self.scale = pools.spec.head_dim ** -0.5
+        self.scale = scale or pools.spec.head_dim ** -0.5
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  sinks: torch.Tensor) -> torch.Tensor:

@@ -66,12 +66,13 @@ def resolve_backend(name: str, setting: str, device: torch.device) -> AttentionB
 
 def decode_attention(backend: AttentionBackend, pools: KVPools, window: int,
                      positions: torch.Tensor, full_table: torch.Tensor, swa_table: torch.Tensor,
-                     *, max_keys: int) -> Attend:
+                     *, max_keys: int, scale: float | None = None) -> Attend:
     """The `Attend` of one decode step (arguments as `DecodeAttention`'s; `max_keys`: the
     most keys a request can have, which bounds the Triton backend's split count)."""
     if backend == "torch":
-        return DecodeAttention(pools, window, positions, full_table, swa_table)
+        return DecodeAttention(pools, window, positions, full_table, swa_table, scale)
     # imported here: triton loads only for a runner that uses it (after TRITON_INTERPRET)
     from decode_worker.device.attention_triton import TritonDecodeAttention
 
-    return TritonDecodeAttention(pools, window, positions, full_table, swa_table, max_keys)
+    return TritonDecodeAttention(pools, window, positions, full_table, swa_table, max_keys,
+                                 scale)

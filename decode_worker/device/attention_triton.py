@@ -52,21 +52,25 @@ class TritonDecodeAttention:
     """
 
     def __init__(self, pools: KVPools, window: int, positions: torch.Tensor,
-                 full_table: torch.Tensor, swa_table: torch.Tensor, max_keys: int) -> None:
+                 full_table: torch.Tensor, swa_table: torch.Tensor, max_keys: int,
+                 scale: float | None = None) -> None:
         """positions: [bs] i64; full_table: [bs, W] (page of p at column p // page_size,
         covering each request's position; wider is fine); swa_table: [bs, ring] (column
         (p // page_size) % ring); `window`: earlier tokens a sliding query sees (HF
         `sliding_window - 1`); `max_keys`: the most keys a full-layer request can have (sets
-        the split count with the batch size)."""
+        the split count with the batch size); `scale`: the softmax scale (default
+        head_dim ** -0.5)."""
         self.pools, self.positions = pools, positions
         self.tables = {"full": full_table, "swa": swa_table}
         self.windows = {"full": NO_WINDOW, "swa": window}
         bs, dev = positions.shape[0], positions.device
-        kvh = pools.spec.num_kv_heads
-        self.splits = {"full": num_kv_splits(bs, kvh, max_keys, dev),
-                       "swa": num_kv_splits(bs, kvh, min(max_keys, window + 1), dev)}
+        spec = pools.spec
+        self.splits = {
+            "full": num_kv_splits(bs, spec.shape("full").num_kv_heads, max_keys, dev),
+            "swa": num_kv_splits(bs, spec.shape("swa").num_kv_heads, min(max_keys, window + 1),
+                                 dev)}
         self.scratch: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.scale = pools.spec.head_dim ** -0.5
+        self.scale = scale or spec.head_dim ** -0.5
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  sinks: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """The aux buffer: small host rows of per-request transfer metadata (the first output token).
 
-One row is 384 bytes: 48 int64 slots.
+One row is 384 bytes: 48 int64 words.
 
-    slot  0: room echo (the corruption check: the row must name the room that owns it)
+    word  0: room echo (the corruption check: the row must name the room that owns it)
           1: first output token id
           2: its logprob (a float64 stored bit for bit)
           3: ready flag (1 once the prefill side wrote the row)
@@ -23,84 +23,74 @@ from dataclasses import dataclass
 
 import torch
 
-from decode_worker.core.sampling import MAX_TOP_LOGPROBS, TopLogprobs
+from decode_worker.core.sampling import MAX_TOP_LOGPROBS
 from decode_worker.core.types import MemoryRegion
+from decode_worker.device.aux_rows import ROOM_MASK, AuxRows, FirstToken, room_to_i64
 
 _HEAD = 8
-ROW_SLOTS = _HEAD + 2 * MAX_TOP_LOGPROBS
-ROW_BYTES = ROW_SLOTS * 8
+ROW_WORDS = _HEAD + 2 * MAX_TOP_LOGPROBS
+ROW_BYTES = ROW_WORDS * 8
 _ROOM, _TOKEN, _LOGPROB, _READY, _TRANSFER, _NUM_TOP = range(6)
 
 
 @dataclass(frozen=True, slots=True)
-class AuxRow:
-    room: int
-    token_id: int
-    logprob: float
+class AuxRow(FirstToken):
     ready: bool
     transfer_id: int
-    top_logprobs: TopLogprobs
 
 
-class AuxBuffer:
-    """`num_rows` rows in one pinned-if-possible host tensor. Not thread-safe: one owner."""
+class AuxBuffer(AuxRows):
+    """`num_rows` rows in one pinned-if-possible host tensor (`AuxRows`)."""
 
     def __init__(self, num_rows: int) -> None:
-        if num_rows <= 0:
-            raise ValueError("num_rows must be positive")
-        self.num_rows = num_rows
-        self.rows = torch.zeros(num_rows, ROW_SLOTS, dtype=torch.int64)  # rows: [n, 48] i64
+        super().__init__(num_rows)
+        self.rows = torch.zeros(num_rows, ROW_WORDS, dtype=torch.int64)  # rows: [n, 48] i64
 
     def memory_region(self) -> MemoryRegion:
         return MemoryRegion(self.rows.data_ptr(), self.num_rows * ROW_BYTES, 0, "DRAM")
 
-    def write(self, slot: int, room: int, token_id: int, logprob: float, transfer_id: int,
+    def write(self, row: int, room: int, token_id: int, logprob: float, transfer_id: int,
               top_logprobs: Sequence[tuple[int, float]] = ()) -> None:
-        """Fill row `slot` (room wrapped to int64) and set its ready flag; at most
+        """Fill row `row` (room wrapped to int64) and set its ready flag; at most
         MAX_TOP_LOGPROBS alternatives are kept."""
         top = list(top_logprobs)[:MAX_TOP_LOGPROBS]
-        row = torch.zeros(ROW_SLOTS, dtype=torch.int64)  # row: [48] i64
-        row[_ROOM], row[_TOKEN], row[_TRANSFER] = _to_i64(room), token_id, transfer_id
-        row[_LOGPROB] = _f64_bits([logprob])[0]
-        row[_NUM_TOP] = len(top)
+        words = torch.zeros(ROW_WORDS, dtype=torch.int64)  # words: [48] i64
+        words[_ROOM], words[_TOKEN], words[_TRANSFER] = room_to_i64(room), token_id, transfer_id
+        words[_LOGPROB] = _f64_bits([logprob])[0]
+        words[_NUM_TOP] = len(top)
         if top:
-            row[_HEAD:_HEAD + 2 * len(top):2] = torch.tensor([t for t, _ in top])
-            row[_HEAD + 1:_HEAD + 2 * len(top):2] = _f64_bits([lp for _, lp in top])
-        row[_READY] = 1
-        self.rows[slot] = row
+            words[_HEAD:_HEAD + 2 * len(top):2] = torch.tensor([t for t, _ in top])
+            words[_HEAD + 1:_HEAD + 2 * len(top):2] = _f64_bits([lp for _, lp in top])
+        words[_READY] = 1
+        self.rows[row] = words
 
-    def read(self, slot: int) -> AuxRow:
-        row = self.rows[slot].clone()  # row: [48] i64
-        n = min(max(int(row[_NUM_TOP]), 0), MAX_TOP_LOGPROBS)  # a corrupt count reads as <= max
-        pairs = row[_HEAD:_HEAD + 2 * n].view(n, 2)  # [n, 2]: token id, logprob bits
+    def read(self, row: int) -> AuxRow:
+        words = self.rows[row].clone()  # words: [48] i64
+        n = min(max(int(words[_NUM_TOP]), 0), MAX_TOP_LOGPROBS)  # a corrupt count reads <= max
+        pairs = words[_HEAD:_HEAD + 2 * n].view(n, 2)  # [n, 2]: token id, logprob bits
         top = list(zip(pairs[:, 0].tolist(),
                        pairs[:, 1].contiguous().view(torch.float64).tolist(), strict=True))
         return AuxRow(
-            room=int(row[_ROOM]) & (2**64 - 1),
-            token_id=int(row[_TOKEN]),
-            logprob=float(row[_LOGPROB:_LOGPROB + 1].view(torch.float64)[0]),
-            ready=bool(row[_READY]),
-            transfer_id=int(row[_TRANSFER]),
+            room=int(words[_ROOM]) & ROOM_MASK,
+            token_id=int(words[_TOKEN]),
+            logprob=float(words[_LOGPROB:_LOGPROB + 1].view(torch.float64)[0]),
+            ready=bool(words[_READY]),
+            transfer_id=int(words[_TRANSFER]),
             top_logprobs=top,
         )
 
-    def check(self, slot: int, room: int, transfer_id: int) -> AuxRow | None:
+    def check(self, row: int, room: int, transfer_id: int) -> AuxRow | None:
         """The row if it is ready and names this room and transfer, else None."""
-        row = self.read(slot)
-        if row.ready and row.room == room & (2**64 - 1) and row.transfer_id == transfer_id:
-            return row
+        got = self.read(row)
+        if got.ready and got.room == room & ROOM_MASK and got.transfer_id == transfer_id:
+            return got
         return None
 
-    def clear(self, slot: int) -> None:
-        """Zero a row before handing its slot to a new transfer."""
-        self.rows[slot] = 0
+    def clear(self, row: int) -> None:
+        """Zero a row before it serves a new transfer."""
+        self.rows[row] = 0
 
 
 def _f64_bits(values: list[float]) -> torch.Tensor:
     """float64 values as their int64 bit patterns (stored bit for bit)."""
     return torch.tensor(values, dtype=torch.float64).view(torch.int64)
-
-
-def _to_i64(value: int) -> int:
-    value &= 2**64 - 1
-    return value - 2**64 if value >= 2**63 else value

@@ -148,7 +148,7 @@ class _Graph:
     replay: Replay
     tokens: torch.Tensor  # [B] i64
     positions: torch.Tensor  # [B] i64
-    full_t: torch.Tensor  # [B, P] i32 (the slot tables' dtype)
+    full_t: torch.Tensor  # [B, P] i32 (the row tables' dtype)
     swa_t: torch.Tensor  # [B, ring] i32
     out: torch.Tensor  # [B, V] f32
 
@@ -181,7 +181,7 @@ class CudaGraphDecoder:
                  max_pages: int, backend: GraphBackend | None = None, *,
                  swa_ring: int, width_buckets: bool = True) -> None:
         """`swa_ring`: columns of every graph's SWA table (a ring sized to the window, see
-        `device/decode_slots.py`). `width_buckets=False`: `step` reads each request's keys
+        `device/decode_inputs.py`). `width_buckets=False`: `step` reads each request's keys
         whatever the table width, so every graph has the `max_pages`-wide table."""
         self.step = step
         self.device = device

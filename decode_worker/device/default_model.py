@@ -95,15 +95,20 @@ def random_state_dict(cfg: dict[str, Any], seed: int) -> dict[str, torch.Tensor]
     return state
 
 
-def byte_tokenizer() -> HFTokenizer:
-    """Byte-level tokenizer: byte b -> id b, then the special tokens 256, 257, ..."""
+def byte_tokenizer(specials: tuple[str, ...] = SPECIAL_TOKENS,
+                   plain: tuple[str, ...] = ()) -> HFTokenizer:
+    """Byte-level tokenizer: byte b -> id b, then the added tokens 256, 257, ... (gpt-oss's
+    harmony tokens unless `specials` names others); those in `plain` are added tokens that are
+    not special (kept by skip_special_tokens, as Qwen3's `<think>` is)."""
     alphabet = _bytes_to_unicode()
     vocab = {alphabet[b]: b for b in range(256)}
     tok = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False)
-                            for s in SPECIAL_TOKENS])
+                            for s in specials if s not in plain])
+    tok.add_tokens([AddedToken(s, special=False, normalized=False)
+                    for s in specials if s in plain])
     return tok
 
 

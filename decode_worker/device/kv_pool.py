@@ -3,10 +3,13 @@
 Layout (docs/CONTRACTS.md, "Device pools"):
 
     full: [num_full_layers, num_full_pages + 1, 2, page_size, num_kv_heads, head_dim]
-    swa:  [num_swa_layers,  num_swa_pages + 1,  2, page_size, num_kv_heads, head_dim]
+    swa:  [num_swa_layers,  num_swa_pages + 1,  2, page_size, swa_kv_heads, swa_head_dim]
 
-Index 2 is K (0) then V (1); K is stored after RoPE. Page 0 of each pool is the reserved dummy
-page (CUDA-graph padding writes there; an SWA page id 0 means "not held"). One page of one layer,
+Index 2 is K (0) then V (1); K is stored after RoPE. Each pool has the KV shape of its layer
+type (`KVSpec.shape`): the same for most models, other head counts or sizes for the sliding
+layers of "SWA-compress" models; a model without sliding layers has an empty SWA pool.
+Page 0 of each pool is the reserved dummy page (CUDA-graph padding writes there; an SWA page
+id 0 means "not held"). One page of one layer,
 K and V together, is one contiguous run of `page_bytes(pool)` bytes, so the byte offset of
 (pool, layer, page) is `(layer * (num_pages + 1) + page) * page_bytes`.
 """
@@ -19,21 +22,31 @@ from typing import Literal
 import torch
 
 from decode_worker.core.types import MemoryRegion, PoolName
-from decode_worker.device.model.config import SLIDING, GptOssConfig
+from decode_worker.device.model.arch import FULL, SLIDING, KVShape
+from decode_worker.device.model.base import ArchFacts
 from decode_worker.errors import PageError
 
 
 @dataclass(frozen=True, slots=True)
 class KVSpec:
-    """What the pools need to know about the model: which layer is which, and the KV head shape."""
+    """What the pools need to know about the model: which layer is which, and the KV shape of
+    each layer type (`swa_shape` None: the sliding layers store what the full ones do)."""
 
     layer_types: tuple[str, ...]
     num_kv_heads: int
     head_dim: int
+    swa_shape: KVShape | None = None
 
     @classmethod
-    def from_config(cls, cfg: GptOssConfig) -> KVSpec:
-        return cls(cfg.layer_types, cfg.num_key_value_heads, cfg.head_dim)
+    def from_config(cls, cfg: ArchFacts) -> KVSpec:
+        full, swa = cfg.kv_shape(FULL), cfg.kv_shape(SLIDING)
+        return cls(cfg.layer_types, full.num_kv_heads, full.head_dim,
+                   None if swa == full else swa)
+
+    def shape(self, pool: PoolName) -> KVShape:
+        """The KV one token of one layer of `pool` stores."""
+        full = KVShape(self.num_kv_heads, self.head_dim)
+        return (self.swa_shape or full) if pool == "swa" else full
 
     @property
     def num_swa_layers(self) -> int:
@@ -43,10 +56,10 @@ class KVSpec:
     def num_full_layers(self) -> int:
         return len(self.layer_types) - self.num_swa_layers
 
-    def page_bytes(self, page_size: int, dtype: torch.dtype) -> int:
-        """Bytes of one page of one layer, K and V together."""
+    def page_bytes(self, page_size: int, dtype: torch.dtype, pool: PoolName = "full") -> int:
+        """Bytes of one page of one layer of `pool`, K and V together."""
         itemsize = torch.empty((), dtype=dtype).element_size()
-        return 2 * page_size * self.num_kv_heads * self.head_dim * itemsize
+        return page_size * self.shape(pool).values_per_token * itemsize
 
 
 class KVPools:
@@ -69,13 +82,15 @@ class KVPools:
         self.num_pages: dict[PoolName, int] = {"full": num_full_pages, "swa": num_swa_pages}
         self.device = torch.device(device)
         self.dtype = dtype
-        kv = (2, page_size, spec.num_kv_heads, spec.head_dim)
+        full, swa = spec.shape("full"), spec.shape("swa")
         # full: [num_full_layers, num_full_pages + 1, 2, page_size, kv_heads, head_dim]
         self.full = torch.zeros(
-            (spec.num_full_layers, num_full_pages + 1, *kv), dtype=dtype, device=self.device)
-        # swa: [num_swa_layers, num_swa_pages + 1, 2, page_size, kv_heads, head_dim]
+            (spec.num_full_layers, num_full_pages + 1, full.num_buffers, page_size,
+             full.num_kv_heads, full.head_dim), dtype=dtype, device=self.device)
+        # swa: [num_swa_layers, num_swa_pages + 1, 2, page_size, swa_kv_heads, swa_head_dim]
         self.swa = torch.zeros(
-            (spec.num_swa_layers, num_swa_pages + 1, *kv), dtype=dtype, device=self.device)
+            (spec.num_swa_layers, num_swa_pages + 1, swa.num_buffers, page_size,
+             swa.num_kv_heads, swa.head_dim), dtype=dtype, device=self.device)
         self._slots: list[tuple[PoolName, int]] = []
         counts = {"full": 0, "swa": 0}
         for t in spec.layer_types:
@@ -96,8 +111,8 @@ class KVPools:
         return self.full if pool == "full" else self.swa
 
     def page_bytes(self, pool: PoolName) -> int:
-        """Bytes of one page of one layer in `pool` (the same for both pools)."""
-        return self.spec.page_bytes(self.page_size, self.dtype)
+        """Bytes of one page of one layer in `pool`."""
+        return self.spec.page_bytes(self.page_size, self.dtype, pool)
 
     def region_offset(self, pool: PoolName, layer_index: int, page_id: int) -> int:
         """Byte offset of (layer_index within pool, page_id) from the pool tensor's base address.

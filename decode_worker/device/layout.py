@@ -24,14 +24,16 @@ class CacheLayout:
     page_size: int
     num_full_pages: int
     num_swa_pages: int
-    page_bytes: int  # one page of one layer, K and V
+    page_bytes: int  # one page of one full layer, K and V
     budget_bytes: int
     source: str
+    swa_page_bytes: int | None = None  # one page of one sliding layer (None: page_bytes)
 
     def pool_bytes(self, spec: KVSpec) -> tuple[int, int]:
         """Bytes of the (full, swa) pool tensors, dummy page included."""
         full = spec.num_full_layers * (self.num_full_pages + 1) * self.page_bytes
-        swa = spec.num_swa_layers * (self.num_swa_pages + 1) * self.page_bytes
+        swa_page = self.swa_page_bytes or self.page_bytes
+        swa = spec.num_swa_layers * (self.num_swa_pages + 1) * swa_page
         return full, swa
 
 
@@ -47,11 +49,12 @@ def plan_cache_layout(
 
     Raises ConfigError when not even one page per pool fits, naming the setting to change.
     """
-    page_bytes = spec.page_bytes(cache.page_size, dtype)
+    page_bytes = spec.page_bytes(cache.page_size, dtype, "full")
+    swa_page_bytes = spec.page_bytes(cache.page_size, dtype, "swa")
     if budget_bytes is None:
         budget_bytes = cache.cpu_pool_bytes if device.type != "cuda" else 0
     full_layer_bytes = max(spec.num_full_layers, 1) * page_bytes
-    swa_layer_bytes = max(spec.num_swa_layers, 1) * page_bytes
+    swa_layer_bytes = max(spec.num_swa_layers, 1) * swa_page_bytes
     share = cache.swa_pool_share if spec.num_swa_layers else 0.0
     derived_full = int(budget_bytes * (1.0 - share)) // full_layer_bytes - 1
     derived_swa = int(budget_bytes * share) // swa_layer_bytes - 1 if spec.num_swa_layers else 1
@@ -66,4 +69,4 @@ def plan_cache_layout(
     return CacheLayout(
         page_size=cache.page_size, num_full_pages=num_full, num_swa_pages=num_swa,
         page_bytes=page_bytes, budget_bytes=budget_bytes,
-        source="settings" if explicit else "budget")
+        source="settings" if explicit else "budget", swa_page_bytes=swa_page_bytes)

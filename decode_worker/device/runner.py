@@ -1,4 +1,4 @@
-"""ModelRunner: the only forward entry point (prefill one request, decode a batch).
+"""ModelRunner: the only forward entry points: prefill one request, decode the rows of a batch.
 
 Page tables are the per-request lists of docs/CONTRACTS.md: `full_page_ids[i]` / `swa_page_ids[i]`
 hold the pages of token positions [i * page_size, (i + 1) * page_size); an SWA id 0 is a page that
@@ -10,8 +10,8 @@ Not thread-safe: call from the compute thread only.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -24,42 +24,30 @@ from decode_worker.device.attention_backend import (
     resolve_attention_backend,
 )
 from decode_worker.device.cuda_graph import CudaGraphDecoder, GraphBackend, capture_widths
-from decode_worker.device.decode_slots import (
-    DecodeSlots,
+from decode_worker.device.decode_inputs import (
+    DecodeInputs,
     HostTokens,
     check_page_ids,
     swa_ring_width,
 )
 from decode_worker.device.kv_pool import KVPools
-from decode_worker.device.model.gpt_oss import GptOssModel
+from decode_worker.device.model.base import CausalLM
 from decode_worker.errors import ClientError, PageError
 from decode_worker.utils.mathx import cdiv
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class DecodeBatch:
-    """One new token per request at `positions[i]` (the token's own position, 0-based).
-
-    `full_page_tables[i]` must cover positions [0, positions[i]]; `swa_page_tables[i]` the last
-    `window + 1` of them (earlier entries may be 0).
-    """
-
-    token_ids: list[int]
-    positions: list[int]
-    full_page_tables: list[list[int]]
-    swa_page_tables: list[list[int]]
-
-
 class DecodeRunner(Protocol):
     """What the decode stepper needs of a runner: `ModelRunner`, or a test/benchmark stand-in
     (`tests/fakes/fake_device.py`)."""
 
-    def new_slots(self, num_rows: int) -> DecodeSlots: ...
+    def new_inputs(self, num_rows: int) -> DecodeInputs: ...
 
-    def decode_slots(self, slots: DecodeSlots, slot_ids: Sequence[int] | np.ndarray,
-                     positions: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode_rows(self, inputs: DecodeInputs, rows: Sequence[int] | np.ndarray,
+                    positions: Sequence[int] | np.ndarray,
+                    drafts: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         ...
 
     def fetch_tokens(self, chosen: torch.Tensor, extras: tuple[torch.Tensor, ...] = ()
@@ -69,21 +57,26 @@ class DecodeRunner(Protocol):
 class ModelRunner:
     """Runs `model` over `pools`; owns the CUDA graphs (if any)."""
 
-    def __init__(self, model: GptOssModel, pools: KVPools, *, use_cuda_graph: bool,
+    def __init__(self, model: CausalLM, pools: KVPools, *, use_cuda_graph: bool,
                  graph_batch_sizes: list[int], max_graph_pages: int | None = None,
                  graph_backend: GraphBackend | None = None,
-                 attention_backend: AttentionBackend | str = "auto") -> None:
+                 attention_backend: AttentionBackend | str = "auto", lookahead: int = 0) -> None:
         """`max_graph_pages`: widest page table a graph is captured for (default: the
         model's max_position_embeddings, capped at the full pool); wider batches run eager.
         Graphs are CUDA graphs on a CUDA device; `graph_backend` replaces them (tests run the
         graph path on CPU with `FakeGraphBackend`). `attention_backend`: `auto` resolves here,
-        `triton` is taken as is (CPU: tests under TRITON_INTERPRET=1), one graph per bucket."""
+        `triton` is taken as is (CPU: tests under TRITON_INTERPRET=1), one graph per bucket.
+        `lookahead`: the most positions past its next one a request's step may write (verified
+        draft tokens): the SWA ring keeps that many more positions, so a written draft never
+        lands on a page some query of the step still reads."""
         self.model = model
         self.pools = pools
         self.window = model.cfg.window
+        self.scale = model.cfg.attn_scale
         self.has_swa = pools.spec.num_swa_layers > 0  # else SWA tables are never read
         self.device = model.device
-        self.swa_ring = swa_ring_width(self.window, pools.page_size)  # SWA table columns
+        self.lookahead = lookahead
+        self.swa_ring = swa_ring_width(self.window + lookahead, pools.page_size)  # columns
         self.max_pages = min(cdiv(model.cfg.max_position_embeddings, pools.page_size),
                              pools.num_pages["full"])  # widest page table
         self.attention_backend: AttentionBackend = (
@@ -92,7 +85,7 @@ class ModelRunner:
         self.graphs: CudaGraphDecoder | None = None
         if use_cuda_graph and (self.device.type == "cuda" or graph_backend is not None):
             self.graphs = CudaGraphDecoder(
-                self._decode_step, self.device, graph_batch_sizes,
+                self.eager_step, self.device, graph_batch_sizes,
                 max_graph_pages or self.max_pages, graph_backend, swa_ring=self.swa_ring,
                 width_buckets=self.attention_backend == "torch")
 
@@ -117,7 +110,7 @@ class ModelRunner:
         full_t = torch.tensor(full_page_ids[:need], dtype=torch.long, device=dev)  # [pages]
         swa_t = torch.tensor(swa_page_ids[:need], dtype=torch.long, device=dev)  # [pages]
         attn = PrefillAttention(self.pools, self.window, start_pos, seq_len - start_pos,
-                                full_t, swa_t)
+                                full_t, swa_t, self.scale)
         hidden = self.model.forward(tokens, positions, attn)  # [T, H]
         return self.model.logits(hidden[-1:])[0]  # [V] f32
 
@@ -140,29 +133,63 @@ class ModelRunner:
         check_page_ids(swa_page_ids[:need], self.pools.num_pages["swa"], "swa")
         return need
 
-    def new_slots(self, num_rows: int) -> DecodeSlots:
-        """Persistent decode inputs for up to `num_rows` running requests (`decode_slots`)."""
+    def new_inputs(self, num_rows: int) -> DecodeInputs:
+        """Persistent decode inputs for up to `num_rows` running requests (`decode_rows`)."""
         pools = self.pools
-        return DecodeSlots(num_rows, self.max_pages, self.window, pools.page_size,
-                           (pools.num_pages["full"], pools.num_pages["swa"]), self.device)
+        return DecodeInputs(num_rows, self.max_pages, self.window + self.lookahead,
+                            pools.page_size, (pools.num_pages["full"], pools.num_pages["swa"]),
+                            self.device)
 
     @torch.inference_mode()
-    def decode_slots(self, slots: DecodeSlots, slot_ids: Sequence[int] | np.ndarray,
-                     positions: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step for the requests in rows `slot_ids` of `slots`, each at `positions[i]`,
-        its input token `slots.tokens[slot]`. The caller keeps the rows' tables covering the
+    def decode_rows(self, inputs: DecodeInputs, rows: Sequence[int] | np.ndarray,
+                    positions: Sequence[int] | np.ndarray,
+                    drafts: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step for the requests in `rows` of `inputs`, each at `positions[i]`, its input
+        token `inputs.tokens[row]`. The caller keeps the rows' tables covering the
         positions (SWA: the window) and page ids are checked when written, not here.
 
-        Returns (logits [bs, V] f32, slot ids [bs] i64 on the device). The logits may be the
+        A request may appear in several consecutive entries of `rows` at consecutive positions
+        (a verify step: its input token, then its draft tokens): each entry is one query, every
+        entry's K/V is written before any is read, so a draft sees those before it. `drafts`
+        = (entry indices, their input tokens) replaces those entries' tokens.
+
+        Returns (logits [bs, V] f32, row ids [bs] i64 on the device). The logits may be the
         graph's static output: valid until the next decode call (sample before it).
         """
-        slots.flush()
-        slot_a, pos_a = np.asarray(slot_ids, np.int64), np.asarray(positions, np.int64)
-        bs, width = len(slot_a), int(pos_a.max()) // self.pools.page_size + 1
-        both = slots.to_device(np.concatenate((slot_a, pos_a)))  # [2 bs] i64: slots, positions
-        slots_t, positions_t = both[:bs], both[bs:]  # [bs] each
-        tokens, full_t, swa_t = slots.gather(slots_t, width)  # [bs], [bs, width], [bs, ring]
-        return self._run(tokens, positions_t, full_t, swa_t), slots_t
+        inputs.flush()
+        row_a, pos_a = np.asarray(rows, np.int64), np.asarray(positions, np.int64)
+        bs, width = len(row_a), int(pos_a.max()) // self.pools.page_size + 1
+        parts = (row_a, pos_a) if drafts is None else (row_a, pos_a, *drafts)
+        both = inputs.to_device(np.concatenate(parts))  # [2 bs (+ 2 d)] i64, one copy
+        rows_t, positions_t = both[:bs], both[bs:2 * bs]  # [bs] each
+        tokens, full_t, swa_t = inputs.gather(rows_t, width)  # [bs], [bs, width], [bs, ring]
+        if drafts is not None:  # verified drafts: their rows' input tokens come from the host
+            d = len(drafts[0])
+            tokens[both[2 * bs:2 * bs + d]] = both[2 * bs + d:]  # tokens: [bs]
+        return self._run(tokens, positions_t, full_t, swa_t), rows_t
+
+    @torch.inference_mode()
+    def step_seconds(self, entries: Sequence[int], context: int, repeats: int = 3
+                     ) -> list[tuple[int, float]]:
+        """How long a decode step of each of `entries` rows takes (the fastest of `repeats`,
+        after a warm-up: other load only ever adds time), every row at position `context` on
+        the dummy page: what a verify step of that many entries costs against a plain one
+        (speculation's cost model). Writes only the dummy page."""
+        ps = self.pools.page_size
+        context = min(context, self.max_pages * ps - 1)
+        inputs = self.new_inputs(max(entries))
+        rows = [inputs.acquire() for _ in range(max(entries))]
+        out = []
+        for n in entries:
+            times = []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                logits, _ = self.decode_rows(inputs, rows[:n], [context] * n)
+                logits.sum().item()  # waits for the step
+                times.append(time.perf_counter() - t0)
+            out.append((n, min(times[1:])))
+        return out
 
     def fetch_tokens(self, chosen: torch.Tensor, extras: tuple[torch.Tensor, ...] = ()
                      ) -> HostTokens:
@@ -175,47 +202,15 @@ class ModelRunner:
         """Graph (when one fits) or eager: [bs, V] f32 logits, maybe a static buffer's view."""
         if self.graphs is not None and self.graphs.can_run(*full_t.shape):
             return self.graphs.run(tokens, positions, full_t, swa_t)
-        return self._decode_step(tokens, positions, full_t, swa_t)
+        return self.eager_step(tokens, positions, full_t, swa_t)
 
-    @torch.inference_mode()
-    def decode(self, batch: DecodeBatch) -> torch.Tensor:
-        """One step for every request of `batch`: logits [bs, V] float32 (row i = request i).
-
-        Page lists are checked and converted on every call: the daemon uses `decode_slots`."""
-        bs = len(batch.token_ids)
-        if not bs or not (bs == len(batch.positions) == len(batch.full_page_tables)
-                          == len(batch.swa_page_tables)):
-            raise PageError(f"decode: ragged or empty batch of {bs}")
-        ps = self.pools.page_size
-        width = max(len(t) for t in [*batch.full_page_tables, *batch.swa_page_tables])
-        for pos, full, swa in zip(batch.positions, batch.full_page_tables,
-                                  batch.swa_page_tables, strict=True):
-            if pos // ps >= min(len(full), len(swa)):
-                raise PageError(f"decode: position {pos} is beyond its page tables "
-                                f"({len(full)} full / {len(swa)} swa pages)")
-            if self.has_swa and 0 in swa[max(0, pos - self.window) // ps:pos // ps + 1]:
-                raise PageError(f"decode: position {pos} needs SWA pages of "
-                                f"[{max(0, pos - self.window)}, {pos}] held")
-        dev = self.device
-        full_t = _pad_tables(batch.full_page_tables, width, dev)  # [bs, width]
-        rings = [_swa_ring(t, pos // ps, self.swa_ring)
-                 for t, pos in zip(batch.swa_page_tables, batch.positions, strict=True)]
-        swa_t = torch.tensor(rings, dtype=torch.long, device=dev)  # [bs, ring]
-        tokens = torch.tensor(batch.token_ids, dtype=torch.long, device=dev)  # [bs]
-        positions = torch.tensor(batch.positions, dtype=torch.long, device=dev)  # [bs]
-        return self._run(tokens, positions, full_t, swa_t).clone()  # [bs, V], owned
-
-    def eager_step(self, tokens: torch.Tensor, positions: torch.Tensor, full_t: torch.Tensor,
-                   swa_t: torch.Tensor) -> torch.Tensor:
-        """One decode step run eagerly over given device tensors (a memory probe's step; the
-        tables need not be checked: page 0 is the dummy page). [bs, V] f32 logits."""
-        return self._decode_step(tokens, positions, full_t, swa_t)
-
-    def _decode_step(self, tokens: torch.Tensor, positions: torch.Tensor,
-                     full_t: torch.Tensor, swa_t: torch.Tensor) -> torch.Tensor:
-        """Pure tensor step (graph-capturable): [bs] tokens -> [bs, V] f32 logits."""
+    def eager_step(self, tokens: torch.Tensor, positions: torch.Tensor,
+                   full_t: torch.Tensor, swa_t: torch.Tensor) -> torch.Tensor:
+        """Pure tensor step (graph-capturable; a memory probe's step): [bs] tokens -> [bs, V]
+        f32 logits. The tables are not checked: page 0 is the dummy page."""
         attn = decode_attention(self.attention_backend, self.pools, self.window, positions,
-                                full_t, swa_t, max_keys=self.max_pages * self.pools.page_size)
+                                full_t, swa_t, max_keys=self.max_pages * self.pools.page_size,
+                                scale=self.scale)
         hidden = self.model.forward(tokens, positions, attn, static=self.graphs is not None)
         return self.model.logits(hidden)  # [bs, V]
 
@@ -236,15 +231,3 @@ class ModelRunner:
             self.graphs.destroy()
             self.graphs = None
 
-
-def _pad_tables(tables: list[list[int]], width: int, dev: torch.device) -> torch.Tensor:
-    rows = [t + [0] * (width - len(t)) for t in tables]  # pad with the dummy page 0
-    return torch.tensor(rows, dtype=torch.long, device=dev)  # [bs, width]
-
-
-def _swa_ring(table: list[int], last_idx: int, ring: int) -> list[int]:
-    """Pages [last_idx - ring + 1, last_idx] of `table` at columns `idx % ring`."""
-    row = [0] * ring
-    for i in range(max(0, last_idx - ring + 1), min(last_idx + 1, len(table))):
-        row[i % ring] = table[i]
-    return row

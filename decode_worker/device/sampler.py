@@ -137,7 +137,7 @@ class Sampler:
         noise = self._noise(p.seeded, logits.shape, logits.device)  # [bs, V] Exp(1)
         if p.any_filter:
             sorted_p, sorted_i = probs.sort(dim=-1, descending=True)  # [bs, V] each
-            sorted_p = _filter_sorted(sorted_p, p)  # [bs, V], renormalized
+            sorted_p = filter_sorted(sorted_p, p)  # [bs, V], renormalized
             # noise stays keyed by token id, so a seeded row draws the same whatever the batch
             pick = (sorted_p / noise.gather(1, sorted_i)).argmax(dim=-1, keepdim=True)  # [bs,1]
             sampled = sorted_i.gather(1, pick)[:, 0]  # [bs]
@@ -180,7 +180,7 @@ def seeded_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     return (-torch.log(u)).float()
 
 
-def _filter_sorted(sorted_p: torch.Tensor, p: ParamsBatch) -> torch.Tensor:
+def filter_sorted(sorted_p: torch.Tensor, p: ParamsBatch) -> torch.Tensor:
     """Zero the probabilities top-k / top-p / min-p remove (the top token always stays)."""
     rank = torch.arange(sorted_p.shape[1], device=sorted_p.device)[None, :]  # [1, V]
     drop = rank >= p.top_k[:, None]  # [bs, V]

@@ -18,7 +18,7 @@ row r of ours (`addr_i + row * row_bytes_i`), for i < min(its count, ours).
     9  bootstrap_room              uint64 x 8      64         [0] room (0 = not landed)
 
 The number of top logprobs is not on the wire: the decode side knows it from its request.
-Always in DRAM, even when the pools are on a GPU. Not thread-safe: one owner.
+Host rows like our own aux buffer's (`aux_rows.AuxRows`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from decode_worker.core.sampling import TopLogprobs
 from decode_worker.core.types import MemoryRegion
+from decode_worker.device.aux_rows import ROOM_MASK, AuxRows, FirstToken, room_to_i64
 
 # (dtype, width) per buffer, in SGLang's order
 SCHEMA: tuple[tuple[torch.dtype, int], ...] = (
@@ -41,21 +41,15 @@ _IDS, _CACHED, _LP_VAL, _LP_IDX, _TOP_VAL, _TOP_IDX, _ROOM = 0, 1, 2, 3, 4, 5, 9
 
 
 @dataclass(frozen=True, slots=True)
-class SglangAuxRow:
-    room: int
-    token_id: int
-    logprob: float
-    top_logprobs: TopLogprobs
+class SglangAuxRow(FirstToken):
     cached_tokens: int
 
 
-class SglangAuxBuffers:
+class SglangAuxBuffers(AuxRows):
     """`num_rows` rows of SGLang's ten aux buffers (see the module docstring)."""
 
     def __init__(self, num_rows: int) -> None:
-        if num_rows <= 0:
-            raise ValueError("num_rows must be positive")
-        self.num_rows = num_rows
+        super().__init__(num_rows)
         # buffers[i]: [num_rows, width_i] of SCHEMA[i]'s dtype
         self.buffers = [torch.zeros(num_rows, width, dtype=dtype) for dtype, width in SCHEMA]
 
@@ -70,7 +64,7 @@ class SglangAuxBuffers:
         top_ids = b[_TOP_IDX][row, :n].tolist()
         top_vals = b[_TOP_VAL][row, :n].tolist()
         return SglangAuxRow(
-            room=int(b[_ROOM][row, 0]) & (2**64 - 1),
+            room=int(b[_ROOM][row, 0]) & ROOM_MASK,
             token_id=int(b[_IDS][row, 0]),
             logprob=float(b[_LP_VAL][row, 0]),
             top_logprobs=list(zip(top_ids, top_vals, strict=True)),
@@ -80,7 +74,7 @@ class SglangAuxBuffers:
     def check(self, row: int, room: int, num_top: int) -> SglangAuxRow | None:
         """The row if it landed for this room (SGLang's own check: the room field), else None."""
         got = self.read(row, num_top)
-        return got if got.room == room & (2**64 - 1) and room != 0 else None
+        return got if got.room == room & ROOM_MASK and room != 0 else None
 
     def write(self, row: int, room: int, token_id: int, logprob: float,
               top_logprobs: Sequence[tuple[int, float]] = (), cached_tokens: int = 0) -> None:
@@ -92,14 +86,9 @@ class SglangAuxBuffers:
         if top:
             b[_TOP_IDX][row, : len(top)] = torch.tensor([t for t, _ in top], dtype=torch.int32)
             b[_TOP_VAL][row, : len(top)] = torch.tensor([v for _, v in top], dtype=torch.float32)
-        b[_ROOM][row, 0] = _to_i64(room)
+        b[_ROOM][row, 0] = room_to_i64(room)
 
     def clear(self, row: int) -> None:
-        """Zero a row before its slot serves a new transfer (the room reads 0: not landed)."""
+        """Zero a row before it serves a new transfer (the room reads 0: not landed)."""
         for buf in self.buffers:
             buf[row] = 0
-
-
-def _to_i64(value: int) -> int:
-    value &= 2**64 - 1
-    return value - 2**64 if value >= 2**63 else value

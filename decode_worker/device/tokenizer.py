@@ -4,13 +4,13 @@ Chat template: when the model directory ships one (`chat_template.jinja`, or `ch
 tokenizer_config.json) and jinja2 is importable, it is rendered with `messages` (each message's
 own keys too: `tool_calls`, `tool_call_id`, `name`, `reasoning_content`), `tools` (OpenAI's
 function tools, when given), `add_generation_prompt`, `bos_token` and `eos_token` in a sandbox
-(with `raise_exception` and `strftime_now`, as transformers provides; a template error is a
-ClientError). `strftime_now` formats the `start_date` the caller pins (midnight of that day;
-the API passes `api.system_start_date`, so both P/D legs render the same date) or, without
-one, the local time now; `reasoning_effort`, when given, is a template variable (gpt-oss).
-gpt-oss templates and the built-in tiny model's (`harmony_template.py`) render
-the harmony format, tools included. Otherwise the built-in template is used (it renders no
-tools):
+(with `raise_exception`, `strftime_now`, transformers' `tojson` filter and jinja's loop
+controls, as transformers provides; a template error is a ClientError). `strftime_now` formats
+the `start_date` the caller pins (midnight of that day; the API passes `api.system_start_date`,
+so both P/D legs render the same date) or, without one, the local time now; `reasoning_effort`,
+when given, is a template variable (gpt-oss). gpt-oss templates and the built-in tiny model's
+(`harmony_template.py`) render the harmony format, tools included. Otherwise the built-in
+template is used (it renders no tools):
 
     <|start|>{role}<|message|>{content}<|end|>   (one per message)
     <|start|>assistant<|message|>                (if add_generation_prompt)
@@ -38,8 +38,12 @@ class Tokenizer:
     """Text <-> token ids. Thread-safe for encode/decode (the Rust tokenizer is)."""
 
     def __init__(self, inner: HFTokenizer, eos_token_ids: Sequence[int] = (),
-                 chat_template: str | None = None, special: dict[str, str] | None = None) -> None:
+                 chat_template: str | None = None, special: dict[str, str] | None = None,
+                 model_vocab_size: int | None = None) -> None:
+        """`model_vocab_size`: config.json's `vocab_size` (the embedding's rows), which may
+        exceed the tokenizer's own size (Qwen3: 151,936 rows, 151,669 tokens)."""
         self.inner = inner
+        self.model_vocab_size = model_vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
         self.chat_template = chat_template
         self.special = special or {}
@@ -61,11 +65,20 @@ class Tokenizer:
         special = {k: v for k in ("bos_token", "eos_token")
                    if isinstance(v := tok_cfg.get(k), str)}
         eos = _eos_ids(Path(model_dir), inner, special.get("eos_token"))
-        return cls(inner, eos, template if isinstance(template, str) else None, special)
+        rows = _model_config(Path(model_dir)).get("vocab_size")
+        return cls(inner, eos, template if isinstance(template, str) else None, special,
+                   rows if isinstance(rows, int) and rows > 0 else None)
 
     @property
     def vocab_size(self) -> int:
+        """The tokenizer's own size (added tokens included)."""
         return int(self.inner.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def input_vocab_size(self) -> int:
+        """What input ids are checked against, as SGLang checks them: the model's embedding
+        rows when config.json states them, else the tokenizer's size."""
+        return self.model_vocab_size or self.vocab_size
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids, special-token strings in the text are recognised, no BOS added."""
@@ -112,8 +125,10 @@ class Tokenizer:
             return None
         try:
             if self._compiled is None:
-                env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+                env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                    extensions=["jinja2.ext.loopcontrols"])
                 env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
+                env.filters["tojson"] = _tojson
                 self._compiled = env.from_string(template)
             return str(self._compiled.render(
                 messages=[{**m, "content": _content(m)} for m in messages],
@@ -121,6 +136,14 @@ class Tokenizer:
                 tools=list(tools) if tools else None, **self.special, **(extra or {})))
         except jinja2.TemplateError as exc:
             raise ClientError(f"chat template: {exc}") from None
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """transformers' `tojson` (the filter its chat templates are written for): keys in their
+    order, no HTML escaping, non-ASCII kept (jinja's own sorts keys and escapes `<>&'`)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
 
 
 def _raise(message: str) -> None:
@@ -158,6 +181,13 @@ def _read_json(path: Path) -> dict[str, Any]:
     except ValueError as exc:
         raise ConfigError(f"{path}: not valid JSON: {exc}") from None
     return data if isinstance(data, dict) else {}
+
+
+def _model_config(model_dir: Path) -> dict[str, Any]:
+    """config.json, or a multimodal one's `text_config` (where its vocab_size lives)."""
+    cfg = _read_json(model_dir / "config.json")
+    text = cfg.get("text_config")
+    return {**text, **cfg} if isinstance(text, dict) and "vocab_size" not in cfg else cfg
 
 
 def _eos_ids(model_dir: Path, inner: HFTokenizer, eos_token: str | None) -> tuple[int, ...]:

@@ -47,8 +47,12 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+SPEC_ACCEPT_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 33)  # tokens per verify
 RESTORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                    1.0)
+KV_EVENT_LAG_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                        0.25, 1.0)
+KV_EVENT_TRANSPORTS = ("zmq", "grpc")  # the ZMQ publisher, SubscribeKvEvents streams
 DESCRIPTOR_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
 DECODE_ABORT_OUTCOMES = ("answered", "early", "late")  # prefill peer: decode-side room ends
 TRANSFER_FAILURE_REASONS = ("transfer_failed", "peer_dead", "kv_timeout", "bad_request",
@@ -75,8 +79,10 @@ class Metrics:
     def _gauge(self, name: str, doc: str, labels: Iterable[str] = ()) -> Gauge:
         return Gauge(PREFIX + name, doc, list(labels), registry=self.registry)
 
-    def _hist(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-        return Histogram(PREFIX + name, doc, buckets=buckets, registry=self.registry)
+    def _hist(self, name: str, doc: str, buckets: tuple[float, ...],
+              labels: Iterable[str] = ()) -> Histogram:
+        return Histogram(PREFIX + name, doc, list(labels), buckets=buckets,
+                         registry=self.registry)
 
     def _build_counters(self) -> None:
         c = self._counter
@@ -136,6 +142,12 @@ class Metrics:
         self.host_write_waits = c(
             "kv_host_write_waits", "Transfers that waited for a host-tier write still reading "
             "their device pages before they were posted (CUDA; each a host-thread wait)")
+        self.spec_proposed_tokens = c("spec_proposed_tokens", "Speculative decoding: draft "
+                                      "tokens proposed (and verified)")
+        self.spec_accepted_tokens = c("spec_accepted_tokens", "Speculative decoding: draft "
+                                      "tokens kept (the bonus token not counted)")
+        self.spec_verify_steps = c("spec_verify_steps", "Speculative decoding: verify steps "
+                                   "(one forward over every running request's drafts)")
         self._totals: dict[tuple[str, str], float] = {}  # what set_totals has reached
 
     def _build_gauges(self) -> None:
@@ -163,6 +175,17 @@ class Metrics:
         self.e2e = h("request_e2e_seconds", "Receipt to last output token", E2E_BUCKETS)
         self.host_restore_duration = h("kv_host_restore_duration_seconds",
                                        "Host -> device restore time per request", RESTORE_BUCKETS)
+        self.spec_accept_length = h(
+            "spec_accept_length", "Speculative decoding: tokens one verify step committed for "
+            "one request (kept drafts + the bonus token)", SPEC_ACCEPT_BUCKETS)
+        self.spec_verify_duration = h(
+            "spec_verify_duration_seconds", "Speculative decoding: one verify step (drafts, "
+            "forward, acceptance, commit)", ITL_BUCKETS)
+        self.kv_event_lag = h(
+            "kv_event_lag_seconds", "KV events: from a batch's append to the event log (the end "
+            "of the decode step that changed the tree) to its send, per transport (zmq: the "
+            "publisher socket; grpc: each SubscribeKvEvents stream)", KV_EVENT_LAG_BUCKETS,
+            ["transport"])
 
     def _prefill_labels(self) -> None:
         """Create the known children so that every series is exported from the start (at 0)."""
@@ -183,6 +206,8 @@ class Metrics:
             self.transfer_peers.labels(protocol=protocol)
         for outcome in DECODE_ABORT_OUTCOMES:
             self.transfer_decode_aborts.labels(outcome=outcome)
+        for transport in KV_EVENT_TRANSPORTS:
+            self.kv_event_lag.labels(transport=transport)
 
     def _pool_gauges(self) -> tuple[Gauge, ...]:
         return (self.pages_available, self.pages_used, self.pages_evictable,
@@ -193,10 +218,16 @@ class Metrics:
     def update_pool(
         self, pool: str, *, available: int, used: int, evictable: int, protected: int, total: int
     ) -> None:
-        """Set one pool's page gauges (pool is "full" or "swa")."""
+        """Set one pool's page gauges (pool is "full", "swa", "host" or "landing")."""
         values = (available, used, evictable, protected, total)
         for gauge, value in zip(self._pool_gauges(), values, strict=True):
             gauge.labels(pool=pool).set(value)
+
+    def observe_spec(self, accept_lengths: Iterable[int], verify_s: Iterable[float]) -> None:
+        for n in accept_lengths:
+            self.spec_accept_length.observe(n)
+        for d in verify_s:
+            self.spec_verify_duration.observe(d)
 
     def observe_host_restores(self, durations_s: Iterable[float]) -> None:
         for d in durations_s:
@@ -294,6 +325,11 @@ class Metrics:
             self.kv_events_published_batches.inc(batches)
         if dropped:
             self.kv_events_dropped_batches.inc(dropped)
+
+    def observe_kv_event_lag(self, transport: str, lag_s: float) -> None:
+        """One KV-event batch sent on `transport` ("zmq" / "grpc") `lag_s` after its append
+        (the sender thread, or the event loop)."""
+        self.kv_event_lag.labels(transport=transport).observe(max(0.0, lag_s))
 
     def set_draining(self, draining: bool) -> None:
         self.draining.set(1 if draining else 0)

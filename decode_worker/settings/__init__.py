@@ -15,6 +15,7 @@ from decode_worker.settings.sections import (
     Settings,
     TransferSettings,
 )
+from decode_worker.settings.speculative import SpeculativeSettings
 
 __all__ = [
     "ENV_PREFIX",
@@ -28,6 +29,7 @@ __all__ = [
     "SchedulerSettings",
     "ServerSettings",
     "Settings",
+    "SpeculativeSettings",
     "TransferSettings",
     "env_var_name",
     "load_settings",

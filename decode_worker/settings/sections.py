@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -26,6 +26,8 @@ from pydantic_settings import (
 )
 
 from decode_worker.errors import ConfigError
+from decode_worker.settings.kv_events import KvEventsConfig, parse_kv_events_config
+from decode_worker.settings.speculative import SpeculativeSettings
 
 ENV_PREFIX = "DECODE_WORKER_"
 UNIFIED_TREE_VARS = ("ENABLE_UNIFIED_RADIX_TREE", "SGLANG_ENABLE_UNIFIED_RADIX_TREE")
@@ -183,6 +185,13 @@ class TransferSettings(_Section):
         0, ge=0, lt=65536, description="Prefill peer, sglang protocol: its rank's ZMQ PULL port "
         "(0 = any free port)"
     )
+    sglang_landing_tokens: int = Field(
+        8192, ge=0, description="Decode worker, a model SGLang lays out with full KV in every "
+        "layer (Gemma 3) and SGLang prefills (peer_protocol auto or sglang): tokens of every "
+        "layer the landing area holds for the transfers in flight, whose windows are then "
+        "copied into the pools; its bytes come out of the derived pool budget. A transfer "
+        "waits for room; one whose new tokens exceed this fails; 0 = refuse such transfers"
+    )
     kv_checksum: bool = Field(
         False, description="Decode worker: ask native prefill peers for a CRC-32 of the KV pages "
         "of each transfer and check it before the request starts (DRAM pools only; SGLang's "
@@ -231,13 +240,15 @@ class ApiSettings(_Section):
     strict_model_name: bool = Field(
         True, description="A request naming a model other than the served name gets 404"
     )
-    reasoning_parser: Literal["auto", "gpt-oss", "none"] = Field(
-        "auto", description="Chat: the harmony analysis channel as message.reasoning_content "
-        "(auto: when the tokenizer has the harmony special tokens; gpt-oss: required)"
+    reasoning_parser: Literal["auto", "gpt-oss", "qwen3", "none"] = Field(
+        "auto", description="Chat: reasoning as message.reasoning_content: the harmony "
+        "analysis channel (gpt-oss) or Qwen3's <think> block (qwen3); auto: the format the "
+        "tokenizer's special tokens show; a named one the tokenizer lacks stops the start"
     )
-    tool_call_parser: Literal["auto", "gpt-oss", "none"] = Field(
-        "auto", description="Chat: tools accepted and harmony tool calls returned as "
-        "message.tool_calls (auto: when the tokenizer has the harmony special tokens)"
+    tool_call_parser: Literal["auto", "gpt-oss", "qwen25", "qwen", "llama3", "none"] = Field(
+        "auto", description="Chat: tools accepted and tool calls returned as message.tool_calls:"
+        " harmony (gpt-oss), Qwen's <tool_call> JSON (qwen25, qwen) or Llama 3.x JSON (llama3);"
+        " auto: the format the tokenizer's special tokens show"
     )
     system_start_date: datetime.date | None = Field(
         None, description="The conversation start date chat templates get from strftime_now "
@@ -252,15 +263,17 @@ class KvEventsSettings(_Section):
 
     config: str | None = Field(
         None, description="SGLang's --kv-events-config JSON (publisher zmq|null, endpoint, topic, "
-        "replay_endpoint, buffer_steps, hwm, max_queue_size, bind, format); unset or publisher "
-        "null: no events (the default, as in SGLang)"
+        "replay_endpoint, buffer_steps, hwm, max_queue_size, bind, format): publisher zmq opens "
+        "the ZMQ publisher. Unset (the default): no socket, but with server.grpc_port set the "
+        "decode worker still streams its events over gRPC (SubscribeKvEvents, for smg) from the "
+        "in-process log; publisher null: no events at all, as in SGLang"
     )
+
+    _parsed: KvEventsConfig = PrivateAttr(default_factory=KvEventsConfig)
 
     @field_validator("config", mode="before")
     @classmethod
     def _json_text(cls, value: Any) -> Any:
-        from decode_worker.io.kv_events.config import parse_kv_events_config
-
         if isinstance(value, dict):  # `--set kv_events.config={...}` arrives parsed
             value = json.dumps(value)
         try:
@@ -268,6 +281,22 @@ class KvEventsSettings(_Section):
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
         return value
+
+    def model_post_init(self, context: Any) -> None:
+        self._parsed = parse_kv_events_config(self.config)  # valid: checked above
+
+    @property
+    def parsed(self) -> KvEventsConfig:
+        """The configuration, parsed once at load (the text stays for `decode-worker config`)."""
+        return self._parsed
+
+    def keeps_event_log(self, grpc_port: int | None) -> bool:
+        """A decode worker (radix cache on) keeps a KV-event log: with the zmq publisher, or,
+        `config` unset, with the gRPC port on (SubscribeKvEvents streams the in-process log);
+        publisher "null" keeps events off, as in SGLang."""
+        if self.config is None or not self.config.strip():
+            return grpc_port is not None
+        return self._parsed.enabled
 
 
 class Settings(BaseSettings):
@@ -283,6 +312,7 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = MetricsSettings()
     api: ApiSettings = ApiSettings()
     kv_events: KvEventsSettings = KvEventsSettings()
+    speculative: SpeculativeSettings = SpeculativeSettings()
 
     @classmethod
     def settings_customise_sources(

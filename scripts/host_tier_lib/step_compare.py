@@ -1,8 +1,8 @@
 """`scripts/bench_step.py --compare-host-tier`: host time per engine step with the decode radix
 cache on, the host tier off and on without host traffic, side by side in one run.
 
-Each side is stepped as `DecodeEngine.step` steps a busy worker with nothing arriving: the KV
-fetcher's poll (no transfer in flight), the host tier's poll (on: no restore in flight), the
+Each side is stepped as `DecodeEngine.step` steps a busy worker with nothing arriving: the request
+table's poll (no transfer in flight), the host tier's poll (on: no restore in flight), the
 decode step over `bs` running requests (the stand-in runner at 2 ms, overlap) and the books'
 publish (load every step; gauges and counters, the host tier's pages and counters when on, at
 most every `PUBLISH_EVERY_S`). The "on" side has the real `HostTier` (`daemon/decode/
@@ -25,13 +25,10 @@ from decode_worker.core.host_tier import WritePolicy
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
 from decode_worker.daemon.decode.books import Books
-from decode_worker.daemon.decode.fetcher import AuxRows, KVFetcher
 from decode_worker.daemon.decode.host_tier import HostTier
 from decode_worker.daemon.shared.host_plan import HostPlan
-from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.config import FULL
-from decode_worker.device.sglang_aux import SglangAuxBuffers
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import CacheSettings
 from tests.fakes.fake_device import FakeDeviceRunner, FakeIdleReceiver, running_stepper
@@ -41,7 +38,7 @@ PAGE, WINDOW = 16, 127
 
 class EngineSide:
     """One side: a running stepper over a radix tree with (`host`) or without a host tier, its
-    fetcher and its books, stepped as the engine steps them."""
+    request table and its books, stepped as the engine steps them."""
 
     def __init__(self, host: bool, bs: int, ctx: int) -> None:
         self.host_tier: HostTier | None = None
@@ -49,10 +46,8 @@ class EngineSide:
         self.stepper = running_stepper(self.runner, bs, ctx, True, page_size=PAGE,
                                        window=WINDOW, tree=self._tree if host else _plain_tree)
         table = self.stepper.table
-        aux = AuxRows(AuxBuffer(1), SglangAuxBuffers(1))
-        self.fetcher = KVFetcher(FakeIdleReceiver(), aux, table, None, None)  # type: ignore[arg-type]
-        self.books = Books(table.kv_ctx, table, self.fetcher, self.stepper, Metrics())
-        self.books.host_tier = self.host_tier
+        self.books = Books(table.kv_ctx, table, FakeIdleReceiver(), self.stepper, Metrics(),
+                           self.host_tier)
         tree = table.kv_ctx.tree
         assert tree is not None
         self.tree = tree
@@ -78,14 +73,14 @@ class EngineSide:
                 ht.restored_pages_total if ht is not None else 0)
 
     def step(self, now: float) -> float:
-        """One engine step (fetcher poll, host tier poll, decode step, publish): its host ms,
+        """One engine step (table poll, host tier poll, decode step, publish): its host ms,
         the stand-in's simulated device time and forward math not counted."""
         runner = self.runner
         runner.wait_s = runner.wait_cpu_s = runner.compute_cpu_s = 0.0
         cpu0 = time.thread_time()
-        self.fetcher.poll(now)
+        self.stepper.table.poll(now)
         if self.host_tier is not None:
-            self.host_tier.poll(now)
+            self.host_tier.count_done_restores(now)
         self.stepper.step(now)
         self.books.publish(now, decoding=True)
         self.stepper.table.outbox.flush()

@@ -27,7 +27,7 @@ from decode_worker.core.host_tier import HostRestore, HostWrite, WritePolicy
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
-from decode_worker.core.request import DecodeRequest, RequestState, held_page_ids
+from decode_worker.core.request import DecodeRequest, RequestState, StepCommit, held_page_ids
 from decode_worker.device.host_pool import HostKVPool
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from scripts.host_tier_lib.workload import Chat
@@ -184,7 +184,7 @@ class Worker:
         while pending or running or self.queue.num_queued:
             now = step * 1e-3
             while pending:
-                assert self.queue.add(pending.popleft(), now) is None
+                assert self.queue.enqueue(pending.popleft(), now) is None
             for d in self.queue.pop_admitted(now):
                 if not isinstance(d, Admit):
                     raise AssertionError(f"{d.req.rid} aborted: {d.message}")
@@ -235,10 +235,10 @@ class Worker:
             c, t = turn_of[req.rid]
             answer = chats[c].turns[t][1]
             pos = req.kv.seq_len  # type: ignore[union-attr]  # RUNNING
-            req.append_token(answer[len(req.output_ids)])
+            StepCommit([req]).commit([answer[len(req.output_ids)]])
             self._stamp(req, pos, pos + 1)
             if len(req.output_ids) == len(answer):
-                self.dec.finish(req, now)
+                self.dec.finish_request(req, now)
                 running.remove(req)
                 if t + 1 < len(chats[c].turns):
                     nxt = DecodeRequest(f"c{c}t{t + 1}", c, chats[c].prompt(t + 1),

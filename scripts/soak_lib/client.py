@@ -8,19 +8,22 @@ An `Answer` is one of:
   whether these two count as answers is the caller's decision (`Tally.record`), by whether
   the server was being stopped on purpose at that moment;
 - `cut`: a 200 stream that ended without `[DONE]` (silently cut: never an answer);
-- `timeout`: nothing conclusive before the deadline (never an answer).
+- `malformed`: a 200 stream with an event that is not JSON (never an answer: a server bug);
+- `timeout`: nothing conclusive before the deadline (never an answer);
+- `crashed`: the soak itself failed while sending it (never an answer: `Traffic` records it).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-KINDS = ("tokens", "error", "refused", "dropped", "cut", "timeout")
+KINDS = ("tokens", "error", "refused", "dropped", "cut", "malformed", "timeout", "crashed")
 
 
 @dataclass(frozen=True)
@@ -68,10 +71,23 @@ def _plain(status: int, raw: bytes, started: float) -> Answer:
                   started, n)
 
 
+def sse_lines(resp: httpx.Response) -> Iterator[str]:
+    """The stream's lines as SSE ends them: at LF (or CRLF) only. httpx's `iter_lines` splits
+    like `str.splitlines`, also at NEL, LINE SEPARATOR and the like, which a JSON string may
+    hold raw: it would cut an event in two."""
+    pending = b""
+    for chunk in resp.iter_bytes():
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            yield line.removesuffix(b"\r").decode("utf-8", errors="replace")
+    if pending:
+        yield pending.removesuffix(b"\r").decode("utf-8", errors="replace")
+
+
 def _read_stream(resp: httpx.Response, started: float, deadline_s: float) -> Answer:
     tokens, error, done = 0, "", False
     try:
-        for line in resp.iter_lines():
+        for line in sse_lines(resp):
             if time.monotonic() - started > deadline_s:
                 return Answer("timeout", 200, "stream past the deadline", started, tokens)
             if not line.startswith("data:"):
@@ -80,7 +96,11 @@ def _read_stream(resp: httpx.Response, started: float, deadline_s: float) -> Ans
             if payload == "[DONE]":
                 done = True
                 break
-            event = json.loads(payload)
+            try:
+                event = json.loads(payload)
+            except ValueError:
+                return Answer("malformed", 200, f"after {tokens} tokens: {payload[:120]!r}",
+                              started, tokens)
             if isinstance(event, dict) and "error" in event:
                 error = str(event["error"].get("message", event["error"]))[:200]
             tokens = max(tokens, _count_tokens(event))

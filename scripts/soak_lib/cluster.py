@@ -44,7 +44,9 @@ def _sets(values: dict[str, str]) -> list[str]:
 class Cluster:
     """Start with `start()`, stop everything with `stop()`; `restart_*` reuse the ports."""
 
-    def __init__(self, model: Path, with_router: bool = True, grpc: bool = True) -> None:
+    def __init__(self, model: Path, with_router: bool = True, grpc: bool = True,
+                 spec: str = "none") -> None:
+        """`spec`: the decode worker's speculative algorithm (NGRAM, SUFFIX, or none)."""
         self.model = model
         self.with_router = with_router and has_router()
         # every server binds its ports (gRPC too) and reports them; only the router's are
@@ -55,7 +57,8 @@ class Cluster:
             "--model", str(self.model), "--set", f"cache.page_size={PAGE_SIZE}"])
         self.decode = ServerProcess("soak-decode", [
             "serve", "--port", "0", *grpc_args, "--model", str(self.model),
-            "--set", f"cache.page_size={PAGE_SIZE}", *_sets(DECODE_SETTINGS)])
+            "--set", f"cache.page_size={PAGE_SIZE}", *_sets(DECODE_SETTINGS),
+            "--speculative-algorithm", spec, "--speculative-num-draft-tokens", "4"])
         self.router: Router | None = None
         self.logs: list[str] = []
 

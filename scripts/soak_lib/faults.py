@@ -28,7 +28,8 @@ from scripts.soak_lib.traffic import SYSTEM, Requester, State, Tally, gen_body
 
 COUNTERS = ("evicted_pages", "retractions", "aborts", "transfer_failures", "transfer_bad_frames",
             "host_hit_tokens", "host_restored_tokens", "host_write_failures",
-            "host_restore_failures", "host_evicted_pages")
+            "host_restore_failures", "host_evicted_pages", "spec_verify_steps",
+            "spec_proposed_tokens", "spec_accepted_tokens")
 GRPC_OK = "grpc_generate_ok"  # `carried` key: the gRPC Generate calls a stopped worker answered
 
 

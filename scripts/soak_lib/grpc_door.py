@@ -16,7 +16,9 @@ restart. The classification:
   transport's phrases are matched at the start of the details, where a server's message
   (which may quote an errno) does not put them;
 - `cut`: a call that ended OK without a `GenerateComplete` for every sample;
-- `timeout`: DEADLINE_EXCEEDED (the call's deadline is the soak's request deadline).
+- `timeout`: the call's own deadline passed (the soak's request deadline: grpc core's
+  DEADLINE_EXCEEDED at that time). A DEADLINE_EXCEEDED the server sent before it (the
+  worker's answer to a KV transfer that timed out, `kv_timeout`) is an `error` answer.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from scripts.soak_lib.client import Answer
 
 METHOD = "Generate"  # the method `decode_worker_grpc_requests_total` counts these calls under
 _REFUSED = "failed to connect to all addresses"  # grpc core's text for a refused connect
+_OWN_DEADLINE = "deadline exceeded"  # grpc core's text when the call's own deadline passed
 _DROPPED = ("socket closed", "connection reset", "broken pipe", "goaway", "stream removed",
             "received rst_stream", "end of tcp stream", "recvmsg", "sendmsg")
 
@@ -65,7 +68,7 @@ def generate(target: str, req: pb.GenerateRequest, deadline_s: float = 60.0) -> 
                     if not req.stream:
                         tokens += len(resp.complete.output_ids)
         except grpc.RpcError as exc:
-            return _failed(exc, started, tokens)
+            return _failed(exc, started, tokens, deadline_s)
     samples = max(1, req.sampling_params.n)
     if completes < samples:
         return Answer("cut", 0, f"{completes} of {samples} completes after {tokens} tokens",
@@ -74,12 +77,13 @@ def generate(target: str, req: pb.GenerateRequest, deadline_s: float = 60.0) -> 
                   started, tokens)
 
 
-def _failed(exc: grpc.RpcError, started: float, tokens: int) -> Answer:
+def _failed(exc: grpc.RpcError, started: float, tokens: int, deadline_s: float) -> Answer:
     code: grpc.StatusCode = exc.code()
     details = str(exc.details() or "")
     text = f"{code.name}: {details}"[:300]
     low = details.lower()
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED and (
+            time.monotonic() - started >= deadline_s or low == _OWN_DEADLINE):
         return Answer("timeout", None, text, started, tokens)
     if code == grpc.StatusCode.UNAVAILABLE and low.startswith(_REFUSED) and not tokens:
         return Answer("refused", None, text, started, ended_at=time.monotonic())

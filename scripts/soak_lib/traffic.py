@@ -73,7 +73,7 @@ class Tally:
         if verdict in ("refused", "dropped"):
             at = ans.ended_at if verdict == "refused" else ans.started_at
             verdict = "error" if self.state.refusal_is_answer(target, at) else "unanswered"
-        elif verdict in ("cut", "timeout"):
+        elif verdict in ("cut", "malformed", "timeout", "crashed"):
             verdict = "unanswered"
         with self._lock:
             self.rows[phase]["sent"] += 1
@@ -181,7 +181,11 @@ class Traffic:
     def _loop(self, seed: int) -> None:
         rng = random.Random(seed)
         while not self.stop.is_set():
-            self._conversation(rng)
+            try:
+                self._conversation(rng)
+            except Exception as exc:  # the harness's own failure: a loss, never a quiet thread
+                self.req.tally.record(self.req.state.phase, "soak", Answer(
+                    "crashed", None, f"traffic thread: {exc!r}"[:300], time.monotonic()))
 
     def _conversation(self, rng: random.Random) -> None:
         history = list(SYSTEM)

@@ -2,12 +2,15 @@
 
 Run as a script (the router tests run it inside a loopback-only network namespace):
     python -m tests.e2e.driver --model DIR --out result.json [--router [--router-kind K]]
-        [--chats N] [--decode-set SECTION.KEY=VALUE ...]
+        [--chats N] [--seed S] [--full-hit] [--decode-set SECTION.KEY=VALUE ...]
 It writes, per turn, the chat it belongs to, the prompt ids sent, the output ids and meta_info
 received, the decode worker's transfer bytes after the turn, and the final /metrics scrapes
 (`metrics_idle` once the last turn wound down, `metrics` at the end); with the router, also its
 answer to a /flush_cache after the last turn. `--chats N` interleaves N conversations turn by
-turn (with a small device pool, each chat's earlier turns are evicted before its next one).
+turn (with a small device pool, each chat's earlier turns are evicted before its next one);
+chat c uses seed S + c. `--full-hit`: each chat's last message is cut so that its prompt is a
+whole number of pages, and that prompt is sent twice (a retry: the decode worker holds it in
+full the second time).
 """
 
 from __future__ import annotations
@@ -115,19 +118,25 @@ class RouterProcess(Router):
         super().wait_workers(count, timeout_s)
 
 
-def play(workers: Workers, turns: int, max_new: int, chats: int = 1) -> list[dict[str, Any]]:
-    """`chats` conversations (chat c uses seed c), one turn of each in turn."""
-    users = [conversation(turns, seed=c) for c in range(chats)]
+def play(workers: Workers, turns: int, max_new: int, chats: int = 1, *, seed: int = 0,
+         full_hit: bool = False) -> list[dict[str, Any]]:
+    """`chats` conversations (chat c uses seed `seed + c`), one turn of each in turn. With
+    `full_hit`, each chat's last prompt is cut to whole pages and sent twice."""
+    users = [conversation(turns, seed=seed + c) for c in range(chats)]
     history: list[list[int]] = [[] for _ in range(chats)]
     results = []
     with ThreadPoolExecutor(max_workers=2) as pool:
         for turn in range(turns):
             for c in range(chats):
+                retry = full_hit and turn == turns - 1
                 prompt = history[c] + users[c][turn]
-                out = workers.generate(pool, prompt, max_new)
-                moved = scrape_metric(workers.decode.url, "decode_worker_transfer_bytes_total")
-                results.append({"chat": c, "input_ids": prompt, "output_ids": out["output_ids"],
-                                "meta_info": out["meta_info"], "bytes_after": moved})
+                if retry:  # messages are >= 20 tokens: at most 15 go
+                    prompt = prompt[: len(prompt) - len(prompt) % PAGE_SIZE]
+                for _ in range(2 if retry else 1):
+                    out = workers.generate(pool, prompt, max_new)
+                    moved = scrape_metric(workers.decode.url, "decode_worker_transfer_bytes_total")
+                    results.append({"chat": c, "input_ids": prompt, "output_ids": out["output_ids"],
+                                    "meta_info": out["meta_info"], "bytes_after": moved})
                 history[c] = prompt + out["output_ids"]
     return results
 
@@ -144,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-set", action="append", default=[],
                     help="a setting for the decode worker only (e.g. a small device pool)")
     ap.add_argument("--chats", type=int, default=1, help="conversations, interleaved")
+    ap.add_argument("--seed", type=int, default=0, help="chat c plays conversation seed + c")
+    ap.add_argument("--full-hit", action="store_true",
+                    help="the last prompt of each chat, cut to whole pages, is sent twice")
     ap.add_argument("--protocol", default="native", choices=["native", "sglang"],
                     help="the protocol the prefill peer serves (the decode worker finds out)")
     args = ap.parse_args(argv)
@@ -151,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     decode_extra = [x for s in args.decode_set for x in ("--set", s)]
     with Workers(args.model, args.router, extra, args.protocol, router_kind=args.router_kind,
                  decode_extra=decode_extra) as w:
-        results = play(w, args.turns, args.max_new, args.chats)
+        results = play(w, args.turns, args.max_new, args.chats, seed=args.seed,
+                       full_hit=args.full_hit)
         out: dict[str, Any] = {"turns": results}
         wait_idle(w.decode.url)  # a flush is refused while the last turn still winds down
         out["metrics_idle"] = wait_whole(w.decode.url)

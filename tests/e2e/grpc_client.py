@@ -3,17 +3,20 @@
 `GrpcWorker(target)` runs grpc.aio on its own event loop in a background thread, so tests
 call it like the HTTP helpers: `generate(request, timeout_s)` returns the responses or raises
 `grpc.aio.AioRpcError` (`code()`, `details()`); `start_generate` leaves a call open (its first
-response read) so a test can cancel it.
+response read) so a test can cancel it; `subscribe_kv` leaves SubscribeKvEvents open on the
+same channel (one HTTP/2 connection, as smg's), its batches collected as they arrive.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import grpc
+from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
@@ -58,10 +61,42 @@ class GrpcWorker:
                  metadata: Sequence[tuple[str, str]] | None = None) -> list[Any]:
         return self.stream("Generate", request, timeout_s, metadata)
 
+    def subscribe_kv(self, start_seq: int = 0) -> KvStream:
+        """SubscribeKvEvents from `start_seq` (0: a snapshot first), left open."""
+        return KvStream(self, common_pb2.SubscribeKvEventsRequest(start_sequence_number=start_seq))
+
     def start_generate(self, request: pb.GenerateRequest) -> OpenCall:
         """A Generate call left open once its first response (or status) arrived."""
         call = self.call_soon(_open(self.stub, request))
         return OpenCall(self, call)
+
+
+class KvStream:
+    """An open SubscribeKvEvents call whose batches a task on the client's loop collects."""
+
+    def __init__(self, worker: GrpcWorker, request: Any) -> None:
+        self.worker = worker
+        self._batches: list[Any] = []
+        self.call = worker.call_soon(_open_kv(worker.stub, request))
+        self.task = worker.call_soon(_collect(self.call, self._batches))
+
+    def received(self) -> list[Any]:
+        """The batches received so far (read on the client's loop, after what it has queued:
+        a response read before this call is in)."""
+        async def copy() -> list[Any]:
+            return list(self._batches)
+        return list(self.worker.call_soon(copy()))
+
+    def wait(self, count: int, timeout_s: float = 30.0) -> list[Any]:
+        """The batches once at least `count` arrived (bounded)."""
+        async def until() -> list[Any]:
+            while len(self._batches) < count and not self.task.done():
+                await asyncio.sleep(0.01)
+            return list(self._batches)
+        return list(self.worker.call_soon(asyncio.wait_for(until(), timeout_s)))
+
+    def cancel(self) -> None:
+        self.worker.call_soon(_cancel(self.call))
 
 
 class OpenCall:
@@ -91,6 +126,18 @@ async def _channel(target: str) -> grpc.aio.Channel:
 
 async def _open(stub: Any, request: pb.GenerateRequest) -> Any:
     return stub.Generate(request)
+
+
+async def _open_kv(stub: Any, request: Any) -> Any:
+    return stub.SubscribeKvEvents(request)
+
+
+async def _collect(call: Any, into: list[Any]) -> asyncio.Task[None]:
+    async def read() -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+            async for batch in call:
+                into.append(batch)
+    return asyncio.ensure_future(read())
 
 
 async def _cancel(call: Any) -> None:

@@ -169,9 +169,10 @@ def raw_stream(port: int, path: str, body: dict[str, Any], events: int,
 
 def pool_is_whole(m: Metrics) -> list[str]:
     """Problems if a pool's free + evictable pages do not add up to its total, or some page
-    is still protected (held by a request), once the worker is idle."""
+    is still protected (held by a request), once the worker is idle; the landing area (SGLang
+    prefills of an all-layer model; absent: all zero) caches nothing, so all of it is free."""
     out = []
-    for pool in ("full", "swa"):
+    for pool in ("full", "swa", "landing"):
         p = m.pool(pool)
         if p["available"] + p["evictable"] != p["total"] or p["protected"] != 0:
             out.append(f"{pool}: {p}")

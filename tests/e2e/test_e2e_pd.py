@@ -8,6 +8,7 @@ compatibility), inside a loopback-only network namespace.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -68,22 +69,26 @@ def _metric(text: str, name: str) -> float:
 @pytest.mark.parametrize("protocol", ["native", "sglang"])
 def test_multi_turn_direct_matches_reference(
         plain_pd: Callable[[str], driver.Workers], reference_run: Any, protocol: str) -> None:
-    """The driver's conversation (seed 0, played by no other test) on the shared servers:
-    counters are compared with their values before it."""
+    """The driver's conversation (seed 0, played by no other test) on the shared servers, its
+    last prompt cut to whole pages and sent twice (the decode worker holds it in full the
+    second time): counters are compared with their values before it."""
     workers = plain_pd(protocol)
     before = driver.get_text(f"{workers.decode.url}/metrics")
-    turns = driver.play(workers, 3, 8)
+    turns = driver.play(workers, 3, 8, full_hit=True)
     driver.wait_idle(workers.decode.url)
     metrics = driver.get_text(f"{workers.decode.url}/metrics")
     check_turns(turns, reference_run, 8,
                 _metric(before, "decode_worker_transfer_bytes_total"))
+    print(f"\ndirect/{protocol}: {len(turns)} requests token-exact; (prompt length, cached "
+          "tokens): " + ", ".join(f"({len(t['input_ids'])}, {t['meta_info']['cached_tokens']})"
+                                  for t in turns))
 
     def grew(name: str) -> float:
         return _metric(metrics, name) - _metric(before, name)
 
     assert grew("decode_worker_prefix_cache_hit_tokens_total") > 0
     assert grew("decode_worker_transfer_received_tokens_total") > 0
-    assert grew("decode_worker_requests_total") == 3
+    assert grew("decode_worker_requests_total") == 4
     # the decode worker found out which protocol its peer speaks
     assert f'decode_worker_transfer_peers{{protocol="{protocol}"}} 1.0' in metrics.splitlines()
 
@@ -107,14 +112,23 @@ TIGHT_POOL = ["--chats", "3", "--decode-set", "cache.num_full_pages=32",
               "--decode-set", "scheduler.integrity_check_interval_s=0.1"]
 
 
+# the conversations' seed (chat c plays seed + c). A hand run with another seed replays the
+# router tests on other conversations, and sglang-router with the SGLang protocol too:
+#     E2E_PD_SEED=7 pytest -s tests/e2e/test_e2e_pd.py -k router
+SEED = int(os.environ.get("E2E_PD_SEED", "0"))
+ROUTER_CASES = [(SMG, "native"), (SMG, "sglang"),
+                (SGLANG_ROUTER, "native")]  # compatibility: the older router drives the worker
+if SEED:
+    ROUTER_CASES.append((SGLANG_ROUTER, "sglang"))
+
+
 @pytest.mark.router
-@pytest.mark.parametrize(("kind", "protocol"), [
-    (SMG, "native"), (SMG, "sglang"),
-    (SGLANG_ROUTER, "native"),  # compatibility: the older router still drives the worker
-])
+@pytest.mark.parametrize(("kind", "protocol"), ROUTER_CASES)
 def test_multi_turn_through_router(
         e2e_model_dir: Path, reference_run: Any, tmp_path: Path, kind: str,
         protocol: str) -> None:
+    """Each chat's last prompt is a whole number of pages and is sent twice: the second time
+    the decode worker holds it in full (a retry)."""
     reason = _router_skip_reason(kind)
     if reason:
         pytest.skip(reason)
@@ -122,12 +136,17 @@ def test_multi_turn_through_router(
     tight = kind == SMG
     script = (f"ip link set lo up && exec {sys.executable} -m tests.e2e.driver --router "
               f"--router-kind {kind} --model {e2e_model_dir} --out {out} --turns 3 "
-              f"--protocol {protocol} " + (" ".join(TIGHT_POOL) if tight else ""))
+              f"--protocol {protocol} --seed {SEED} --full-hit "
+              + (" ".join(TIGHT_POOL) if tight else ""))
     proc = subprocess.run(["unshare", "-n", "bash", "-c", script], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     check_turns(result["turns"], reference_run, 8)
+    turns = result["turns"]
+    print(f"\n{kind}/{protocol} seed {SEED}: {len(turns)} requests token-exact; (prompt "
+          "length, cached tokens): " + ", ".join(
+              f"({len(t['input_ids'])}, {t['meta_info']['cached_tokens']})" for t in turns))
     assert _metric(result["metrics"], "decode_worker_prefix_cache_hit_tokens_total") > 0
     if tight:
         check_host_tier(result["metrics_idle"])

@@ -17,6 +17,7 @@ import io
 import signal
 import time
 import zipfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,18 @@ import pytest
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 
+from decode_worker.core.kv_event_index import KVEventIndex
+from decode_worker.core.radix_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+)
 from decode_worker.daemon.shared.procs import PdServers, http_json
 from tests.e2e.grpc_client import GrpcWorker, completes, gen_request
 from tests.e2e.live_fixtures import Metrics, pool_is_whole
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 CODE = grpc.StatusCode
@@ -140,9 +150,12 @@ def test_after_the_bad_input_the_worker_serves_with_every_page_back(
         servers: PdServers, decode: GrpcWorker) -> None:
     m = _wait_idle(servers)
     assert pool_is_whole(m) == []
-    refused = m.value("decode_worker_grpc_requests_total", method="Generate",
-                      code="INVALID_ARGUMENT")
-    assert refused >= len(BAD_INPUT)
+
+    def refused() -> float:  # a call is counted as it ends: maybe just after its client heard
+        return _metrics(servers).value("decode_worker_grpc_requests_total", method="Generate",
+                                       code="INVALID_ARGUMENT")
+
+    wait_for(lambda: refused() >= len(BAD_INPUT), 10.0, f"{len(BAD_INPUT)} refusals counted")
     out = decode.generate(gen_request(PROMPT, 4, rid="fine"))  # self-prefilled: no peer
     [done] = completes(out)
     assert done.finish_reason == "length" and len(done.output_ids) == 4
@@ -232,6 +245,92 @@ def test_a_refused_generate_ends_its_room_at_the_prefill_peer_at_once(
     assert time.monotonic() - started < 5.0
     after = _metrics(servers).value("decode_worker_aborts_total", reason="bad_request")
     assert after == before + 1
+
+
+def test_kv_events_stream_over_grpc_without_a_zmq_publisher(
+        servers: PdServers, decode: GrpcWorker) -> None:
+    """No `--kv-events-config`, the gRPC port on: SubscribeKvEvents streams the decode tree's
+    events from the in-process log (a snapshot first, then each step's batch); no socket, so
+    /server_info reports no `kv_events` publisher. The prefill peer has no tree: UNIMPLEMENTED."""
+    assert http_json(f"{servers.decodes[0].url}/server_info")["kv_events"] is None
+    first, second = [7, *PROMPT, 7], [8, *PROMPT, 8]
+    assert completes(decode.generate(gen_request(first, 4, rid="kv-1")))[0].finish_reason
+    stream = decode.subscribe_kv()
+    try:
+        [snap] = stream.wait(1)
+        assert snap.HasField("snapshot") and snap.events[0].HasField("cleared")
+        assert completes(decode.generate(gen_request(second, 4, rid="kv-2")))[0].finish_reason
+        batches = stream.wait(2)
+        assert not batches[-1].HasField("snapshot")  # a live batch
+        index = KVEventIndex()
+        index.apply(proto_events(batches))
+        for prompt in (first, second):
+            assert index.match_len(prompt) == len(prompt) // 16 * 16 > 0
+    finally:
+        stream.cancel()
+    with GrpcWorker(str(servers.prefill.grpc_target)) as prefill, \
+            pytest.raises(grpc.aio.AioRpcError) as info:
+        prefill.stream("SubscribeKvEvents", common_pb2.SubscribeKvEventsRequest(), 10)
+    assert info.value.code() == CODE.UNIMPLEMENTED
+    assert _metrics(servers).value("decode_worker_grpc_requests_total",
+                                   method="SubscribeKvEvents", code="UNIMPLEMENTED") == 0
+
+
+def test_events_on_the_channel_before_each_answer_predict_the_next_turn(
+        servers: PdServers, decode: GrpcWorker) -> None:
+    """smg's view of a worker: SubscribeKvEvents and Generate on one channel. Each later turn
+    goes out the moment the previous answer came, predicted from the batches received by then
+    (nothing waited for): every `cached_tokens` matches. Answers end on stop tokens (their
+    pages still wait for a launched step under overlap), stop strings (found by the API, which
+    tells the engine) and by length; the worker hands a request's batches to the stream before
+    its answer, and one connection keeps that order."""
+    stream = decode.subscribe_kv()
+    stops: list[dict[str, Any]] = [{"stop_token_ids": list(range(100, 130))},
+                                   {"stop": list("defghijklmnopqrstuvwxyz")}, {}]
+    ends, grown = Counter[str](), 0
+    try:
+        decode.generate(gen_request([9, *PROMPT], 2, rid="turn-warm-up"))
+        stream.wait(1)  # a snapshot or that batch: the subscription holds from here on
+        for i in range(3):
+            history = last = [(i * 31 + j) % 200 + 3 for j in range(150)]
+            for t in range(4):
+                prompt = history + [(i + t * 7 + j) % 50 + 60 for j in range(40)]
+                index = KVEventIndex()  # what a router holds: the stream so far
+                index.apply(proto_events(stream.received()))
+                predicted = index.match_len_across(prompt)
+                out = decode.generate(gen_request(prompt, 24, rid=f"turn-{i}-{t}",
+                                                  **stops[t % 3]))
+                [done] = completes(out)
+                assert done.cached_tokens == predicted, (i, t, done.finish_reason)
+                grown += t > 0 and predicted > len(last) - len(last) % 16
+                ends[done.finish_reason if done.finish_reason != "stop" else
+                     "stop string" if done.matched_stop_str else "stop token"] += 1
+                last, history = prompt, prompt + list(done.output_ids)
+    finally:
+        stream.cancel()
+    assert ends["stop token"] and ends["stop string"] and grown, (ends, grown)
+    lag = _metrics(servers).value("decode_worker_kv_event_lag_seconds_count", transport="grpc")
+    assert lag > 0
+
+
+def proto_events(batches: list[Any]) -> list[KVEvent]:
+    """smg-grpc-proto batches as the tree's events (a snapshot's first chunk clears)."""
+    out: list[KVEvent] = []
+    for batch in batches:
+        for event in batch.events:
+            kind = event.WhichOneof("data")
+            if kind == "cleared":
+                out.append(AllBlocksCleared())
+            elif kind == "removed":
+                out.append(BlockRemoved(list(event.removed.block_hashes),
+                                        event.removed.medium or MEDIUM_GPU))
+            else:
+                st = event.stored
+                parent = st.parent_block_hash if st.HasField("parent_block_hash") else None
+                out.append(BlockStored([b.block_hash for b in st.blocks], parent,
+                                       [tok for b in st.blocks for tok in b.token_ids],
+                                       st.blocks[0].block_size, st.medium or MEDIUM_GPU))
+    return out
 
 
 def test_draining_worker_is_unavailable(servers: PdServers, decode: GrpcWorker) -> None:

@@ -64,9 +64,8 @@ class Stack:
 def stack(e2e_model_dir: Path) -> Iterator[Stack]:
     common = ["--model", str(e2e_model_dir), "--set", "cache.page_size=16",
               "--set", "cache.num_full_pages=512", "--set", "cache.num_swa_pages=128"]
-    events = ["--kv-events-config",
-              '{"publisher": "zmq", "endpoint": "tcp://*:0"}']  # any free port
-    with PdServers(common, grpc=True, decode_args=events) as servers:
+    # no --kv-events-config: with the gRPC port on, SubscribeKvEvents serves the in-process log
+    with PdServers(common, grpc=True) as servers:
         port = free_port()
         argv = router_argv(SMG, [(f"grpc://{servers.prefill.grpc_target}", servers.boot_port)],
                            [f"grpc://{servers.decodes[0].grpc_target}"], port,
@@ -157,9 +156,26 @@ def test_chat_on_smgs_harmony_path_is_refused_cleanly(stack: Stack) -> None:
     assert pool_is_whole(_idle(stack.decode.url)) == []
 
 
+def test_a_body_without_model_is_404_model_not_found(stack: Stack) -> None:
+    """smg's gRPC mode routes by model id (the first lines of DEPLOY.md's "smg in gRPC mode"):
+    a body without "model" is 404 `model_not_found` for model 'unknown'; the id smg registered
+    is the worker's served name, here its model path (no served name set)."""
+    req = urllib.request.Request(f"{stack.router.url}/generate",
+                                 json.dumps(_gen(PROMPT, 2)).encode(),
+                                 {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=60)
+    body = info.value.read().decode()
+    assert info.value.code == 404, body
+    assert "model_not_found" in body and "No worker available for model 'unknown'" in body
+    assert http_json(f"{stack.decode.url}/v1/models")["data"][0]["id"] == stack.model
+    assert _first(stack.smg("/generate", _gen(PROMPT, 2)))["meta_info"]["finish_reason"]
+
+
 def test_smg_subscribes_to_the_decode_workers_events(stack: Stack) -> None:
-    """smg streams the decode worker's events (the prefill peer publishes none: it answers
-    UNIMPLEMENTED, and smg stops asking it)."""
+    """smg streams the decode worker's events, served by default from its in-process log (no
+    ZMQ publisher configured); the prefill peer publishes none: it answers UNIMPLEMENTED, and
+    smg stops asking it."""
     log = _plain(stack.router.output())
     assert "Starting KV event subscription worker_url=grpc://" + str(
         stack.decode.grpc_target) in log

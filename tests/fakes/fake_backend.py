@@ -94,6 +94,11 @@ class FakeBackend:
                     yield OutputChunk(prompt_tokens=len(inp.input_ids), error="scripted failure",
                                       error_status=500, error_code="transfer_failed")
                     return
+                if inp.rid in self.finished:  # a stop string: end at once, as the engine
+                    yield OutputChunk(finish_reason="stop", prompt_tokens=len(inp.input_ids),
+                                      cached_tokens=self.cached_tokens,
+                                      host_cached_tokens=self.host_cached_tokens)
+                    return
                 ids = tokens[start : start + self.chunk_tokens]
                 last = start + self.chunk_tokens >= len(tokens)
                 yield OutputChunk(

@@ -1,6 +1,6 @@
 """A device-time stand-in for the decode stepper: test and benchmark only, never the daemon.
 
-`FakeDeviceRunner` keeps the real persistent inputs (`DecodeSlots`: page tables, future token
+`FakeDeviceRunner` keeps the real persistent inputs (`DecodeInputs`: page tables, future token
 ids) and the real host-side work of a step (queued row writes flushed, inputs staged), but its
 "forward" is a cheap fixed function of (input token, position, current full page) and takes
 `device_ms` of simulated device time without holding the host: a launch only books the simulated
@@ -31,10 +31,13 @@ from decode_worker.core.request import RequestState
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.decode.batch import RunningBatch
 from decode_worker.daemon.decode.bridge import AddRequest, Event, Outbox
+from decode_worker.daemon.decode.fetcher import AuxBuffers, KVFetcher
 from decode_worker.daemon.decode.requests import RequestTable
 from decode_worker.daemon.decode.stepper import DecodeStepper, sample_kind
-from decode_worker.device.decode_slots import DecodeSlots, HostTokens
+from decode_worker.device.aux_buffer import AuxBuffer
+from decode_worker.device.decode_inputs import DecodeInputs, HostTokens
 from decode_worker.device.sampler import Sampler
+from decode_worker.device.sglang_aux import SglangAuxBuffers
 from decode_worker.io.kv.peer import ReceiverStats, TransferEvent
 from decode_worker.utils.mathx import cdiv
 
@@ -59,12 +62,17 @@ class FakeHostTokens(HostTokens):
 
 
 class FakeDeviceRunner:
-    """A `DecodeRunner` whose step takes `device_ms` of simulated device time."""
+    """A `DecodeRunner` whose step takes `device_ms` of simulated device time. Its "model"
+    picks (31 * token + 7 * position + page) % vocab, `page` the page id at the position (a
+    GPU's table gathers); `read_pages=False` drops the page term, so the tokens do not depend
+    on which pages a request was given (runs that allocate in another order agree)."""
 
     def __init__(self, device_ms: float, *, vocab: int = 64, page_size: int = 16,
                  window: int = 127, max_pages: int = 4096,
-                 pool_pages: tuple[int, int] = (1 << 20, 1 << 20)) -> None:
-        self.device_s, self.vocab = device_ms / 1e3, vocab
+                 pool_pages: tuple[int, int] = (1 << 20, 1 << 20), lookahead: int = 0,
+                 read_pages: bool = True) -> None:
+        self.device_s, self.vocab, self.lookahead = device_ms / 1e3, vocab, lookahead
+        self.read_pages = read_pages
         self.page_size, self.window, self.max_pages = page_size, window, max_pages
         self.pool_pages = pool_pages
         self.free_at = 0.0  # perf_counter time the simulated device finishes its queue
@@ -73,29 +81,35 @@ class FakeDeviceRunner:
         self.compute_cpu_s = 0.0  # CPU time of the forward's math (device work on a GPU)
         self.steps = 0
 
-    def new_slots(self, num_rows: int) -> DecodeSlots:
-        return DecodeSlots(num_rows, self.max_pages, self.window, self.page_size,
-                           self.pool_pages, CPU)
+    def new_inputs(self, num_rows: int) -> DecodeInputs:
+        return DecodeInputs(num_rows, self.max_pages, self.window + self.lookahead,
+                            self.page_size, self.pool_pages, CPU)
 
-    def decode_slots(self, slots: DecodeSlots, slot_ids: Sequence[int] | np.ndarray,
-                     positions: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode_rows(self, inputs: DecodeInputs, rows: Sequence[int] | np.ndarray,
+                    positions: Sequence[int] | np.ndarray,
+                    drafts: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [bs, vocab]: one-hot at (31 * token + 7 * position + page) % vocab. Reads
         only the inputs' current page (on a GPU the table gathers are device work)."""
-        slots.flush()
-        bs = len(slot_ids)
-        both = slots.to_device(np.concatenate((np.asarray(slot_ids, np.int64),
+        inputs.flush()
+        bs = len(rows)
+        both = inputs.to_device(np.concatenate((np.asarray(rows, np.int64),
                                                np.asarray(positions, np.int64))))  # [2 * bs]
-        slots_t, pos_t = both[:bs], both[bs:]  # [bs] each
+        rows_t, pos_t = both[:bs], both[bs:]  # [bs] each
         cpu0 = time.thread_time()
-        page = slots.full[slots_t, pos_t // self.page_size].long()  # [bs]
-        nxt = (31 * slots.tokens[slots_t] + 7 * pos_t + page) % self.vocab  # [bs]
+        page = inputs.full[rows_t, pos_t // self.page_size].long()  # [bs]
+        page = page if self.read_pages else page * 0
+        tokens = inputs.tokens[rows_t]  # [bs]
+        if drafts is not None:  # a verify step's draft entries take their tokens from the host
+            tokens[torch.from_numpy(drafts[0])] = torch.from_numpy(drafts[1])
+        nxt = (31 * tokens + 7 * pos_t + page) % self.vocab  # [bs]
         logits = torch.zeros(bs, self.vocab)  # [bs, V]
         logits[torch.arange(bs), nxt] = 1.0
         self.compute_cpu_s += time.thread_time() - cpu0
         now = time.perf_counter()
         self.free_at = max(now, self.free_at) + self.device_s
         self.steps += 1
-        return logits, slots_t
+        return logits, rows_t
 
     def fetch_tokens(self, chosen: torch.Tensor, extras: tuple[torch.Tensor, ...] = ()
                      ) -> HostTokens:
@@ -123,7 +137,7 @@ class FakeIdleReceiver:
     def __init__(self) -> None:
         self.stats = ReceiverStats()
 
-    def poll(self) -> list[TransferEvent]:
+    def take_events(self) -> list[TransferEvent]:
         return []
 
     def peers_by_protocol(self) -> dict[str, int]:
@@ -133,7 +147,7 @@ class FakeIdleReceiver:
 class _NoTransfers:
     """No request of `running_stepper` has a transfer or a prefill peer."""
 
-    def abort(self, transfer_id: int) -> None:
+    def abort_transfer(self, transfer_id: int) -> None:
         pass
 
     def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None:
@@ -163,17 +177,21 @@ def running_stepper(runner: Any, bs: int, ctx: int, overlap: bool, *, page_size:
                                               kv_timeout_s=1e9, max_active=bs,
                                               decode_reserve_tokens=0))
     alloc = DecodeAllocator(kv_ctx)
-    batch = RunningBatch(runner.new_slots(bs), alloc, sample_kind)
-    table = RequestTable(kv_ctx, queue, alloc, _NoTransfers(), SinkOutbox(keep_events), batch)
-    stepper = DecodeStepper(table, queue, alloc, runner, Sampler("cpu", seed=0), overlap=overlap)
+    batch = RunningBatch(runner.new_inputs(bs), alloc, sample_kind)
+    sampler = Sampler("cpu", seed=0)
+    fetcher = KVFetcher(FakeIdleReceiver(), AuxBuffers(AuxBuffer(1), SglangAuxBuffers(1)),  # type: ignore[arg-type]
+                        kv_ctx, runner, sampler)
+    table = RequestTable(kv_ctx, queue, alloc, _NoTransfers(), fetcher, SinkOutbox(keep_events),
+                         batch)
+    stepper = DecodeStepper(table, queue, alloc, runner, sampler, overlap=overlap)
     params = params or SamplingParams(max_new_tokens=1 << 20, temperature=0, ignore_eos=True)
     per_req = params if isinstance(params, list) else [params] * bs
     for i in range(bs):
         n_tok = ctx - i % page_size if stagger else ctx
         prompt = [(i * 7 + j) % 200 + 3 for j in range(n_tok)]
         lp, top = logprobs[i] if logprobs else (False, 0)
-        live = table.add(AddRequest(f"r{i}", prompt, per_req[i], lp, None, None, None, 0.0,
-                                    top_logprobs=top), frozenset(), 0.0)
+        live = table.register(AddRequest(f"r{i}", prompt, per_req[i], lp, None, None, None,
+                                         0.0, top_logprobs=top), frozenset())
         swa_start, n = kv_ctx.swa_start(n_tok), cdiv(n_tok, page_size)
         swa_ids = [0] * (swa_start // page_size) + swa.alloc(n - swa_start // page_size)
         kv = ReqKV(list(prompt), full.alloc(n), swa_ids, swa_start=swa_start)

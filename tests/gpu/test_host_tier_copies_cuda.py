@@ -18,8 +18,9 @@ from decode_worker.device.host_pool import HostKVPool
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.gpt_oss import GptOssModel
 from decode_worker.device.model.weights import load_model
-from decode_worker.device.runner import DecodeBatch, ModelRunner
+from decode_worker.device.runner import ModelRunner
 from decode_worker.utils.mathx import cdiv
+from tests.decode_steps import decode_lists
 
 pytestmark = pytest.mark.gpu
 
@@ -56,8 +57,8 @@ def _prefill(runner: ModelRunner) -> tuple[list[list[int]], list[list[int]]]:
 
 
 def _step(runner: ModelRunner, seqs: list[list[int]], tables: list[list[int]]) -> torch.Tensor:
-    batch = DecodeBatch([s[-1] for s in seqs], [len(s) - 1 for s in seqs], tables, tables)
-    logits = runner.decode(batch)  # [bs, V]
+    logits = decode_lists(runner, [s[-1] for s in seqs], [len(s) - 1 for s in seqs], tables,
+                          tables)  # [bs, V]
     for s, row in zip(seqs, logits, strict=True):
         s.append(int(row.argmax()))
     return logits

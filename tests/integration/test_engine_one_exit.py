@@ -36,7 +36,7 @@ from decode_worker.settings import load_settings
 
 # (function, module) pairs allowed to make a terminal transition
 ALLOWED_ENDERS = {("_release", "decode_worker.daemon.decode.requests"),
-                  ("finish", "decode_worker.core.decode_alloc"),
+                  ("finish_request", "decode_worker.core.decode_alloc"),
                   ("_abort", "decode_worker.core.admission")}
 
 
@@ -126,7 +126,7 @@ def test_every_end_goes_through_the_one_exit(
     add(eng, "peer-gone", prompt, 4, peer_port=free_port())  # nothing listens there
     step_until(eng, loop, lambda: any(isinstance(ev, Ended) and ev.rid == "peer-gone"
                                       for ev in events))
-    step_until(eng, loop, lambda: not eng.table.lives and not eng.table.draining)
+    step_until(eng, loop, lambda: not eng.table.lives and not eng.table.parked)
     add(eng, "drained", prompt, 500)
     add(eng, "drained-queued", prompt[1:], 500)
     add(eng, "drained-waiting", prompt[2:], 500)
@@ -152,7 +152,7 @@ def test_every_end_goes_through_the_one_exit(
     assert reasons["too-large"] == "too_large" and reasons["at-shutdown"] == "drain"
     assert reasons["peer-gone"] in ("peer_dead", "transfer_failed")
     assert {reasons[r] for r in ("drained", "drained-queued", "drained-waiting")} == {"drain"}
-    assert not eng.table.lives and not eng.table.draining and not eng.fetcher.by_transfer
+    assert not eng.table.lives and not eng.table.parked
     eng.books.check_integrity()
     assert eng.tree is not None
     assert eng.full.num_free + eng.tree.full_stats().evictable == eng.full.num_total

@@ -77,11 +77,11 @@ class FakePeerReceiver:
         self.posted[tid] = kw
         return tid
 
-    def poll(self) -> list[TransferEvent]:
+    def take_events(self) -> list[TransferEvent]:
         out, self.events = self.events, []
         return out
 
-    def abort(self, transfer_id: int) -> None:
+    def abort_transfer(self, transfer_id: int) -> None:
         self.aborted.append(transfer_id)
 
     def cancel_room(self, *a: Any) -> None:
@@ -89,7 +89,7 @@ class FakePeerReceiver:
 
     def done(self, engine: DecodeEngine, tid: int, token_id: int) -> None:
         kw = self.posted[tid]
-        engine.fetcher.aux.native.write(kw["aux_slot"], kw["room"], token_id, -0.5, tid)
+        engine.fetcher.aux.native.write(kw["aux_row"], kw["room"], token_id, -0.5, tid)
         self.events.append(TransferEvent("done", tid, kw["rid"], kw["room"], wire_id=tid))
 
     def fail(self, tid: int) -> None:
@@ -234,7 +234,7 @@ def test_an_end_during_a_restore_frees_its_pages_only_once_the_restore_is_done(
     engine.books.check_integrity()  # held by the ended request, not leaked
     slow[0].done = True
     _steps(engine, 2)
-    assert _free_full(engine) > free_before - held and not engine.table.restoring
+    assert _free_full(engine) > free_before - held and not engine.table.parked
 
 
 def test_the_kv_backstop_during_a_restore_waits_for_the_copy_before_its_pages_go_back(
@@ -253,4 +253,4 @@ def test_the_kv_backstop_during_a_restore_waits_for_the_copy_before_its_pages_go
     engine.queue.limits = dataclasses.replace(engine.queue.limits, kv_timeout_s=0.0)
     ended = _step_until_ended(engine, events, "late")
     assert ended.reason == "kv_timeout" and slow[0].done  # waited for before the pages went back
-    assert not engine.table.restoring
+    assert not engine.table.parked

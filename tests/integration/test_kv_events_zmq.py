@@ -21,10 +21,11 @@ from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_events import BlockStored
 from decode_worker.core.radix_tree import UnifiedRadixTree
 from decode_worker.errors import ConfigError
-from decode_worker.io.kv_events.config import describe, parse_kv_events_config
+from decode_worker.io.kv_events.config import describe
 from decode_worker.io.kv_events.hub import KvEventHub
 from decode_worker.io.kv_events.publisher import ZmqKvEventPublisher
 from decode_worker.io.kv_events.wire import END_SEQ, event_map
+from decode_worker.settings.kv_events import parse_kv_events_config
 from tests.interop.sglang_peer import venv_python
 
 PS = 4

@@ -240,10 +240,11 @@ def test_sglang_decode_lands_exactly_our_prefill_kv(
     check_aux(done["aux"], body, room, token, logprob)
 
 
-@pytest.mark.parametrize(("length", "prefix"), [(400, 64), (200, 160)])
+@pytest.mark.parametrize(("length", "prefix"), [(400, 64), (200, 160), (256, 256)])
 def test_decode_prefix_sends_only_the_suffix_and_the_window(
         rig: Probe, reference: Reference, length: int, prefix: int) -> None:
-    """P = decode_prefix_len: KV of [P, L) only; SWA from floor(max(P, L - 127))."""
+    """P = decode_prefix_len: KV of [P, L) only; SWA from floor(max(P, L - 127)). P = L (a full
+    hit as SGLang's decode sends it: no KV ids, an empty state list): the aux row only."""
     prompt, room = prompt_of(length, seed=length), 7100 + prefix
     done, http, body = run_room(rig, prompt, room, prefix_len=prefix)
     assert done["status"] == "success" and http["status"] == 200, (done, body)

@@ -85,7 +85,7 @@ class Decode:
 
     def wait(self, tid: int, kind: str, timeout_s: float = 30.0) -> list[TransferEvent]:
         """Poll until transfer `tid` has an event of `kind`; returns its events so far."""
-        return wait_transfer(self.rx.poll, self.seen, tid, kind, timeout_s)
+        return wait_transfer(self.rx.take_events, self.seen, tid, kind, timeout_s)
 
 
 @dataclass
@@ -172,7 +172,7 @@ def submit(d: Decode, harness: SglangPrefill | None, port: int, room: int, seq_l
                          "first_token": 1000 + room % 1000, **spec})  # fmt: skip
     tid = d.rx.submit("127.0.0.1", port, rid=f"r{room}", room=room, prompt_len=seq_len,
                       reused_len=prefix, swa_window_start=ws, full_page_ids=full,
-                      swa_page_ids=swa, aux_slot=room % 16)  # fmt: skip
+                      swa_page_ids=swa, aux_row=room % 16)  # fmt: skip
     return Room(tid, room, seq_len, prefix, full, base, swa, ws, seed)
 
 
@@ -183,6 +183,8 @@ def mismatches(d: Decode, r: Room) -> list[str]:
         pool, index = d.pools.layer_slot(layer)
         is_swa = kind_name == SLIDING
         positions = np.arange(r.ws if is_swa else r.prefix, r.seq_len)
+        if not len(positions):  # a full hit: nothing of this layer is sent
+            continue
         table = r.swa if is_swa else r.full
         first = r.swa_base if is_swa else r.prefix
         t = d.pools.tensor(pool)[index]  # [pages + 1, 2, ps, heads, head_dim]
@@ -211,11 +213,18 @@ def check_room(d: Decode, r: Room, timeout_s: float = 30.0) -> TransferEvent:
 def test_two_rooms_land_byte_exact_with_equal_pages(
     harnesses: dict[str, SglangPrefill], decode16: Decode
 ) -> None:
+    """Then a full hit (P = L = 256): SGLang's sender takes our TransferInfo with no KV ids
+    and an empty state list as its own decode's, and writes the aux row only."""
     first = submit(decode16, harnesses["A"], A.bootstrap, 3001, 300, seed=11)
     check_room(decode16, first)
     second = submit(decode16, harnesses["A"], A.bootstrap, 3002, 250, prefix=64, seed=12)
     check_room(decode16, second)
     assert harnesses["A"].wait_room(3002)["ranks"][0]["decode_prefix_len"] == 64
+    hit = submit(decode16, harnesses["A"], A.bootstrap, 3003, 256, prefix=256, seed=13)
+    assert (hit.full, hit.swa, hit.ws) == ([], [], 256)
+    check_room(decode16, hit)
+    rank = harnesses["A"].wait_room(3003)["ranks"][0]
+    assert (rank["status"], rank["decode_prefix_len"]) == ("success", 256), rank
 
 
 def test_decode_page_twice_the_prefill_page(
@@ -260,7 +269,7 @@ def test_a_room_the_prefill_drops_silently_times_out_then_is_released_on_abort_a
     tid = decode16.rx.submit(
         "127.0.0.1", A.bootstrap, rid="r3311", room=3311, prompt_len=seq_len, reused_len=0,
         swa_window_start=ws, full_page_ids=decode16.alloc("full", cdiv(seq_len, ps)),
-        swa_page_ids=decode16.alloc("swa", cdiv(seq_len, ps) - ws // ps), aux_slot=3,
+        swa_page_ids=decode16.alloc("swa", cdiv(seq_len, ps) - ws // ps), aux_row=3,
         timeout_s=2.0)  # fmt: skip
     start = time.monotonic()
     failed, released = decode16.wait(tid, "released", timeout_s=SETTINGS.abort_quiesce_s)
@@ -286,7 +295,7 @@ def test_malformed_and_unknown_status_messages_are_counted_and_dropped(
     stats = decode16.rx.stats
 
     def counted() -> bool | None:
-        decode16.seen += decode16.rx.poll()
+        decode16.seen += decode16.rx.take_events()
         return (stats.bad_frames == 2 and stats.unknown_notifs == 1) or None
 
     wait_value(counted, 5.0)
@@ -300,7 +309,7 @@ def test_an_aborted_room_is_released_on_abort_ack(
     r = submit(decode16, harnesses["A"], A.bootstrap, 3402, 300, delay_s=3.0)
     harnesses["A"].wait_room(3402, ("waiting_for_input", "transferring"), timeout_s=10)
     start = time.monotonic()
-    decode16.rx.abort(r.tid)
+    decode16.rx.abort_transfer(r.tid)
     (released,) = decode16.wait(r.tid, "released", timeout_s=SETTINGS.abort_quiesce_s - 1)
     assert released.kind == "released"  # no "failed": the owner asked for it
     assert time.monotonic() - start < SETTINGS.abort_quiesce_s - 1
@@ -392,8 +401,8 @@ def _check_native_and_unavailable_peers(router: ProtocolRouter) -> None:
     proto = wait_value(lambda: router.protocol_of("127.0.0.1", 18394, since), 5.0)
     assert proto.kind == "unavailable" and "unreachable" in proto.detail
     tid = router.submit("127.0.0.1", 18394, rid="x", room=1, prompt_len=16, reused_len=0,
-                        swa_window_start=0, full_page_ids=[1], swa_page_ids=[1], aux_slot=0)
-    failed, released = router.poll()
+                        swa_window_start=0, full_page_ids=[1], swa_page_ids=[1], aux_row=0)
+    failed, released = router.take_events()
     assert (failed.kind, failed.reason, released.kind) == ("failed", "peer_dead", "released")
     assert failed.transfer_id == released.transfer_id == tid
     assert router.peers_by_protocol() == {"native": 1, "sglang": 1}
@@ -451,7 +460,7 @@ def test_a_request_ended_before_the_failure_was_polled_aborts_no_rank(
                fail_reason=reason)
 
     def info_sent() -> bool | None:  # no poll after our TransferInfo went out
-        decode16.seen += rx.poll()
+        decode16.seen += rx.take_events()
         return rx._book.get(r.tid).phase == "sent" or None  # type: ignore[attr-defined]
 
     wait_value(info_sent, 10.0)
@@ -459,7 +468,7 @@ def test_a_request_ended_before_the_failure_was_polled_aborts_no_rank(
     wait_value(lambda: held.fill(2), 10.0)  # both ranks' reports arrived; the receiver read none
     inbox.recv_all = held
     rx.cancel_room("127.0.0.1", B.bootstrap, r.room, "client_abort", "the client left")
-    rx.abort(r.tid)
+    rx.abort_transfer(r.tid)
     failed, released = decode16.wait(r.tid, "released", timeout_s=SETTINGS.abort_quiesce_s - 1)
     assert failed.kind == "failed" and reason in failed.detail and released.kind == "released"
     assert rx.stats.quiesce_expired == 0

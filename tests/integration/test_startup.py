@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -36,6 +37,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
             tmp_path_factory.mktemp("cache")), **env}) for env, needle in CASES}
         out["missing model"] = pool.submit(
             _serve, {}, "--model", str(tmp_path_factory.mktemp("empty") / "nope"))
+        mistral = tmp_path_factory.mktemp("mistral")
+        (mistral / "config.json").write_text(json.dumps(
+            {"architectures": ["MistralForCausalLM"], "model_type": "mistral"}))
+        out["unsupported"] = pool.submit(_serve, {}, "--model", str(mistral))
         yield out
 
 
@@ -51,3 +56,11 @@ def test_serve_refuses_unsupported_combination(runs: Runs, env: dict[str, str],
 def test_serve_refuses_a_missing_model_dir(runs: Runs) -> None:
     out = runs["missing model"].result()
     assert out.returncode == 2 and "no config.json" in out.stderr
+
+
+def test_serve_refuses_an_unsupported_architecture_in_one_line(runs: Runs) -> None:
+    out = runs["unsupported"].result()
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    line = out.stderr.strip().splitlines()[-1]
+    assert "architectures=['MistralForCausalLM'] model_type='mistral' is not supported" in line
+    assert "Qwen3ForCausalLM (qwen3)" in line and "Gemma3ForCausalLM" in line

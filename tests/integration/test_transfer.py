@@ -67,9 +67,9 @@ class DecodeSide:
 
     def wait(self, tid: int, kind: str, timeout_s: float = 20.0) -> list[TransferEvent]:
         """Poll until transfer `tid` has an event of `kind`; returns its events so far."""
-        return wait_transfer(self.rx.poll, self.seen, tid, kind, timeout_s)
+        return wait_transfer(self.rx.take_events, self.seen, tid, kind, timeout_s)
 
-    def submit_cold(self, port: int, prompt: list[int], rid: str, room: int, aux_slot: int,
+    def submit_cold(self, port: int, prompt: list[int], rid: str, room: int, aux_row: int,
                     timeout_s: float | None = None) -> Cold:
         """Allocate the pages of a cold request (full [0, L), SWA [S, L)) and submit it."""
         n, s = cdiv(len(prompt), PS), window_start(len(prompt))
@@ -77,7 +77,7 @@ class DecodeSide:
         extra = {} if timeout_s is None else {"timeout_s": timeout_s}
         tid = self.rx.submit("127.0.0.1", port, rid=rid, room=room, prompt_len=len(prompt),
                              reused_len=0, swa_window_start=s, full_page_ids=full,
-                             swa_page_ids=swa, aux_slot=aux_slot, prompt_ids=prompt, **extra)
+                             swa_page_ids=swa, aux_row=aux_row, prompt_ids=prompt, **extra)
         return Cold(tid, full, swa, s)
 
     def reference(self, prompt: list[int]) -> tuple[list[int], list[int], int]:
@@ -133,7 +133,7 @@ def decode(model_cache: Path) -> Iterator[DecodeSide]:
 
 def test_cold_request_lands_exactly_the_prefill_kv(decode: DecodeSide, prefill_peer: int) -> None:
     prompt = prompt_of(300, seed=1)
-    tid, full, swa, s = decode.submit_cold(prefill_peer, prompt, "cold", room=11, aux_slot=1)
+    tid, full, swa, s = decode.submit_cold(prefill_peer, prompt, "cold", room=11, aux_row=1)
     (done,) = decode.wait(tid, "done")
     ref_full, ref_swa, token = decode.reference(prompt)
     pools = decode.runner.pools
@@ -155,7 +155,7 @@ def test_second_turn_moves_only_the_suffix_and_swa_tail(
     decode: DecodeSide, prefill_peer: int
 ) -> None:
     turn1 = prompt_of(300, seed=2)
-    first = decode.submit_cold(prefill_peer, turn1, "t1", room=21, aux_slot=2)
+    first = decode.submit_cold(prefill_peer, turn1, "t1", room=21, aux_row=2)
     full1 = first.full
     decode.wait(first.tid, "done")
     turn2 = turn1 + prompt_of(200, seed=3)
@@ -167,7 +167,7 @@ def test_second_turn_moves_only_the_suffix_and_swa_tail(
     swa2 = decode.swa.alloc(cdiv(500, PS) - s2 // PS)
     tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="t2", room=22, prompt_len=500,
                            reused_len=reused, swa_window_start=s2, full_page_ids=new_full,
-                           swa_page_ids=swa2, aux_slot=3, prompt_ids=turn2)  # fmt: skip
+                           swa_page_ids=swa2, aux_row=3, prompt_ids=turn2)  # fmt: skip
     (done,) = decode.wait(tid, "done")
     pools = decode.runner.pools
     assert torch.equal(pools.full[:, kept], before)  # the reused prefix was not written
@@ -193,7 +193,7 @@ def test_full_hit_sends_first_token_and_swa_tail_only(
     swa = decode.swa.alloc(cdiv(256, PS) - s // PS)
     tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="hit", room=31, prompt_len=256,
                            reused_len=256, swa_window_start=s, full_page_ids=[],
-                           swa_page_ids=swa, aux_slot=4, prompt_ids=prompt)  # fmt: skip
+                           swa_page_ids=swa, aux_row=4, prompt_ids=prompt)  # fmt: skip
     (done,) = decode.wait(tid, "done")
     assert done.num_bytes == 2 * len(swa) * decode.page_bytes() + ROW_BYTES
     _, ref_swa, token = decode.reference(prompt)
@@ -210,10 +210,10 @@ def test_prefill_peer_killed_mid_transfer_fails_only_that_request(
     free_before = (decode.full.num_free, decode.swa.num_free)
     prompt = prompt_of(3000, seed=5)
     t0 = time.monotonic()
-    tid, full, swa, _ = decode.submit_cold(port, prompt, "doomed", room=41, aux_slot=5,
+    tid, full, swa, _ = decode.submit_cold(port, prompt, "doomed", room=41, aux_row=5,
                                            timeout_s=20.0)
     while time.monotonic() - t0 < 0.3:  # handshake done, prefill running
-        assert not decode.rx.poll()
+        assert not decode.rx.take_events()
         time.sleep(0.01)
     doomed.kill()
     killed_at = time.monotonic()
@@ -245,7 +245,7 @@ def test_incompatible_peer_is_refused_naming_both_sides(
     try:
         tid = rx.submit("127.0.0.1", prefill_peer, rid="bad", room=51, prompt_len=64,
                         reused_len=0, swa_window_start=0, full_page_ids=[1, 2],
-                        swa_page_ids=[3, 4], aux_slot=0, prompt_ids=[1] * 64)  # fmt: skip
+                        swa_page_ids=[3, 4], aux_row=0, prompt_ids=[1] * 64)  # fmt: skip
         events = DecodeSide(decode.runner, decode.aux, rx, decode.full, decode.swa).wait(
             tid, "released", timeout_s=10.0
         )
@@ -261,8 +261,8 @@ def test_bad_page_ids_fail_before_anything_moves(decode: DecodeSide, prefill_pee
     top = decode.runner.pools.num_pages["full"]
     tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="ids", room=61, prompt_len=40,
                            reused_len=0, swa_window_start=0, full_page_ids=[1, 2, top + 1],
-                           swa_page_ids=[1, 2, 3], aux_slot=0, prompt_ids=[7] * 40)  # fmt: skip
-    events = decode.rx.poll()
+                           swa_page_ids=[1, 2, 3], aux_row=0, prompt_ids=[7] * 40)  # fmt: skip
+    events = decode.rx.take_events()
     assert [(e.kind, e.reason) for e in events if e.transfer_id == tid] == [
         ("failed", "bad_request"), ("released", None)
     ]
@@ -277,7 +277,7 @@ def test_the_peer_refuses_bad_page_ids_that_a_decode_side_did_not_check(
     t0 = time.monotonic()
     tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="ids-peer", room=62, prompt_len=40,
                            reused_len=0, swa_window_start=0, full_page_ids=[1, 2, top + 1],
-                           swa_page_ids=[1, 2, 3], aux_slot=0, prompt_ids=[7] * 40)  # fmt: skip
+                           swa_page_ids=[1, 2, 3], aux_row=0, prompt_ids=[7] * 40)  # fmt: skip
     events = decode.wait(tid, "released", timeout_s=5.0)
     assert [(e.kind, e.reason) for e in events] == [
         ("failed", "transfer_failed"), ("released", None)]
@@ -286,9 +286,9 @@ def test_the_peer_refuses_bad_page_ids_that_a_decode_side_did_not_check(
 
 def test_abort_returns_pages_once_the_peer_confirms(decode: DecodeSide, prefill_peer: int) -> None:
     prompt = prompt_of(1000, seed=6)
-    tid, full, swa, _ = decode.submit_cold(prefill_peer, prompt, "abort", room=71, aux_slot=6)
-    decode.rx.poll()  # the request goes out
-    decode.rx.abort(tid)
+    tid, full, swa, _ = decode.submit_cold(prefill_peer, prompt, "abort", room=71, aux_row=6)
+    decode.rx.take_events()  # the request goes out
+    decode.rx.abort_transfer(tid)
     t0 = time.monotonic()
     events = decode.wait(tid, "released", timeout_s=5.0)
     assert [e.kind for e in events] == ["released"]  # no "failed": the owner asked for it
@@ -301,7 +301,7 @@ def test_missing_prompt_times_out_with_kv_timeout(decode: DecodeSide, prefill_pe
     t0 = time.monotonic()
     tid = decode.rx.submit("127.0.0.1", prefill_peer, rid="lonely", room=81, prompt_len=32,
                            reused_len=0, swa_window_start=0, full_page_ids=[1, 2],
-                           swa_page_ids=[1, 2], aux_slot=7, timeout_s=1.0)  # fmt: skip
+                           swa_page_ids=[1, 2], aux_row=7, timeout_s=1.0)  # fmt: skip
     events = decode.wait(tid, "released", timeout_s=6.0)
     assert [(e.kind, e.reason) for e in events] == [("failed", "kv_timeout"), ("released", None)]
     assert 1.0 <= time.monotonic() - t0 < 4.0
@@ -315,8 +315,8 @@ def test_unknown_and_late_notifications_are_counted_not_fatal(
 
     finished = decode.rx.submit("127.0.0.1", prefill_peer, rid="gone", room=91, prompt_len=16,
                                 reused_len=0, swa_window_start=0, full_page_ids=[0],
-                                swa_page_ids=[1], aux_slot=0)  # fmt: skip
-    assert [e.kind for e in decode.rx.poll()] == ["failed", "released"]  # page id 0: bad
+                                swa_page_ids=[1], aux_row=0)  # fmt: skip
+    assert [e.kind for e in decode.rx.take_events()] == ["failed", "released"]  # page id 0: bad
     rogue = NixlAgent("rogue-sender", "UCX", RX_SETTINGS.progress_delay_us)
     try:
         peer = rogue.add_peer(decode.rx.agent.metadata())
@@ -326,7 +326,7 @@ def test_unknown_and_late_notifications_are_counted_not_fatal(
         rogue.send_notif(peer, protocol.encode_notif(protocol.Notif(finished, 91, 0, 1, 1)))
         deadline = time.monotonic() + 5.0
         while (stats.unknown_notifs, stats.late_notifs) != (before[0] + 1, before[1] + 1):
-            assert not decode.rx.poll()
+            assert not decode.rx.take_events()
             assert time.monotonic() < deadline, (stats, before)
             time.sleep(0.005)
     finally:
@@ -339,7 +339,7 @@ def test_concurrent_requests_each_land_their_own_kv(decode: DecodeSide, prefill_
     prompts = [prompt_of(n, seed=100 + i) for i, n in enumerate(lens)]
     tables, tids = [], []
     for i, prompt in enumerate(prompts):
-        cold = decode.submit_cold(prefill_peer, prompt, f"c{i}", room=200 + i, aux_slot=8 + i)
+        cold = decode.submit_cold(prefill_peer, prompt, f"c{i}", room=200 + i, aux_row=8 + i)
         tables.append(cold.full)
         tids.append(cold.tid)
     for tid in tids:
@@ -359,6 +359,6 @@ def test_a_bad_peer_address_fails_only_that_request(
 ) -> None:
     tid = decode.rx.submit(host, port, rid="addr", room=301, prompt_len=16, reused_len=0,
                            swa_window_start=0, full_page_ids=[1], swa_page_ids=[1],
-                           aux_slot=0)  # fmt: skip
+                           aux_row=0)  # fmt: skip
     events = decode.wait(tid, "released", timeout_s=5.0)
     assert [e.kind for e in events] == ["failed", "released"]

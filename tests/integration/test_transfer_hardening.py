@@ -176,7 +176,7 @@ def submit(rx: KVReceiver, port: int, room: int, n: int, *, prompt: list[int] | 
     s = align_down(max(0, n - 1 - 127), PS)
     full, swa = list(range(1, cdiv(n, PS) + 1)), list(range(1, cdiv(n, PS) - s // PS + 1))
     tid = rx.submit("127.0.0.1", port, rid=f"r{room}", room=room, prompt_len=n, reused_len=0,
-                    swa_window_start=s, full_page_ids=full, swa_page_ids=swa, aux_slot=room % 4,
+                    swa_window_start=s, full_page_ids=full, swa_page_ids=swa, aux_row=room % 4,
                     timeout_s=timeout_s, prompt_ids=prompt)  # fmt: skip
     return tid, full, swa
 
@@ -186,7 +186,7 @@ def wait_for(rx: KVReceiver, tid: int, kind: str, timeout_s: float) -> list[Tran
     deadline = time.monotonic() + timeout_s
     while not any(e.kind == kind for e in got):
         assert time.monotonic() < deadline, f"no {kind!r} for transfer {tid}: {got}"
-        got += [e for e in rx.poll() if e.transfer_id == tid]
+        got += [e for e in rx.take_events() if e.transfer_id == tid]
         time.sleep(0.002)
     return got
 
@@ -202,10 +202,10 @@ def test_a_sigkilled_prefill_peer_is_found_dead_within_3s_by_default(
         tid, _, _ = submit(rx, port, 41, 200)  # waits at the peer for its prompt
         deadline = time.monotonic() + 10
         while not all(peer.ready for peer in rx._peers.values()):
-            assert time.monotonic() < deadline and not rx.poll()
+            assert time.monotonic() < deadline and not rx.take_events()
             time.sleep(0.01)
         time.sleep(1.0)  # a few heartbeats answered
-        assert not rx.poll()
+        assert not rx.take_events()
         proc.send_signal(signal.SIGKILL)
         t0 = time.monotonic()
         failed = wait_for(rx, tid, "failed", timeout_s=10.0)[-1]
@@ -265,7 +265,7 @@ def test_a_refusal_reaches_a_prefill_peer_of_sglangs_protocol_as_abort(
             t0 = time.monotonic()
             rx.cancel_room("127.0.0.1", bport, room, "too_large", "does not fit")
             while not posted.done() and time.monotonic() - t0 < 10.0:
-                assert not rx.poll()  # no transfer: no events
+                assert not rx.take_events()  # no transfer: no events
                 time.sleep(0.005)
             resp, at = posted.result()
             assert resp.status_code >= 500 and "Aborted by decode-side" in resp.text, resp.text
@@ -360,7 +360,7 @@ def test_a_transfer_the_peer_failed_is_not_cancelled_again(
             top = runner.pools.num_pages["full"]
             tid = rx.submit("127.0.0.1", bport, rid="r9101", room=9101, prompt_len=40,
                             reused_len=0, swa_window_start=0, full_page_ids=[1, 2, top + 1],
-                            swa_page_ids=[1, 2, 3], aux_slot=1, prompt_ids=[7] * 40)
+                            swa_page_ids=[1, 2, 3], aux_row=1, prompt_ids=[7] * 40)
             events = wait_for(rx, tid, "released", 10.0)
         assert [e.kind for e in events] == ["failed", "released"]
         rx.cancel_room("127.0.0.1", bport, 9101, "transfer_failed", events[0].detail)

@@ -55,14 +55,14 @@ def _submit(receiver: KVReceiver, bport: int, room: int, n: int) -> int:
     return receiver.submit("127.0.0.1", bport, rid=f"r{room}", room=room, prompt_len=n,
                            reused_len=0, swa_window_start=s,
                            full_page_ids=list(range(1, pages + 1)),
-                           swa_page_ids=list(range(1, pages - s // PS + 1)), aux_slot=room % 4,
+                           swa_page_ids=list(range(1, pages - s // PS + 1)), aux_row=room % 4,
                            timeout_s=10.0)  # fmt: skip
 
 
 def _wait(receiver: KVReceiver, tid: int, timeout_s: float = 15.0) -> TransferEvent:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for ev in receiver.poll():
+        for ev in receiver.take_events():
             if ev.transfer_id == tid and ev.kind != "released":
                 return ev
         time.sleep(0.002)
@@ -86,7 +86,7 @@ def test_http_prompt_and_transfer_request_meet_by_room(
     else:
         tid = _submit(receiver, bport, room, len(ids))
         for _ in range(50):
-            receiver.poll()
+            receiver.take_events()
             time.sleep(0.006)
         poster.start()
     ev = _wait(receiver, tid)

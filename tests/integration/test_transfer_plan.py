@@ -74,7 +74,7 @@ def test_coalesce_keeps_every_byte_in_order(raw: list[tuple[int, int, int]]) -> 
         (64, 0, 32, [1, 2, 3, 101], [1, 2], 0, "out of"),
         (64, 0, 32, [0, 2, 3, 4], [1, 2], 0, "out of"),
         (64, 0, 32, [1, 2, 3, 4], [1, 1], 0, "repeated swa"),
-        (64, 0, 32, [1, 2, 3, 4], [1, 2], 8, "aux_slot 8"),
+        (64, 0, 32, [1, 2, 3, 4], [1, 2], 8, "aux_row 8"),
         (0, 0, 0, [], [], 0, "prompt_len 0"),
     ],
 )

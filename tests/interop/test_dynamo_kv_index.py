@@ -1,7 +1,9 @@
 """Dynamo's own KV indexer (`dynamo.llm.RadixTree` from `ai-dynamo-runtime`) built from this
 worker's ZMQ payloads predicts every TRANSFER match of the tree, after random traffic with
-page-granular evictions, tombstones and a flush. Runs under the venv named by `DYNAMO_VENV`
-(`python3 -m venv V && V/bin/pip install ai-dynamo-runtime`); skipped without it."""
+page-granular evictions, tombstones and a flush. The payloads are decoded from msgpack here
+(as they went on the wire); Dynamo's side runs in its own venv, `DYNAMO_VENV` (default
+`.venv-dynamo`, made by `scripts/setup_dynamo.sh`: `python3 -m venv V && V/bin/pip install
+ai-dynamo-runtime`); skipped without it."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import random
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from decode_worker.core.radix_tree import MatchMode
@@ -19,18 +22,20 @@ from decode_worker.io.kv_events.wire import encode_batch
 from tests.integration.test_kv_events_zmq import PS, traffic
 
 SCRIPT = Path(__file__).resolve().parent / "dynamo_kv" / "index_events.py"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def dynamo_python() -> Path | None:
-    venv = os.environ.get("DYNAMO_VENV")
-    python = Path(venv) / "bin" / "python" if venv else None
-    return python if python is not None and python.exists() else None
+    """The Dynamo venv's interpreter (`DYNAMO_VENV`, default .venv-dynamo), if it exists."""
+    python = Path(os.environ.get("DYNAMO_VENV", ROOT / ".venv-dynamo")) / "bin" / "python"
+    return python if python.exists() else None
 
 
 def test_dynamo_indexer_predicts_every_match() -> None:
     python = dynamo_python()
     if python is None:
-        pytest.skip("DYNAMO_VENV (a venv with ai-dynamo-runtime) is not set")
+        pytest.skip("no venv with ai-dynamo-runtime (DYNAMO_VENV, default .venv-dynamo: "
+                    "bash scripts/setup_dynamo.sh)")
     from decode_worker.core.pages import PageAllocator
     from decode_worker.core.radix_tree import UnifiedRadixTree
 
@@ -38,10 +43,10 @@ def test_dynamo_indexer_predicts_every_match() -> None:
                             kv_events=True)
     hub = KvEventHub(10_000)
     seqs = traffic(tree, hub, 60, seed=11)
-    payloads = [encode_batch(b).hex() for b in hub.replay(0)]
+    batches = [msgspec.msgpack.decode(encode_batch(b)) for b in hub.replay(0)]
     rng = random.Random(5)
     queries = seqs + [s[: rng.randrange(1, len(s) + 1)] for s in seqs]
-    req = {"payloads": payloads, "queries": queries, "block_size": PS}
+    req = {"batches": batches, "queries": queries, "block_size": PS}
     out = subprocess.run([str(python), str(SCRIPT)], input=json.dumps(req), text=True,
                          capture_output=True, timeout=120, check=True)
     blocks = json.loads(out.stdout)["blocks"]

@@ -14,8 +14,10 @@ TP 2 (two registrations; each rank writes its KV head); turns >= 2 of a conversa
 cached tokens (and the prefill saw a decode prefix), also from the host tier of a second worker
 whose device pool is too small for the conversations; a room the prefill fails ends in 502 naming
 the peer's reason, and the rank that failed it gets no ABORT, so SGLang keeps its own cause (TP 1
-and TP 2, the client answered or gone); a killed prefill fails its request (502, peer_dead)
-within seconds; after each failure the worker is idle with every page back and keeps serving.
+and TP 2, the client answered or gone); a page-aligned prompt sent twice (the worker holds it
+in full the second time) is answered exactly both times; a killed prefill fails its request
+(502, peer_dead) within seconds; after each failure the worker is idle with every page back and
+keeps serving.
 
 Ports: 18500-18599 only (both harnesses' HTTP, ZMQ and UCX ranges, and the worker's).
 """
@@ -147,6 +149,28 @@ def test_multi_turn_conversation_matches_reference(rig: Rig, tp: int) -> None:
     assert prefixes[0] == 0 and all(p > 0 for p in prefixes[1:]), f"decode prefix: {prefixes}"
     assert_idle_and_whole(rig.worker)
     assert_peers_speak_sglang(rig.worker, tp)
+
+
+def test_a_page_aligned_prompt_sent_twice_is_answered_exactly_the_second_time(rig: Rig) -> None:
+    """A retry: the second time the worker holds the whole prompt (whole pages). SGLang's
+    sender would send no SWA at decode_prefix_len = L, so the worker asks below L (as SGLang's
+    own decode does): the window and the first token arrive, and the answer equals
+    transformers' both times."""
+    harness, first = rig.tp1, conversation(seed=31, turns=1)[0]
+    prompt = first[: len(first) - len(first) % PAGE_SIZE]
+    prefixes, cached = [], []
+    for attempt in range(2):
+        resp, state = pd_request(harness, rig.worker, prompt)
+        assert resp.status_code == 200, f"attempt {attempt}: {resp.text[:2000]}"
+        assert state["status"] == "success", state
+        out = resp.json()
+        check_against_reference(rig.reference, prompt, out)
+        prefixes.append(state["ranks"][0]["decode_prefix_len"])
+        cached.append(out["meta_info"]["cached_tokens"])
+    assert len(prompt) % PAGE_SIZE == 0 and prefixes[0] == cached[0] == 0
+    assert 0 < prefixes[1] == cached[1] < len(prompt), (len(prompt), prefixes, cached)
+    print(f"\nL={len(prompt)}: decode_prefix_len {prefixes}, cached tokens {cached}")
+    assert_idle_and_whole(rig.worker)
 
 
 def test_conversations_beyond_the_device_pool_restore_host_hits_exactly(rig: Rig) -> None:

@@ -13,8 +13,9 @@ import torch
 
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.gpt_oss import GptOssModel
-from decode_worker.device.runner import DecodeBatch, ModelRunner
+from decode_worker.device.runner import ModelRunner
 from decode_worker.utils.mathx import align_down
+from tests.decode_steps import decode_lists
 from tests.oracle.helpers import PageBook, reference_greedy
 
 LOGIT_ATOL = 1e-4
@@ -53,9 +54,8 @@ def paged_greedy(runner: ModelRunner, prompts: list[list[int]], steps: int,
             if drop_swa:
                 for i in range(max(0, pos - window) // ps):
                     swa[i] = 0
-        batch = DecodeBatch([s[-1] for s in seqs], positions, [t[0] for t in tables],
-                            [t[1] for t in tables])
-        out = runner.decode(batch)  # [n, V]
+        out = decode_lists(runner, [s[-1] for s in seqs], positions, [t[0] for t in tables],
+                           [t[1] for t in tables])  # [n, V]
         for i, s in enumerate(seqs):
             s.append(int(out[i].argmax()))
             logits[i].append(out[i])
@@ -136,7 +136,7 @@ def test_prefix_hit_plus_fresh_tail_equals_full_compute(
     tok = int(hit.argmax())
     book.grow(full_b, "full", len(prompt_b) + 1)
     book.grow(swa_b, "swa", len(prompt_b) + 1)
-    nxt = runner.decode(DecodeBatch([tok], [len(prompt_b)], [full_b], [swa_b]))[0]
+    nxt = decode_lists(runner, [tok], [len(prompt_b)], [full_b], [swa_b])[0]
     _, ref2 = reference_greedy(reference, [*prompt_b, tok], 1)
     assert (nxt - ref2[0]).abs().max().item() < LOGIT_ATOL
 

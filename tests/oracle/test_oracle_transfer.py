@@ -10,8 +10,8 @@ import torch
 from decode_worker.core.window import swa_window_start
 from decode_worker.device.kv_pool import KVPools
 from decode_worker.device.model.gpt_oss import GptOssModel
-from decode_worker.device.runner import DecodeBatch
 from decode_worker.utils.mathx import cdiv
+from tests.decode_steps import decode_lists
 from tests.oracle.helpers import reference_greedy
 from tests.oracle.test_oracle_gpt_oss import LOGIT_ATOL, make_runner, prompt_of
 
@@ -51,7 +51,7 @@ def test_prefill_here_decode_there_matches_reference(
         while len(dst_full) <= pos // page_size:
             dst_full.append(next(spare))
             dst_swa.append(next(spare))
-        out = decode.decode(DecodeBatch([tokens[-1]], [pos], [dst_full], [dst_swa]))[0]
+        out = decode_lists(decode, [tokens[-1]], [pos], [dst_full], [dst_swa])[0]
         logits.append(out)
         tokens.append(int(out.argmax()))
     ref_tokens, ref_logits = reference_greedy(reference, prompt, steps)

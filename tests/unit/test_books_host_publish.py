@@ -12,13 +12,10 @@ from decode_worker.core.host_tier import WritePolicy
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
 from decode_worker.daemon.decode.books import Books
-from decode_worker.daemon.decode.fetcher import AuxRows, KVFetcher
 from decode_worker.daemon.decode.host_tier import HostTier
 from decode_worker.daemon.shared.host_plan import HostPlan
-from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.config import FULL
-from decode_worker.device.sglang_aux import SglangAuxBuffers
 from decode_worker.io.metrics import Metrics
 from tests.fakes.fake_device import FakeDeviceRunner, FakeIdleReceiver, running_stepper
 
@@ -42,10 +39,7 @@ def _books() -> tuple[Books, HostTier, list[str]]:
 
     stepper = running_stepper(FakeDeviceRunner(0.0), 2, 64, False, tree=tree)
     table = stepper.table
-    fetcher = KVFetcher(FakeIdleReceiver(), AuxRows(AuxBuffer(1), SglangAuxBuffers(1)),  # type: ignore[arg-type]
-                        table, None, None)  # type: ignore[arg-type]
-    books = Books(table.kv_ctx, table, fetcher, stepper, Metrics())
-    books.host_tier = made[0]
+    books = Books(table.kv_ctx, table, FakeIdleReceiver(), stepper, Metrics(), made[0])
     pools_set: list[str] = []
     update_pool = books.metrics.update_pool
 

@@ -5,18 +5,21 @@ the load is whatever the engine published last."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.decode import backend as decode_backend
-from decode_worker.daemon.decode.backend import BackendInfo, DecodeBackend
+from decode_worker.daemon.decode.backend import DecodeBackend
 from decode_worker.daemon.decode.bridge import (
+    BackendInfo,
     CacheFlushed,
     Ended,
     EngineDead,
     FlushCache,
     Inbox,
+    PromptTotals,
     StepTokens,
     Tokens,
 )
@@ -30,7 +33,7 @@ INFO = BackendInfo("/m", "m", 16, 127, 1024, 8, 64, 4096)
 def make(load: Load | None = None) -> tuple[DecodeBackend, Inbox]:
     inbox = Inbox()
     return DecodeBackend(inbox, ByteTokenizer(), INFO, 8, 8998,
-                         load=lambda: load or Load()), inbox
+                         loads=SimpleNamespace(load=load or Load())), inbox
 
 
 def test_flush_posts_a_command_and_returns_the_answer_with_its_token() -> None:
@@ -85,13 +88,13 @@ def test_step_tokens_reach_each_stream_with_its_totals_and_end_in_one_chunk() ->
         got: dict[str, list[OutputChunk]] = {"a": [], "b": []}
         firsts = {rid: asyncio.ensure_future(s.__anext__()) for rid, s in streams.items()}
         await asyncio.sleep(0)
-        backend.deliver([Tokens("a", OutputChunk([7], prompt_tokens=3, cached_tokens=2,
-                                                 host_cached_tokens=1)),
-                         Tokens("b", OutputChunk([8], prompt_tokens=3, cached_tokens=0))])
+        backend.deliver([Tokens("a", OutputChunk([7]), PromptTotals(3, 2, 1)),
+                         Tokens("b", OutputChunk([8]), PromptTotals(3, 0))])
         for rid, first in firsts.items():
             got[rid].append(await first)
         backend.deliver([StepTokens(["a", "b"], [9, 10])])
-        backend.deliver([StepTokens(["b", "a"], [11, 12]), Ended("a", "length", "", None, 3, 2, 1)])
+        backend.deliver([StepTokens(["b", "a"], [11, 12]),
+                         Ended("a", "length", "", None, PromptTotals(3, 2, 1))])
         for rid, stream in streams.items():
             async for chunk in stream:
                 got[rid].append(chunk)

@@ -5,14 +5,23 @@ caps concurrency. And a refusal goes to the engine as one `RefuseRequest` naming
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.daemon.decode.backend import BackendInfo, DecodeBackend
-from decode_worker.daemon.decode.bridge import AddRequest, Ended, Inbox, RefuseRequest, Tokens
+from decode_worker.daemon.decode.backend import DecodeBackend
+from decode_worker.daemon.decode.bridge import (
+    AddRequest,
+    BackendInfo,
+    Ended,
+    Inbox,
+    PromptTotals,
+    RefuseRequest,
+    Tokens,
+)
 from decode_worker.errors import QueueFull
 from decode_worker.io.api.backend import GenerateInput, Load, OutputChunk
 from decode_worker.io.api.targets import Target
@@ -26,7 +35,8 @@ OPS = st.lists(st.tuples(st.sampled_from(["submit", "start", "end"]), st.integer
 
 def make(max_queued: int) -> tuple[DecodeBackend, Inbox]:
     inbox = Inbox()
-    return DecodeBackend(inbox, ByteTokenizer(), INFO, max_queued, 8998, load=Load), inbox
+    return DecodeBackend(inbox, ByteTokenizer(), INFO, max_queued, 8998,
+                         loads=SimpleNamespace(load=Load())), inbox
 
 
 async def play(max_queued: int, ops: list[tuple[str, int]]) -> int:
@@ -49,7 +59,7 @@ async def play(max_queued: int, ops: list[tuple[str, int]]) -> int:
                 waiting[rid] = (it, task)
         elif op == "start" and waiting:
             rid = sorted(waiting)[k % len(waiting)]
-            backend.deliver([Tokens(rid, OutputChunk([7], prompt_tokens=2))])
+            backend.deliver([Tokens(rid, OutputChunk([7]), PromptTotals(2))])
             running[rid] = waiting.pop(rid)
             assert (await running[rid][1]).token_ids == [7]
         elif op == "end" and (waiting or running):

@@ -11,9 +11,13 @@ from dataclasses import replace
 import pytest
 import torch
 
+from decode_worker.core.kv_event_index import KVEventIndex
+from decode_worker.core.pages import PageAllocator
+from decode_worker.core.radix_tree import UnifiedRadixTree
 from decode_worker.core.request import RequestState
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.decode.bridge import Ended, Tokens, per_request
+from decode_worker.daemon.decode.parking import Wait
 from decode_worker.daemon.decode.stepper import DecodeStepper
 from decode_worker.device.sampler import ParamsBatch
 from tests.fakes.fake_device import FakeDeviceRunner, SinkOutbox, running_stepper
@@ -93,7 +97,7 @@ def test_a_stop_token_ends_each_request_at_its_first_occurrence(overlap: bool) -
         else:
             assert ended[rid].reason == "length" and len(got) == 30 and stop not in got, rid
     assert ended["r0"].reason == "stop" and sent["r0"] == seqs["r0"][:7]
-    assert not stepper.batch and stepper.batch.slots.num_free == 6  # every row came back
+    assert not stepper.batch and stepper.batch.inputs.num_free == 6  # every row came back
 
 
 def test_the_batch_samples_with_the_parameters_of_each_request() -> None:
@@ -111,9 +115,9 @@ def test_the_batch_samples_with_the_parameters_of_each_request() -> None:
         stepper.step(time.monotonic())
     batch = stepper.batch
     order = batch.order()
-    ahead = batch.ahead[order.slots]
+    ahead = batch.ahead[order.rows]
     assert ahead.tolist() == [1] * len(params)  # overlapped: a step is in flight
-    got = batch.sample_params(order.slots, ahead, 64, torch.device("cpu"))
+    got = batch.sample_params(order.rows, ahead, 64, torch.device("cpu"))
     rows = [replace(lv.sample_row(), step=len(lv.req.output_ids) + 1) for lv in order.lives]
     want = ParamsBatch.of_rows(rows, 64, torch.device("cpu"))
     for name in ("temperature", "top_k", "top_p", "min_p", "greedy"):
@@ -137,10 +141,14 @@ def test_pages_of_a_request_ended_under_a_launched_step_wait_for_that_step() -> 
         table.end(live, "client_abort", "aborted: client_abort", time.monotonic())
         assert "r0" not in table.lives and live not in stepper.batch
         if overlap:
-            assert [lv for lv, _, _ in table.settling] == [live] and full.num_free == free
+            steps = table.parked.at(Wait.STEPS)
+            assert [r.live for r in steps] == [live] and full.num_free == free
             assert live.req in table.holders()
+            table.poll(time.monotonic())  # the step is not waited for: nothing moves
+            assert full.num_free == free
             stepper.step(time.monotonic())  # waits for the launched step
-        assert not table.settling and full.num_free == free + held
+            table.poll(time.monotonic())
+        assert not table.parked.has(Wait.STEPS) and full.num_free == free + held
         assert live.req.state is RequestState.ABORTED
 
 
@@ -175,3 +183,44 @@ def test_logprobs_come_from_the_device_without_a_synchronous_step() -> None:
     one_hot[0] = 1.0
     want = float(torch.log_softmax(one_hot, dim=0)[0])  # the fake's logits are one-hot
     assert all(abs(lp - want) < 1e-6 for _, lp in on["r0"][1:])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_ended_requests_kv_is_in_the_events_of_the_step_that_answers_it(
+        overlap: bool) -> None:
+    """The step that puts a request's `Ended` in the outbox has already recorded the tree
+    events naming all its computed KV (its page-aligned prompt and output), overlap on or off:
+    the engine publishes a step's events before it flushes the step's answers, so a router
+    that reads them sees what the client's next turn will hit. With overlap on, the request's
+    pages still wait for the launched step (parked: STEPS), but its KV is in the tree already."""
+    seqs = tokens_of(run(False, 30, ctx=42, bs=4))
+    stop = seqs["r0"][6]  # r0 ends with KV for 42 + 6 tokens: a page its prompt did not fill
+    params = SamplingParams(max_new_tokens=30, temperature=0, stop_token_ids=[stop])
+    trees: list[UnifiedRadixTree] = []
+
+    def tree(full: PageAllocator, swa: PageAllocator) -> UnifiedRadixTree:
+        trees.append(UnifiedRadixTree(16, 127, full, swa, kv_events=True))
+        return trees[0]
+
+    stepper = running_stepper(FakeDeviceRunner(0.0), 4, 42, overlap, params=params,
+                              keep_events=True, tree=tree)
+    lives = dict(stepper.table.lives)
+    outbox = stepper.table.outbox
+    assert isinstance(outbox, SinkOutbox)
+    index, seen, settled, grown = KVEventIndex(), 0, 0, 0
+    while stepper.table.running or stepper.busy:
+        stepper.step(time.monotonic())
+        index.apply(trees[0].take_events())  # what the engine publishes at the step's end
+        for ev in outbox.events[seen:]:
+            if isinstance(ev, Ended):
+                fill = lives[ev.rid].req.fill_ids  # every token whose KV was computed
+                assert index.match_len(fill) == len(fill) // 16 * 16, (ev.rid, ev.reason)
+                grown += len(fill) // 16 > len(lives[ev.rid].req.prompt_ids) // 16
+        seen = len(outbox.events)
+        settled += stepper.table.parked.count(Wait.STEPS)
+        stepper.table.poll(time.monotonic())  # the engine's next step: settled ends leave
+    assert sum(isinstance(e, Ended) and e.reason == "stop" for e in outbox.events) >= 1
+    assert grown >= 1  # a page the request's own output filled
+    assert (settled > 0) == overlap  # on: the stop-token ends waited for a launched step
+    assert index.orphan_stores == index.duplicate_stores == index.unknown_removals == 0
+    trees[0].check_integrity()

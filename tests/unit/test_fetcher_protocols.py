@@ -1,7 +1,7 @@
-"""The KV fetcher's side of peer protocols: a request waits until its peer's protocol is known,
-then is queued (an SGLang prefill's page size set on it) or ended with a reason that names what
-to change (an unreachable peer: peer_dead at once, counted); requests that ended while waiting
-are dropped."""
+"""Peer protocols as the request table applies them: a request waits (PEER) until its peer's
+protocol is known, then is queued (an SGLang prefill's page size set on it) or ended with a
+reason that names what to change (an unreachable peer: peer_dead at once, counted); a request
+that ends while it waits leaves at once."""
 
 from __future__ import annotations
 
@@ -12,15 +12,17 @@ import pytest
 
 from decode_worker.core.request import DecodeRequest
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.daemon.decode.bridge import AddRequest, Ended
-from decode_worker.daemon.decode.fetcher import AuxRows, KVFetcher
+from decode_worker.daemon.decode.bridge import AddRequest
+from decode_worker.daemon.decode.fetcher import AuxBuffers, KVFetcher
 from decode_worker.daemon.decode.live import LiveRequest
+from decode_worker.daemon.decode.parking import Wait
+from decode_worker.daemon.decode.requests import RequestTable
 from decode_worker.io.kv.router import PeerProtocol
 
 
 class FakeRouter:
     """Answers `protocol_of` from a dict (None: still probing); records each caller's `since`
-    and the failures counted."""
+    and the failures counted; no transfer is ever in flight."""
 
     def __init__(self, answers: dict[int, PeerProtocol | None]) -> None:
         self.answers = answers
@@ -34,34 +36,65 @@ class FakeRouter:
     def count_failure(self, reason: str) -> None:
         self.failures.append(reason)
 
+    def take_events(self) -> list[object]:
+        return []  # no transfer in flight
 
-def fetcher(answers: dict[int, PeerProtocol | None], *, radix: bool = True) -> KVFetcher:
-    table: Any = SimpleNamespace(kv_ctx=SimpleNamespace(page_size=16, radix_cache=radix))
-    aux: Any = AuxRows(SimpleNamespace(num_rows=4), None)  # type: ignore[arg-type]
-    return KVFetcher(FakeRouter(answers), aux, table, None, None)  # type: ignore[arg-type]
+    def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None:
+        pass
 
 
-def live(port: int) -> LiveRequest:
+class FakeQueue:
+    """The prealloc queue: records what was queued."""
+
+    def __init__(self) -> None:
+        self.queued: list[str] = []
+
+    def enqueue(self, req: DecodeRequest, now: float) -> None:
+        self.queued.append(req.rid)
+
+    def abort_request(self, rid: str, now: float, reason: str, message: str = "") -> None:
+        return None
+
+
+def table(answers: dict[int, PeerProtocol | None], *, radix: bool = True) -> RequestTable:
+    """A request table whose peers answer `answers` (a fetcher over `FakeRouter`); no batch."""
+    kv_ctx: Any = SimpleNamespace(page_size=16, radix_cache=radix)
+    router = FakeRouter(answers)
+    aux: Any = AuxBuffers(SimpleNamespace(num_rows=4), None)  # type: ignore[arg-type]
+    f = KVFetcher(router, aux, kv_ctx, None, None)  # type: ignore[arg-type]
+    batch: Any = SimpleNamespace(leave=lambda live: 0, steps_done=0)
+    outbox: Any = SimpleNamespace(put=lambda event: None)
+    return RequestTable(kv_ctx, FakeQueue(), None, router, f, outbox, batch)  # type: ignore[arg-type]
+
+
+def live(t: RequestTable, port: int) -> LiveRequest:
     cmd = AddRequest(f"r{port}", [1, 2, 3], SamplingParams(max_new_tokens=4), False,
                      "127.0.0.1", port, 7, 0.0)
-    return LiveRequest(DecodeRequest(cmd.rid, 7, [1, 2, 3], 4), cmd, frozenset())
+    return t.register(cmd, frozenset())
 
 
-def waiting(f: KVFetcher, *lives: LiveRequest) -> None:
+def waiting(t: RequestTable, *ports: int) -> list[LiveRequest]:
+    lives = [live(t, port) for port in ports]
     for i, lv in enumerate(lives):
-        f.wait_for_peer(lv, 100.0 + i)
+        t.wait_for_peer(lv, 100.0 + i)
+    return lives
 
 
-def test_waiting_requests_are_released_once_their_peer_is_known() -> None:
-    f = fetcher({1: None, 2: PeerProtocol("native"), 3: PeerProtocol("sglang", 16, 2)})
-    waiting(f, live(1), live(2), live(3))
-    out = f.resolve()
-    assert [(lv.rid, why) for lv, why in out] == [("r2", None), ("r3", None)]
-    assert out[0][0].req.sglang_page_size == 0 and out[1][0].req.sglang_page_size == 16
-    assert [lv.rid for lv, _ in f.resolving] == ["r1"]  # still probing
-    assert f.receiver.since == {1: 100.0, 2: 101.0, 3: 102.0}  # when each began waiting
-    f.resolve()
-    assert f.receiver.since[1] == 100.0  # the same request keeps its start
+def peers(t: RequestTable) -> list[str]:
+    return [rec.live.rid for rec in t.parked.at(Wait.PEER)]
+
+
+def test_waiting_requests_are_queued_once_their_peer_is_known() -> None:
+    t = table({1: None, 2: PeerProtocol("native"), 3: PeerProtocol("sglang", 16, 2)})
+    r1, r2, r3 = waiting(t, 1, 2, 3)
+    t.poll(200.0)
+    assert t.queue.queued == ["r2", "r3"]  # type: ignore[attr-defined]
+    assert r2.req.sglang_page_size == 0 and r3.req.sglang_page_size == 16
+    assert peers(t) == ["r1"] and r1.parked is not None  # still probing
+    router = t.fetcher.receiver
+    assert router.since == {1: 100.0, 2: 101.0, 3: 102.0}  # type: ignore[attr-defined]
+    t.poll(201.0)
+    assert router.since[1] == 100.0  # type: ignore[attr-defined]  # it keeps its start
 
 
 @pytest.mark.parametrize(("page", "radix", "words"), [
@@ -70,36 +103,42 @@ def test_waiting_requests_are_released_once_their_peer_is_known() -> None:
 ])
 def test_an_sglang_page_size_we_cannot_take_ends_the_request_naming_the_fix(
         page: int, radix: bool, words: str) -> None:
-    f = fetcher({5: PeerProtocol("sglang", page, 1)}, radix=radix)
-    waiting(f, live(5))
-    ((_, why),) = f.resolve()
-    assert why is not None and why[0] == "transfer_failed"
-    assert words in why[1] and "--page-size" in why[1] and "cache.page_size" in why[1]
+    t = table({5: PeerProtocol("sglang", page, 1)}, radix=radix)
+    (lv,) = waiting(t, 5)
+    t.poll(200.0)
+    assert lv.ended is not None and lv.ended.reason == "transfer_failed"
+    why = lv.ended.message
+    assert words in why and "--page-size" in why and "cache.page_size" in why
+    assert not t.parked and t.requests_total["failed"] == 1
 
 
 def test_a_smaller_prefill_page_is_taken_without_the_radix_cache() -> None:
-    f = fetcher({6: PeerProtocol("sglang", 8, 1)}, radix=False)
-    waiting(f, live(6))
-    ((lv, why),) = f.resolve()
-    assert why is None and lv.req.sglang_page_size == 8
+    t = table({6: PeerProtocol("sglang", 8, 1)}, radix=False)
+    (lv,) = waiting(t, 6)
+    t.poll(200.0)
+    assert lv.ended is None and lv.req.sglang_page_size == 8
+    assert t.queue.queued == ["r6"]  # type: ignore[attr-defined]
 
 
-def test_an_unavailable_peer_ends_its_request_at_once_and_ended_requests_are_dropped() -> None:
+def test_an_unavailable_peer_ends_its_request_at_once_and_ended_requests_leave() -> None:
     """Unreachable: peer_dead with the probe's words, counted with the transfer failures (as
-    its transfer would have been); an answer from neither protocol: transfer_failed."""
-    f = fetcher({7: PeerProtocol("unavailable", detail="prefill peer 127.0.0.1:7 is "
-                                 "unreachable: connection refused"),
-                 9: PeerProtocol("unavailable", detail="answers HTTP 404",
-                                 reason="transfer_failed"), 8: None})
-    gone = live(8)
-    gone.ended = Ended("r8", "client_abort")
-    waiting(f, live(7), gone, live(9))
-    (lv, why), (lv9, why9) = f.resolve()
-    assert lv.rid == "r7" and why == ("peer_dead", "prefill peer 127.0.0.1:7 is unreachable: "
-                                      "connection refused")
-    assert lv9.rid == "r9" and why9 == ("transfer_failed", "answers HTTP 404")
-    assert f.receiver.failures == ["peer_dead", "transfer_failed"]
-    assert f.resolving == [] and 8 not in f.receiver.since  # never asked for the ended one
+    its transfer would have been); an answer from neither protocol: transfer_failed. A request
+    that ends while it waits leaves the lot at once (its peer is never asked again)."""
+    t = table({7: PeerProtocol("unavailable", detail="prefill peer 127.0.0.1:7 is "
+                               "unreachable: connection refused"),
+               9: PeerProtocol("unavailable", detail="answers HTTP 404",
+                               reason="transfer_failed"), 8: None})
+    r7, gone, r9 = waiting(t, 7, 8, 9)
+    t.end(gone, "client_abort", "aborted: client_abort", 150.0)
+    assert gone.parked is None and peers(t) == ["r7", "r9"]
+    t.poll(200.0)
+    assert r7.ended is not None and r9.ended is not None
+    assert (r7.ended.reason, r7.ended.message) == (
+        "peer_dead", "prefill peer 127.0.0.1:7 is unreachable: connection refused")
+    assert (r9.ended.reason, r9.ended.message) == ("transfer_failed", "answers HTTP 404")
+    router = t.fetcher.receiver
+    assert router.failures == ["peer_dead", "transfer_failed"]  # type: ignore[attr-defined]
+    assert not t.parked and 8 not in router.since  # type: ignore[attr-defined]
 
 
 class _Restoring:
@@ -118,16 +157,17 @@ def test_an_admission_reports_its_host_hits_as_part_of_cached_tokens() -> None:
     from decode_worker.core.admission import Admit
     from decode_worker.core.host_tier import HostRestore
 
-    f = fetcher({})
+    t = table({})
     cmd = AddRequest("r", list(range(64)), SamplingParams(max_new_tokens=4), False, None, None,
                      None, 0.0)
-    lv = LiveRequest(DecodeRequest("r", 7, list(range(64)), 4), cmd, frozenset())
+    lv = t.register(cmd, frozenset())
     lv.restore = _Restoring()
     # 48 tokens reused: 1 page on the device, 2 pages (32 tokens) restored from the host
-    f.fetch(lv, Admit(lv.req, 48, 48, [10, 11, 12, 13], [], HostRestore([5, 6], [10, 11])), 0.0)
+    t.fetch(lv, Admit(lv.req, 48, 48, [10, 11, 12, 13], [], HostRestore([5, 6], [10, 11])), 0.0)
     assert (lv.cached_tokens, lv.host_cached_tokens) == (48, 32)
-    assert [g for g, _ in f.gated] == [lv]  # it waits for its restore
-    f.fetch(lv, Admit(lv.req, 16, 48, [20, 21, 22], []), 1.0)  # readmitted, less reused
-    assert (lv.cached_tokens, lv.host_cached_tokens) == (48, 32)
-    f.fetch(lv, Admit(lv.req, 64, 48, [30], []), 2.0)  # more reused, all on the device
-    assert (lv.cached_tokens, lv.host_cached_tokens) == (64, 0)
+    assert [r.live for r in t.parked.at(Wait.RESTORE)] == [lv]  # it waits for its restore
+    for args in ((16, 1.0), (64, 2.0)):  # readmitted with less reuse, then with more
+        t.parked.move(lv.parked, None)  # type: ignore[arg-type]  # (as if readmitted)
+        t.fetch(lv, Admit(lv.req, args[0], 48, [20, 21, 22], []), args[1])
+        want = (48, 32) if args[0] == 16 else (64, 0)
+        assert (lv.cached_tokens, lv.host_cached_tokens) == want

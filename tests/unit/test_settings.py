@@ -92,7 +92,7 @@ def test_config_command_reports_error_and_sources() -> None:
 
 
 def test_every_subcommand_has_help() -> None:
-    for sub in ("serve", "prefill", "demo", "make-model", "config"):
+    for sub in ("serve", "prefill", "demo", "make-model", "config", "harmony-vocab"):
         out = _cli(sub, "--help")
         assert out.returncode == 0 and "usage:" in out.stdout, sub
 

@@ -12,12 +12,12 @@ import asyncio
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from decode_worker.daemon.decode.bridge import (
     AbortRequest,
     AddRequest,
+    BackendInfo,
     CacheFlushed,
     Ended,
     EngineDead,
@@ -25,6 +25,7 @@ from decode_worker.daemon.decode.bridge import (
     FinishRequest,
     FlushCache,
     Inbox,
+    PromptTotals,
     RefuseRequest,
     StepTokens,
     Tokens,
@@ -43,50 +44,45 @@ from decode_worker.io.api.targets import Target
 from decode_worker.io.kv_events.hub import KvEventHub
 
 log = logging.getLogger(__name__)
+
+
+class LoadSource(Protocol):
+    """The engine's books: `load` is replaced whole at every step (read without a lock)."""
+
+    load: Load
+
+
 FLUSH_WAIT_S = 10.0  # an engine that does not answer a flush within this is stuck: 503
-
-
-@dataclass(frozen=True, slots=True)
-class BackendInfo:
-    """What /server_info and /model_info report."""
-
-    model_path: str
-    served_model_name: str
-    page_size: int
-    window: int
-    max_total_tokens: int
-    max_running_requests: int
-    kv_full_bytes_per_token: int  # all full-attention layers, K and V
-    context_length: int  # longest sequence the model takes (max_position_embeddings)
 
 
 class DecodeBackend:
     """Bridges HTTP requests to the compute thread (see module docstring)."""
 
     def __init__(self, inbox: Inbox, tokenizer: Tokenizer, info: BackendInfo,
-                 max_queued: int, default_bootstrap_port: int, *,
-                 load: Callable[[], Load]) -> None:
-        """`load` returns the engine's latest published `Load` (it must not block)."""
+                 max_queued: int, default_bootstrap_port: int, *, loads: LoadSource,
+                 kv_events: KvEventHub | None = None,
+                 kv_events_info: dict[str, Any] | None = None,
+                 host_tier_info: Callable[[], dict[str, Any]] | None = None) -> None:
+        """`loads.load` is the engine's latest published `Load` (read, never waited for);
+        `kv_events`: the engine's KV-event log (None: events off), read by in-process (gRPC)
+        subscribers; `kv_events_info`: /server_info's `kv_events` (SGLang's);
+        `host_tier_info`: /server_info's `host_tier` (the engine's last published)."""
         self._inbox = inbox
         self.default_bootstrap_port = default_bootstrap_port
         self._tokenizer = tokenizer
         self.info = info
         self.max_queued = max_queued
-        self._load = load
+        self._loads = loads
         self._queues: dict[str, asyncio.Queue[OutputChunk]] = {}
         self._waiting: set[str] = set()  # rids in `_queues` not yet given a token (queued)
-        # rid -> (prompt, cached, host-cached) tokens, last sent
-        self._totals: dict[str, tuple[int, int, int]] = {}
+        self._totals: dict[str, PromptTotals] = {}  # rid -> the totals last sent
         self._flushes: dict[int, asyncio.Future[FlushResult]] = {}
         self._flush_tokens = itertools.count(1)
         self.announcing = False  # the drain's announce window: /health 503, work still taken
         self.draining = False  # new work refused
         self.dead_reason: str | None = None
-        # the engine's KV-event log (None: events off); in-process subscribers (gRPC) read it
-        self.kv_events: KvEventHub | None = None
-        self.kv_events_info: dict[str, Any] | None = None  # /server_info `kv_events` (SGLang's)
-        # /server_info `host_tier`: its size and live pages (the engine's last published)
-        self.host_tier_info: Callable[[], dict[str, Any]] = lambda: {"enabled": False}
+        self.kv_events, self.kv_events_info = kv_events, kv_events_info
+        self.host_tier_info = host_tier_info or (lambda: {"enabled": False})
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -139,24 +135,15 @@ class DecodeBackend:
             self._inbox.put(FinishRequest(rid))
 
     def refuse(self, targets: Sequence[Target], reason: str, message: str) -> None:
-        """The one function every refusal of a generation request before it reached the engine
-        goes through (`GenerateBackend.refuse`: the front-end calls it once per refused
-        request, whatever refused it: the API's own checks, or `generate` raising for a full
-        queue, a drain, a grammar that does not compile).
-
-        Posts one `RefuseRequest` to the engine, which counts the request once per target
-        (`decode_worker_requests_total{status="aborted"}`, `decode_worker_aborts_total{reason}`)
-        and ends each target's room at its prefill peer at once, through the path the
-        engine's own refusals take (`RequestTable.end` -> the receiver's `cancel_room`: a native
-        `Abort` carrying `reason`, or SGLang's `ABORT room` to the ranks holding the room), so
-        the peer answers its copy of the request now rather than at its `kv_timeout_s`. A target
-        without a port gets `transfer.bootstrap_port`. Never raises, never blocks."""
+        """`GenerateBackend.refuse`: one `RefuseRequest` to the engine, which counts the
+        refusal and ends each target's room at its prefill peer (`RequestTable.refuse`). A
+        target without a port gets `transfer.bootstrap_port`. Never raises, never blocks."""
         rooms = tuple((t.host, t.port or self.default_bootstrap_port, t.room) for t in targets
                       if t.host and t.room is not None)
         self._inbox.put(RefuseRequest(rooms, reason, message, max(1, len(targets))))
 
     def load(self) -> Load:
-        return self._load()
+        return self._loads.load
 
     async def flush_cache(self) -> FlushResult:
         """Raises ServiceUnavailable when the engine is dead or does not answer in time."""
@@ -187,29 +174,24 @@ class DecodeBackend:
                 if done is not None and not done.done():  # else: the caller gave up
                     done.set_result(event.result)
             elif isinstance(event, StepTokens):
-                totals = self._totals
+                totals, none = self._totals, PromptTotals()
                 for rid, token in zip(event.rids, event.token_ids, strict=True):
-                    prompt, cached, host = totals.get(rid, (0, 0, 0))
-                    step_chunk = OutputChunk([token], prompt_tokens=prompt,
-                                             cached_tokens=cached, host_cached_tokens=host)
+                    step_chunk = totals.get(rid, none).stamp(OutputChunk([token]))
                     last[rid] = step_chunk
                     self._put(rid, step_chunk)
             elif isinstance(event, Tokens):  # a request's first token always comes so
-                last[event.rid] = event.chunk
+                chunk = event.totals.stamp(event.chunk)
+                last[event.rid] = chunk
                 self._waiting.discard(event.rid)
                 if event.rid in self._queues:
-                    self._totals[event.rid] = (event.chunk.prompt_tokens,
-                                               event.chunk.cached_tokens,
-                                               event.chunk.host_cached_tokens)
-                self._put(event.rid, event.chunk)
+                    self._totals[event.rid] = event.totals
+                self._put(event.rid, chunk)
             else:
-                chunk = last.get(event.rid) if event.finished else None
-                if chunk is None:  # an error goes alone: the tokens before it stay tokens
-                    chunk = OutputChunk(prompt_tokens=event.prompt_tokens,
-                                        cached_tokens=event.cached_tokens,
-                                        host_cached_tokens=event.host_cached_tokens)
-                    self._put(event.rid, chunk)
-                _end_chunk(chunk, event)
+                end = last.get(event.rid) if event.finished else None
+                if end is None:  # an error goes alone: the tokens before it stay tokens
+                    end = OutputChunk()
+                    self._put(event.rid, end)
+                _end_chunk(end, event)
 
     def _put(self, rid: str, chunk: OutputChunk) -> None:
         queue = self._queues.get(rid)
@@ -273,8 +255,8 @@ class DecodeBackend:
 def _end_chunk(chunk: OutputChunk, ended: Ended) -> None:
     """Make `chunk` the request's last: finished ("stop" / "length") or an error whose reason
     the API layer maps to an HTTP status."""
-    chunk.prompt_tokens, chunk.cached_tokens = ended.prompt_tokens, ended.cached_tokens
-    chunk.host_cached_tokens = ended.host_cached_tokens
+    ended.totals.stamp(chunk)
+    chunk.spec = ended.spec
     if ended.finished:
         chunk.finish_reason = "stop" if ended.reason == "stop" else "length"
         chunk.matched_stop = ended.matched_stop

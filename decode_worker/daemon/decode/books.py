@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Protocol
 
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PoolStats
 from decode_worker.core.request import RequestState, held_page_ids
 from decode_worker.core.stats import QueueSizes
-from decode_worker.daemon.decode.fetcher import KVFetcher
 from decode_worker.daemon.decode.host_tier import HostTier
+from decode_worker.daemon.decode.parking import Wait
 from decode_worker.daemon.decode.requests import RequestTable
 from decode_worker.daemon.decode.stepper import DecodeStepper
 from decode_worker.io.api.backend import FlushResult, Load
@@ -26,6 +27,15 @@ from decode_worker.io.kv.peer import ReceiverStats
 from decode_worker.io.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+
+class ReceiverView(Protocol):
+    """What the books read of the KV receiver: its counts and its peers by protocol."""
+
+    @property
+    def stats(self) -> ReceiverStats: ...
+
+    def peers_by_protocol(self) -> dict[str, int]: ...
 
 
 def receiver_totals(stats: ReceiverStats) -> dict[str, int | dict[str, int]]:
@@ -39,16 +49,21 @@ def receiver_totals(stats: ReceiverStats) -> dict[str, int | dict[str, int]]:
 
 
 PUBLISH_EVERY_S = 0.005
+# of the host tier's counts: those that are Prometheus counters (`decode_worker_host_*_total`),
+# and those `/server_info`'s `host_tier` shows
+_HOST_TOTALS = ("hit_tokens", "restored_tokens", "restored_bytes", "written_bytes",
+                "evicted_pages", "write_failures", "restore_failures", "write_waits")
+_HOST_LIVE = ("hit_tokens", "restored_tokens", "restores_in_flight", "restore_failures",
+              "written_bytes")
 
 
 class Books:
     """Metrics, gauges, load, flush and integrity over the engine's parts."""
 
-    def __init__(self, kv_ctx: KVContext, table: RequestTable, fetcher: KVFetcher,
-                 stepper: DecodeStepper, metrics: Metrics) -> None:
-        self.kv_ctx, self.table, self.fetcher, self.stepper = kv_ctx, table, fetcher, stepper
-        self.metrics = metrics
-        self.host_tier: HostTier | None = None  # set by the engine when the host tier is on
+    def __init__(self, kv_ctx: KVContext, table: RequestTable, receiver: ReceiverView,
+                 stepper: DecodeStepper, metrics: Metrics, host_tier: HostTier | None) -> None:
+        self.kv_ctx, self.table, self.receiver, self.stepper = kv_ctx, table, receiver, stepper
+        self.metrics, self.host_tier = metrics, host_tier
         # the host tier's last published pages and counters (read from the event loop: an
         # immutable dict swapped whole, as `load`)
         self.host_live: dict[str, int] = {}
@@ -72,6 +87,12 @@ class Books:
                 self.metrics.update_pool(pool, available=st.available, used=st.total - st.available,
                                          evictable=st.evictable, protected=st.protected,
                                          total=st.total)
+        landing = self.table.fetcher.landing
+        if landing is not None:  # pages held by transfers in flight, nothing cached
+            book = landing.book
+            self.metrics.update_pool("landing", available=book.num_free, evictable=0,
+                                     used=book.num_total - book.num_free, protected=0,
+                                     total=book.num_total)
         self.metrics.update_queues(prealloc=q.prealloc, transfer=q.transfer, running=q.running)
         self._publish_host()
 
@@ -83,36 +104,30 @@ class Books:
         if ht is None or tree is None:
             return
         st, hst = tree.host_stats_pages(), tree.host_stats
-        seen = (st, self.kv_ctx.stats.host_hit_tokens_total, ht.restored_pages_total,
-                ht.restored_bytes_total, ht.pool.written_bytes_total, ht.restore_failures_total,
-                ht.num_restoring, hst.host_evicted_pages_total, hst.write_failures_total,
-                ht.pool.write_waits_total)
+        counts = {  # the one list of the host tier's counts
+            "hit_tokens": self.kv_ctx.stats.host_hit_tokens_total,
+            "restored_tokens": ht.restored_pages_total * self.kv_ctx.page_size,
+            "restored_bytes": ht.restored_bytes_total,
+            "written_bytes": ht.pool.written_bytes_total,
+            "evicted_pages": hst.host_evicted_pages_total,
+            "write_failures": hst.write_failures_total,
+            "restore_failures": ht.restore_failures_total,
+            "write_waits": ht.pool.write_waits_total,
+            "restores_in_flight": ht.num_restoring,
+        }
+        seen = (st, counts)
         if seen == self._host_published:  # a done restore moved `restored_pages_total`
             return
         self._host_published = seen
         self.metrics.update_pool("host", available=st.available, used=st.total - st.available,
                                  evictable=st.evictable, protected=st.protected, total=st.total)
-        self.metrics.set_totals({
-            "host_hit_tokens": self.kv_ctx.stats.host_hit_tokens_total,
-            "host_restored_tokens": ht.restored_pages_total * self.kv_ctx.page_size,
-            "host_restored_bytes": ht.restored_bytes_total,
-            "host_written_bytes": ht.pool.written_bytes_total,
-            "host_evicted_pages": hst.host_evicted_pages_total,
-            "host_write_failures": hst.write_failures_total,
-            "host_restore_failures": ht.restore_failures_total,
-            "host_write_waits": ht.pool.write_waits_total,
-        })
+        self.metrics.set_totals({f"host_{k}": counts[k] for k in _HOST_TOTALS})
         self.metrics.observe_host_restores(ht.restore_durations_s)
         ht.restore_durations_s.clear()
         self.host_live = {
             "pages_used": st.total - st.available, "pages_evictable": st.evictable,
             "pages_protected": st.protected, "pages_available": st.available,
-            "hit_tokens": self.kv_ctx.stats.host_hit_tokens_total,
-            "restored_tokens": ht.restored_pages_total * self.kv_ctx.page_size,
-            "restores_in_flight": ht.num_restoring,
-            "restore_failures": ht.restore_failures_total,
-            "written_bytes": ht.pool.written_bytes_total,
-        }
+            **{k: counts[k] for k in _HOST_LIVE}}
 
     def _load(self, stats: dict[str, PoolStats | None], q: QueueSizes) -> Load:
         # tokens in use: pages held by requests or locked for them, not the evictable cache (as
@@ -133,11 +148,12 @@ class Books:
     def queue_sizes(self) -> QueueSizes:
         # requests still learning their peer's protocol wait before the prealloc queue: count
         # them with it
-        return QueueSizes(prealloc=self.table.queue.num_queued + len(self.fetcher.resolving),
-                          transfer=self.fetcher.num_in_flight, running=len(self.table.running))
+        table = self.table
+        return QueueSizes(prealloc=table.queue.num_queued + table.parked.count(Wait.PEER),
+                          transfer=table.num_fetching, running=len(table.running))
 
     def _publish_counts(self) -> None:
-        st, table, rx = self.kv_ctx.stats, self.table, self.fetcher.receiver.stats
+        st, table, rx = self.kv_ctx.stats, self.table, self.receiver.stats
         aborts = dict(table.aborts_total)
         for reason, n in st.aborts_total.items():
             aborts[reason] = aborts.get(reason, 0) + n
@@ -156,7 +172,22 @@ class Books:
             **receiver_totals(rx),
         })
         self.metrics.observe_transfer_samples(rx.take_samples())
-        self.metrics.set_peers(self.fetcher.receiver.peers_by_protocol())
+        self._publish_spec()
+        self.metrics.set_peers(self.receiver.peers_by_protocol())
+
+    def _publish_spec(self) -> None:
+        """Speculative decoding's counts, and the accept lengths and verify times since the
+        last publish (drained)."""
+        spec, verifier = self.stepper.spec, self.stepper.verifier
+        if spec is None or verifier is None:
+            return
+        st = spec.stats
+        self.metrics.set_totals({"spec_proposed_tokens": st.proposed_total,
+                                 "spec_accepted_tokens": st.accepted_total,
+                                 "spec_verify_steps": st.verify_steps_total})
+        self.metrics.observe_spec(st.accept_lengths, verifier.verify_seconds)
+        st.accept_lengths.clear()
+        verifier.verify_seconds.clear()
 
     def flush_cache(self) -> FlushResult:
         """Evict every tree entry no request holds (full values with their SWA values, then SWA
@@ -184,8 +215,13 @@ class Books:
 
     def check_integrity(self) -> None:
         """Every pool page is free, cached by the tree or held by exactly one request (live, or
-        ended while a transfer still holds its pages). Raises FatalError otherwise."""
-        ctx = self.kv_ctx
+        ended while a transfer still holds its pages), and every landing page by exactly one
+        transfer in flight. Raises FatalError otherwise."""
+        ctx, lot = self.kv_ctx, self.table.parked
+        lot.check_integrity()
+        landing = self.table.fetcher.landing
+        if landing is not None:
+            landing.book.check_integrity(lot.transfer_ids())
         held_full, held_swa = held_page_ids(self.table.holders(), ctx.page_size)
         if ctx.tree is not None:
             ctx.tree.check_integrity(held_full, held_swa)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.io.api.backend import FlushResult, OutputChunk
+from decode_worker.io.api.backend import FlushResult, OutputChunk, SpecCounts
+from decode_worker.io.kv_events.gate import AnswerGate
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,24 +78,56 @@ class FlushCache:
     token: int
 
 
+@dataclass(frozen=True, slots=True)
+class BackendInfo:
+    """What /server_info and /model_info report."""
+
+    model_path: str
+    served_model_name: str
+    page_size: int
+    window: int
+    max_total_tokens: int
+    max_running_requests: int
+    kv_full_bytes_per_token: int  # all full-attention layers, K and V
+    context_length: int  # longest sequence the model takes (max_position_embeddings)
+
+
 Command = (AddRequest | AbortRequest | FinishRequest | RefuseRequest | Drain | Shutdown
            | FlushCache)
+FINISH_REASONS = frozenset({"stop", "length"})  # the end reasons of a request that finished
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTotals:
+    """A request's prompt tokens, how many of them were cached (reused, not transferred) and
+    how many of those the host tier restored: every chunk of its answer repeats them."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    host_cached_tokens: int = 0
+
+    def stamp(self, chunk: OutputChunk) -> OutputChunk:
+        """`chunk` with these totals (the one place a chunk gets them)."""
+        chunk.prompt_tokens, chunk.cached_tokens = self.prompt_tokens, self.cached_tokens
+        chunk.host_cached_tokens = self.host_cached_tokens
+        return chunk
 
 
 @dataclass(slots=True)
 class Tokens:
     """New tokens of request `rid` (the API layer's own `OutputChunk`, so nothing is translated
-    on the loop); the request's end follows as `Ended`."""
+    on the loop) and its totals; the request's end follows as `Ended`."""
 
     rid: str
     chunk: OutputChunk
+    totals: PromptTotals = PromptTotals()
 
 
 @dataclass(slots=True)
 class StepTokens:
     """One decode step's token for each of `rids` (rows without logprobs): one event per step,
-    not one per request. Prompt and cached-token totals are those of the request's last
-    `Tokens` (a request's first token always goes as `Tokens`)."""
+    not one per request. The totals are those of the request's last `Tokens` (a request's first
+    token always goes as `Tokens`)."""
 
     rids: list[str]
     token_ids: list[int]
@@ -109,19 +142,18 @@ class StepTokens:
 class Ended:
     """Request `rid` ended: `reason` is "stop" or "length" when it finished, else its abort or
     failure label (docs/CONTRACTS.md; the API layer maps it to an HTTP status) with `message`.
-    `matched_stop` is the stop token that finished it; the totals are as in `OutputChunk`."""
+    `matched_stop` is the stop token that finished it."""
 
     rid: str
     reason: str
     message: str = ""
     matched_stop: int | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    host_cached_tokens: int = 0
+    totals: PromptTotals = PromptTotals()
+    spec: SpecCounts | None = None  # speculative decoding's counts, when it drafted
 
     @property
     def finished(self) -> bool:
-        return self.reason in ("stop", "length")
+        return self.reason in FINISH_REASONS
 
 
 @dataclass(slots=True)
@@ -170,11 +202,18 @@ class Inbox:
 @dataclass
 class Outbox:
     """Events from the compute thread to the loop, delivered in one batch per step. An outbox
-    built `unbound()` (before the loop runs) keeps its events until a bound one replaces it."""
+    built `unbound()` (before the loop runs) keeps its events until a bound one replaces it.
+
+    With a `gate` (the ZMQ publisher's `AnswerGate`), a batch holding an answer (`Ended`, or a
+    flush's `CacheFlushed`) goes to the loop only once the publisher has sent the KV-event
+    batches appended before it, and the batches after it keep their order (`io/kv_events/
+    gate.py`); the compute thread never waits for it."""
 
     loop: asyncio.AbstractEventLoop | None
     deliver: Callable[[list[Event]], Any]
     _pending: list[Event] = field(default_factory=list)
+    gate: AnswerGate | None = None
+    _final: bool = False  # `_pending` holds an answer
 
     @classmethod
     def unbound(cls) -> Outbox:
@@ -182,11 +221,25 @@ class Outbox:
 
     def put(self, event: Event) -> None:
         self._pending.append(event)
+        if isinstance(event, Ended | CacheFlushed):
+            self._final = True
 
     def flush(self) -> None:
+        gate = self.gate
+        if gate is not None:
+            gate.release_overdue()
         if not self._pending or self.loop is None:
             return
         batch, self._pending = self._pending, []
-        # A closed loop means we are shutting down and nobody is listening.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.deliver, batch)
+        final, self._final = self._final, False
+        loop, deliver = self.loop, self.deliver
+
+        def send() -> None:
+            # A closed loop means we are shutting down and nobody is listening.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(deliver, batch)
+
+        if gate is None:
+            send()
+        else:
+            gate.run_after(send, final=final)

@@ -24,12 +24,13 @@ from decode_worker.core.host_tier import WritePolicy
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
-from decode_worker.daemon.decode.backend import BackendInfo
+from decode_worker.core.spec.drafter import make_drafter
 from decode_worker.daemon.decode.batch import RunningBatch
 from decode_worker.daemon.decode.books import Books
 from decode_worker.daemon.decode.bridge import (
     AbortRequest,
     AddRequest,
+    BackendInfo,
     CacheFlushed,
     Command,
     Drain,
@@ -41,12 +42,14 @@ from decode_worker.daemon.decode.bridge import (
     RefuseRequest,
     Shutdown,
 )
-from decode_worker.daemon.decode.fetcher import AuxRows, KVFetcher
+from decode_worker.daemon.decode.fetcher import AuxBuffers, KVFetcher
 from decode_worker.daemon.decode.host_tier import HostTier
+from decode_worker.daemon.decode.landing import LandingDock
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.requests import RequestTable
+from decode_worker.daemon.decode.speculate import Speculator, StepCost
 from decode_worker.daemon.decode.stepper import DecodeStepper, sample_kind
-from decode_worker.daemon.shared.compat import model_compat, region_layouts
+from decode_worker.daemon.shared.compat import landing_region, model_compat, region_layouts
 from decode_worker.daemon.shared.host_plan import HostPlan, host_tier_enabled, plan_host_tier
 from decode_worker.daemon.shared.runtime import Runtime, build_runtime
 from decode_worker.device.aux_buffer import AuxBuffer
@@ -54,9 +57,8 @@ from decode_worker.device.host_pool import RestoreFailed
 from decode_worker.device.sampler import Sampler
 from decode_worker.device.sglang_aux import SglangAuxBuffers
 from decode_worker.device.tokenizer import Tokenizer
-from decode_worker.errors import DecodeWorkerError, ServiceUnavailable
+from decode_worker.errors import DecodeWorkerError
 from decode_worker.io.kv.router import ProtocolRouter
-from decode_worker.io.kv_events.config import parse_kv_events_config
 from decode_worker.io.kv_events.hub import KvEventHub
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import Settings
@@ -65,6 +67,41 @@ log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.02  # how long an idle engine blocks on its inbox before polling transfers
 _WAITING_S = 0.0005  # the same with no batch but requests waiting (KV in flight, pages short)
 _EXPIRE_EVERY_S = 0.01  # how often the queue's deadlines are checked
+# aux rows (first tokens) beyond max_running_requests: the transfers of requests admitted while
+# the batch is full hold rows too (admission bounds running + transferring by the same number,
+# so this is slack for rows not yet returned by transfers that ended)
+_AUX_SPARE_ROWS = 64
+# the prealloc queue's KV deadline is a backstop only: the receiver times a transfer out first
+# (kv_timeout_s) and returns its pages once the peer stopped writing (abort_quiesce_s)
+_KV_BACKSTOP_MARGIN_S = 5.0
+# speculation's start-up cost table: steps measured at this context, up to this many entries
+_SPEC_CALIBRATE_CONTEXT = 512
+_SPEC_CALIBRATE_MAX_ENTRIES = 1024
+
+
+def _queue_limits(settings: Settings) -> QueueLimits:
+    sched = settings.scheduler
+    return QueueLimits(
+        max_queued=sched.max_queued_requests, queue_timeout_s=sched.queue_timeout_s,
+        kv_timeout_s=sched.kv_timeout_s + settings.transfer.abort_quiesce_s
+        + _KV_BACKSTOP_MARGIN_S,
+        max_active=sched.max_running_requests, decode_reserve_tokens=sched.decode_reserve_tokens,
+        lookahead_tokens=settings.speculative.lookahead)
+
+
+def _speculator(settings: Settings, rt: Runtime) -> Speculator | None:
+    """Speculative decoding's drafter and policy (None when off), its cost table measured on
+    this runner now: steps of 1, 2, 4, ... entries up to a full batch of verifies."""
+    params = settings.speculative.params()
+    if params is None:
+        return None
+    k, rows = params.num_draft_tokens, settings.scheduler.max_running_requests
+    top = min(rows * (1 + k), _SPEC_CALIBRATE_MAX_ENTRIES)
+    counts = sorted({1 << i for i in range(top.bit_length())} | {top})
+    cost = StepCost(rt.runner.step_seconds(counts, _SPEC_CALIBRATE_CONTEXT))
+    log.info("speculative decoding: %s, up to %d draft tokens; step cost by entries: %s",
+             params.algorithm, k, ", ".join(f"{n}: {cost(n) * 1e3:.2f} ms" for n in counts))
+    return Speculator(make_drafter(params), k, cost)
 
 
 def _plan(settings: Settings, rt: Runtime) -> HostPlan:
@@ -88,8 +125,9 @@ class DecodeEngine:
         self.full = PageAllocator(rt.layout.num_full_pages, "full")
         self.swa = (PageAllocator(rt.layout.num_swa_pages, "swa")
                     if rt.facts.is_swa_hybrid else None)
-        self.kv_events_config = parse_kv_events_config(settings.kv_events.config)
-        events_on = self.kv_events_config.enabled and c.decode_radix_cache
+        # a ZMQ publisher, or the gRPC port's SubscribeKvEvents, reads the tree's events
+        events_on = c.decode_radix_cache and settings.kv_events.keeps_event_log(
+            settings.server.grpc_port)
         self.host_tier = HostTier(rt.host_plan or _plan(settings, rt), rt.pools) if (
             host_tier_enabled(c)) else None
         ht = self.host_tier
@@ -102,36 +140,36 @@ class DecodeEngine:
         self.kv_ctx = KVContext(self.tree, self.full, self.swa, page_size=self.page_size,
                                 window=self.window, radix_cache=c.decode_radix_cache)
         self.stats = self.kv_ctx.stats
-        self.queue = PreallocQueue(self.kv_ctx, QueueLimits(
-            max_queued=sched.max_queued_requests, queue_timeout_s=sched.queue_timeout_s,
-            # backstop only: the receiver times transfers out first and returns pages
-            # once the peer stopped writing
-            kv_timeout_s=sched.kv_timeout_s + settings.transfer.abort_quiesce_s + 5.0,
-            max_active=sched.max_running_requests,
-            decode_reserve_tokens=sched.decode_reserve_tokens))
+        self.queue = PreallocQueue(self.kv_ctx, _queue_limits(settings))
         decode_alloc = DecodeAllocator(self.kv_ctx)
-        num_aux = sched.max_running_requests + 64
+        num_aux = sched.max_running_requests + _AUX_SPARE_ROWS
         aux, sglang_aux = AuxBuffer(num_aux), SglangAuxBuffers(num_aux)
+        landing = rt.landing  # SGLang prefills of a model they lay out with all layers full
         self.receiver = ProtocolRouter(
             settings.transfer, model_compat(rt.runner, rt.model_name),
             region_layouts(rt.pools, aux),
             [(r.addr, row_bytes, num_aux) for r, row_bytes in sglang_aux.regions()],
-            kv_timeout_s=sched.kv_timeout_s)
+            kv_timeout_s=sched.kv_timeout_s,
+            landing=landing_region(landing) if landing is not None else None)
         sampler = Sampler(rt.pools.device)
         self.inbox = Inbox()
-        batch = RunningBatch(rt.runner.new_slots(sched.max_running_requests), decode_alloc,
+        batch = RunningBatch(rt.runner.new_inputs(sched.max_running_requests), decode_alloc,
                              sample_kind)
+        self.fetcher = KVFetcher(
+            self.receiver, AuxBuffers(aux, sglang_aux), self.kv_ctx, rt.runner, sampler,
+            sglang_all_layers=rt.runner.model.cfg.sglang_ordinary,
+            landing=LandingDock(landing, self.page_size) if landing is not None else None)
+        self.spec = _speculator(settings, rt)
         self.table = RequestTable(self.kv_ctx, self.queue, decode_alloc, self.receiver,
-                                  outbox or Outbox.unbound(), batch)
-        self.fetcher = KVFetcher(self.receiver, AuxRows(aux, sglang_aux), self.table, rt.runner,
-                                 sampler)
+                                  self.fetcher, outbox or Outbox.unbound(), batch,
+                                  self.spec.ended if self.spec is not None else None)
         self.stepper = DecodeStepper(self.table, self.queue, decode_alloc, rt.runner, sampler,
-                                     overlap=sched.overlap_schedule)
-        self.books = Books(self.kv_ctx, self.table, self.fetcher, self.stepper, metrics)
+                                     overlap=sched.overlap_schedule, spec=self.spec)
+        self.books = Books(self.kv_ctx, self.table, self.receiver, self.stepper, metrics,
+                           self.host_tier)
         # the one KV-event log: the ZMQ publisher and in-process (gRPC) subscribers read it
-        self.kv_events = (KvEventHub(self.kv_events_config.buffer_steps,
+        self.kv_events = (KvEventHub(settings.kv_events.parsed.buffer_steps,
                                      load=lambda: self.books.load) if events_on else None)
-        self.books.host_tier = self.host_tier
         self._eos_ids = frozenset(rt.tokenizer.eos_token_ids)
         self._drain_deadline: float | None = None
         self._stopping = False
@@ -141,7 +179,7 @@ class DecodeEngine:
 
     @classmethod
     def build(cls, settings: Settings, metrics: Metrics) -> DecodeEngine:
-        return cls(settings, build_runtime(settings, use_cuda_graph=True,
+        return cls(settings, build_runtime(settings, use_cuda_graph=True, landing=True,
                                            host_tier=host_tier_enabled(settings.cache)), metrics)
 
     @property
@@ -205,20 +243,17 @@ class DecodeEngine:
         Without a batch to run it blocks on the inbox first: `_WAITING_S` while requests wait
         (a transfer's end is polled, not signalled), `_IDLE_WAIT_S` when idle."""
         table = self.table
-        waiting = (self.fetcher.num_in_flight or self.queue.num_queued or self.fetcher.resolving
-                   or self.table.restoring)
         busy = table.running or self.stepper.busy
+        waiting = table.parked or self.queue.num_queued
         wait_s = 0.0 if busy else _WAITING_S if waiting else _IDLE_WAIT_S
         for cmd in self.inbox.get_all(wait_s):
             self.handle(cmd, now)
         now = time.monotonic()  # the inbox wait may have blocked
-        self.fetcher.poll(now)
+        table.poll(now)
         if self.host_tier is not None:
-            self.host_tier.poll(now)
-        if self.fetcher.resolving:
-            self._resolve(now)
+            self.host_tier.count_done_restores(now)
         self._admit(now)
-        for live in table.ready():
+        for live in table.take_ready():
             self.stepper.start(live, now)
         if table.running or self.stepper.busy:  # busy: a launched step to commit (overlap)
             self.stepper.step(now)
@@ -241,12 +276,13 @@ class DecodeEngine:
         elif isinstance(cmd, Drain):
             self._drain_deadline = now + cmd.grace_s
         elif isinstance(cmd, FlushCache):
+            self.table.poll(now)  # ended requests whose pages are free by now leave first
             self.outbox.put(CacheFlushed(cmd.token, self.books.flush_cache()))
         elif isinstance(cmd, Shutdown):
             self._stopping = True
 
     def _add(self, cmd: AddRequest, now: float) -> None:
-        live = self.table.add(cmd, self._eos_ids, now)
+        live = self.table.register(cmd, self._eos_ids)
         vocab = self.rt.runner.model.cfg.vocab_size
         bad = [t for t in cmd.input_ids if not 0 <= t < vocab]
         if bad or not cmd.input_ids:
@@ -259,29 +295,10 @@ class DecodeEngine:
             self.table.end(live, "bad_request", f"bad prefill peer address {host!r}:{port} "
                            "(bootstrap_host, bootstrap_port)", now)
             return
-        if live.has_peer:
-            self.fetcher.wait_for_peer(live, now)  # queued once its peer's protocol is known
-            self._resolve(now)
-            return
-        self._enqueue(live, now)
-
-    def _resolve(self, now: float) -> None:
-        """Queue the requests whose peer's protocol became known (or end them when the peer
-        cannot serve them)."""
-        for live, refusal in self.fetcher.resolve():
-            if refusal is not None:
-                self.table.end(live, *refusal, now, failed=True)
-            else:
-                self._enqueue(live, now)
-
-    def _enqueue(self, live: LiveRequest, now: float) -> None:
-        try:
-            ab = self.queue.add(live.req, now)
-        except ServiceUnavailable as exc:  # the prealloc queue is full
-            self.table.end(live, "queue_full", str(exc), now)
-            return
-        if ab is not None:
-            self.table.end_decided(ab, now)
+        if live.has_peer:  # queued once its peer's protocol is known (this step's poll)
+            self.table.wait_for_peer(live, now)
+        else:
+            self.table.enqueue(live, now)
 
     def _cancel(self, live: LiveRequest, reason: str, now: float) -> None:
         """Client abort, stop string ("stop": the request finished, wherever it is) or drain."""
@@ -303,7 +320,7 @@ class DecodeEngine:
             if self.host_tier is not None and not self._restore(live, d, now):
                 continue
             try:
-                self.fetcher.fetch(live, d, now)
+                self.table.fetch(live, d, now)
             except DecodeWorkerError as exc:  # this request's inputs, not the engine
                 log.warning("rid=%s failed to start: %s", live.rid, exc)
                 self.table.end(live, "bad_request", str(exc), now, failed=True)

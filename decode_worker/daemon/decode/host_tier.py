@@ -32,7 +32,7 @@ class HostTier:
 
     @property
     def num_restoring(self) -> int:
-        """Restores started and not yet seen done by `poll`."""
+        """Restores started and not yet seen done by `count_done_restores`."""
         return len(self._in_flight)
 
     def start_restore(self, job: HostRestore) -> RestoreHandle:
@@ -48,8 +48,8 @@ class HostTier:
         self._in_flight.append(handle)
         return handle
 
-    def poll(self, now: float) -> None:
-        """Count the restores done since the last poll: pages, bytes, and the duration from
+    def count_done_restores(self, now: float) -> None:
+        """Count the restores done since the last call: pages, bytes, and the duration from
         the start to the poll that saw it done (the histogram's resolution is one step)."""
         if not self._in_flight:
             return

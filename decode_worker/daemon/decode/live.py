@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from decode_worker.core.request import DecodeRequest
 from decode_worker.core.sampling import TopLogprobs
-from decode_worker.daemon.decode.bridge import AddRequest, Ended, Tokens
+from decode_worker.daemon.decode.bridge import AddRequest, Ended, PromptTotals, Tokens
 from decode_worker.device.grammar import GrammarState
 from decode_worker.device.sampler import SampleRow
-from decode_worker.io.api.backend import FinishReason, OutputChunk
+from decode_worker.io.api.backend import FinishReason, OutputChunk, SpecCounts
+
+if TYPE_CHECKING:
+    from decode_worker.daemon.decode.parking import Parked
 
 
 class PendingRestore(Protocol):
@@ -26,28 +29,39 @@ class PendingRestore(Protocol):
 class LiveRequest:
     """One request the engine knows: its state machine, what the client asked, its transfer.
 
-    `transfer_id` / `aux_slot` are set while a transfer is in flight. `ended` is set by the
-    request table's one exit: the answer went out, and when a transfer was still in flight the
-    pages wait for it to stop before they are released (`RequestTable.transfer_over`).
-    `restore` is its host-tier restore from admission until the request saw it done: it joins
-    the batch only then, and pages of a request that ends meanwhile wait for it too.
+    `transfer_id` / `aux_row` are set while a transfer is in flight. `ended` is set by the
+    request table's one exit: the answer went out. `restore` is its host-tier restore from
+    admission until the request saw it done. `parked` says what it waits for outside the
+    prealloc queue and the batch (`parking.py`), before its end or, for its pages, after it.
     """
 
     req: DecodeRequest
     cmd: AddRequest
     eos_ids: frozenset[int]
     transfer_id: int | None = None
-    aux_slot: int | None = None
+    aux_row: int | None = None
     restore: PendingRestore | None = None
     cached_tokens: int = 0  # prompt tokens not transferred (reused at admission)
     host_cached_tokens: int = 0  # the part of them restored from the host tier
     ended: Ended | None = None
     emitted: int = 0  # output tokens already sent to the client
-    slot: int = 0  # its row of the running batch (0: not running)
+    row: int = 0  # its row of the running batch (0: not running)
+    parked: Parked | None = None  # what it waits for outside the queue and the batch
+    # speculative decoding: verify steps it was in, draft tokens proposed for it and kept
+    spec_verify_steps: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)  # when cmd.top_logprobs
     grammar: GrammarState | None = field(default=None, init=False)  # made by the first row
+    # the tokens that end it: its stop tokens, and EOS unless it ignores EOS (the one stop rule)
+    stop_ids: frozenset[int] = field(init=False)
     _grammar_made: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        sp = self.cmd.sampling
+        self.stop_ids = frozenset(sp.stop_token_ids) | (
+            frozenset() if sp.ignore_eos else self.eos_ids)
 
     @property
     def rid(self) -> str:
@@ -84,13 +98,8 @@ class LiveRequest:
     def finish_reason(self) -> tuple[FinishReason, int | None] | None:
         """("stop", token) / ("length", None) when the last output token ends the request."""
         out = self.req.output_ids
-        sp = self.cmd.sampling
-        if out:
-            last = out[-1]
-            if last in sp.stop_token_ids:
-                return "stop", last
-            if not sp.ignore_eos and last in self.eos_ids:
-                return "stop", last
+        if out and out[-1] in self.stop_ids:
+            return "stop", out[-1]
         if len(out) >= self.req.max_new_tokens:
             return "length", None
         return None
@@ -104,13 +113,32 @@ class LiveRequest:
         ids = out[start:] if self.req.max_new_tokens else []
         lps = self.logprobs[start:len(out)] if self.cmd.return_logprob else None
         tops = self.top_logprobs[start:len(out)] if self.cmd.top_logprobs else None
-        return Tokens(self.rid, OutputChunk(
-            ids, lps, None, None, len(self.req.prompt_ids), self.cached_tokens,
-            self.host_cached_tokens, top_logprobs=tops))
+        return Tokens(self.rid, OutputChunk(ids, lps, top_logprobs=tops), self.totals)
+
+    def count_verify(self, proposed: int, accepted: int) -> None:
+        """A verify step committed `accepted` of `proposed` drafts (and one more token)."""
+        self.spec_verify_steps += 1
+        self.spec_proposed += proposed
+        self.spec_accepted += accepted
 
     def ended_event(self, reason: str, message: str, matched_stop: int | None) -> Ended:
-        return Ended(self.rid, reason, message, matched_stop, len(self.req.prompt_ids),
-                     self.cached_tokens, self.host_cached_tokens)
+        return Ended(self.rid, reason, message, matched_stop, self.totals, self.spec_counts())
+
+    def spec_counts(self) -> SpecCounts | None:
+        """Its decode forwards and drafts, when any draft was proposed for it: every decode
+        step counts as a verify (a plain one of 0 drafts: one token), as in SGLang's
+        `spec_verify_ct`; the first token came from the prefill."""
+        if not self.spec_proposed:
+            return None
+        decoded = len(self.req.output_ids) - 1  # tokens from decode forwards
+        plain = decoded - self.spec_verify_steps - self.spec_accepted  # one each
+        return SpecCounts(self.spec_verify_steps + plain, self.spec_accepted,
+                          self.spec_proposed)
+
+    @property
+    def totals(self) -> PromptTotals:
+        return PromptTotals(len(self.req.prompt_ids), self.cached_tokens,
+                            self.host_cached_tokens)
 
     @property
     def is_restoring(self) -> bool:

@@ -1,19 +1,24 @@
-"""The request table: every request the engine knows, and the one exit every request leaves by.
+"""The request table: every request the engine knows, where each one is, the one exit every
+request leaves by (`end`) and the one poll that moves waiting requests on (`poll`).
 
-A request enters with `add` and leaves through `end`, whatever ends it: it finished (stop token,
-EOS, length, a stop string), the client left, admission or a deadline aborted it, its transfer
-failed, the worker drains or shuts down. `end` answers the client once (`Ended`), counts the end,
-and releases exactly what the request held:
+A request is in exactly one place: the prealloc queue (QUEUED, RETRACTED), the running batch
+(RUNNING), or parked (`parking.py`: waiting for its peer's protocol, its transfer, its
+restore, its place in the batch; or, once ended, for what still writes its pages). `end`
+answers the client once (`Ended`), counts the end, and releases exactly what the request held:
 
 ```
-state at end         released by end
-QUEUED               its place in the prealloc queue (it holds no pages)
-transfer in flight   nothing yet: the peer may still write into its pages; the receiver is
-                     told to stop, and `transfer_over` releases them once it has
-restore in flight    nothing yet: the host tier's copy may still write into its pages;
-                     `restores_done` releases them once the copy is done
-RESERVED..RUNNING    its pages and prefix lock (valid KV stays cached in the tree)
-already terminal     nothing (admission aborted it and returned its pages itself)
+where at end          released by end
+prealloc queue        its place there (it holds no pages)
+PEER / START          at once: nothing / its pages and prefix lock
+LANDING               at once: its pages and prefix lock (no transfer was posted); after its
+                      restore, if one still writes its pages
+TRANSFER / RESTORE    nothing yet: the peer or the host tier may still write its pages; the
+                      record stays, and `poll` releases them once the writer stopped
+running batch         its pages and prefix lock (valid KV stays cached in the tree), or, while
+                      a launched step still uses them, once that step is waited for (STEPS);
+                      its valid KV enters the tree at once even then, so the step's KV events,
+                      published before its answer leaves, name it
+already terminal      nothing (admission aborted it and returned its pages itself)
 ```
 Compute thread only.
 """
@@ -22,57 +27,55 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from typing import Protocol
 
-from decode_worker.core.admission import Abort, PreallocQueue
+from decode_worker.core.admission import Abort, Admit, PreallocQueue
 from decode_worker.core.decode_alloc import DecodeAllocator
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.request import TERMINAL, DecodeRequest, RequestState
 from decode_worker.daemon.decode.batch import RunningBatch
-from decode_worker.daemon.decode.bridge import AddRequest, Outbox, RefuseRequest
+from decode_worker.daemon.decode.bridge import FINISH_REASONS, AddRequest, Outbox, RefuseRequest
+from decode_worker.daemon.decode.fetcher import KVFetcher
 from decode_worker.daemon.decode.live import LiveRequest
+from decode_worker.daemon.decode.parking import Parked, ParkingLot, Wait
+from decode_worker.errors import DecodeWorkerError, ServiceUnavailable
+from decode_worker.io.kv.peer import TransferEvent
 
 log = logging.getLogger(__name__)
-S = RequestState
-FINISHED = frozenset({"stop", "length"})  # end reasons of a request that finished normally
 
 
 class TransferStopper(Protocol):
-    """What the table needs of the KV receiver: stop one transfer (its pages come back with the
-    receiver's "released" or "done" event); tell a prefill peer that a room's request ended."""
+    """What the table needs of the KV receiver: stop one transfer (its "released" or "done"
+    event follows); tell a prefill peer that a room's request ended."""
 
-    def abort(self, transfer_id: int) -> None: ...
+    def abort_transfer(self, transfer_id: int) -> None: ...
 
     def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None: ...
 
 
 class RequestTable:
-    """The live requests by rid, the running batch, and the ended requests whose pages a
-    transfer still holds (see the module docstring).
+    """The live requests by rid, the running batch, the parked requests (live or ended).
 
     `counts`: requests ended by status, and aborts by reason for those the shell decided
     (admission counts its own in `SchedulerStats`); the books export both.
     """
 
     def __init__(self, kv_ctx: KVContext, queue: PreallocQueue, decode_alloc: DecodeAllocator,
-                 transfers: TransferStopper, outbox: Outbox, running: RunningBatch) -> None:
+                 transfers: TransferStopper, fetcher: KVFetcher, outbox: Outbox,
+                 running: RunningBatch, on_end: Callable[[str, str], None] | None = None) -> None:
+        """`on_end(rid, status)` is told of every end (the drafter forgets the request)."""
         self.kv_ctx, self.queue, self.decode_alloc = kv_ctx, queue, decode_alloc
-        self.transfers = transfers
-        self.outbox = outbox
+        self.transfers, self.fetcher, self.outbox, self.running = (transfers, fetcher, outbox,
+                                                                   running)
         self.lives: dict[str, LiveRequest] = {}
-        self.running = running  # the decode batch (the stepper joins it; `end` leaves it)
-        self._ready: list[LiveRequest] = []  # arrived (READY), not yet started
-        # transfer id -> an ended request whose pages the transfer still holds, and its status
-        self.draining: dict[int, tuple[LiveRequest, str]] = {}
-        # ended requests whose pages a host-tier restore still writes: (request, status)
-        self.restoring: list[tuple[LiveRequest, str]] = []
-        # ended requests whose pages launched steps still use: (request, status, steps left)
-        self.settling: list[tuple[LiveRequest, str, int]] = []
+        self.parked = ParkingLot()
+        self.on_end = on_end
         self.requests_total: Counter[str] = Counter()  # finished / aborted / failed
         self.aborts_total: Counter[str] = Counter()  # shell-decided aborts, by reason
 
-    def add(self, cmd: AddRequest, eos_ids: frozenset[int], now: float) -> LiveRequest:
-        """Register a new request (QUEUED, not yet in the prealloc queue)."""
+    def register(self, cmd: AddRequest, eos_ids: frozenset[int]) -> LiveRequest:
+        """A new request (QUEUED, not yet in the prealloc queue or parked)."""
         req = DecodeRequest(cmd.rid, cmd.bootstrap_room or 0, list(cmd.input_ids),
                             cmd.sampling.max_new_tokens)
         live = LiveRequest(req, cmd, eos_ids)
@@ -80,23 +83,184 @@ class RequestTable:
         return live
 
     def holders(self) -> list[DecodeRequest]:
-        """Every request that may hold pages: the live ones and those a transfer still holds."""
+        """Every request that may hold pages: the live ones and the ended ones still parked."""
         return ([lv.req for lv in self.lives.values()]
-                + [lv.req for lv, _ in self.draining.values()]
-                + [lv.req for lv, _ in self.restoring]
-                + [lv.req for lv, _, _ in self.settling])
+                + [rec.live.req for rec in self.parked.ended()])
 
-    def arrived(self, live: LiveRequest) -> None:
-        """`live`'s KV and first token arrived (READY): it joins the batch at the next step."""
-        self._ready.append(live)
+    @property
+    def num_fetching(self) -> int:
+        """Live requests still getting their KV: transfers in flight (and ended ones whose
+        transfer has not stopped) or waiting for landing room, and those waiting for their
+        restore."""
+        lot = self.parked
+        return (lot.count(Wait.TRANSFER) + lot.count(Wait.LANDING)
+                + lot.count(Wait.RESTORE, ended=False))
 
-    def ready(self) -> list[LiveRequest]:
-        """The requests that arrived since the last call and are still READY, in arrival order
-        (not a scan of every request: the batch may be hundreds)."""
-        out, self._ready = self._ready, []
-        return [lv for lv in out if lv.req.state is S.READY]
+    # -- where a request goes next -------------------------------------------------------------
+    def wait_for_peer(self, live: LiveRequest, now: float) -> None:
+        """`live` waits until its peer's protocol is known; then `poll` queues or ends it."""
+        self.parked.park(live, Wait.PEER, since=now)
 
-    # -- the one exit ----------------------------------------------------------------------------
+    def enqueue(self, live: LiveRequest, now: float) -> None:
+        """Into the prealloc queue (or ended: the queue is full, or it can never fit)."""
+        try:
+            ab = self.queue.enqueue(live.req, now)
+        except ServiceUnavailable as exc:  # the prealloc queue is full
+            self.end(live, "queue_full", str(exc), now)
+            return
+        if ab is not None:
+            self.end_decided(ab, now)
+
+    def fetch(self, live: LiveRequest, admit: Admit, now: float) -> None:
+        """`live` holds its pages (RESERVED): ask its prefill peer for the missing KV, or
+        compute it here when the client named no peer (or it is a resumed request). Raises
+        DecodeWorkerError for inputs the receiver refuses (nothing posted)."""
+        req, fetcher = live.req, self.fetcher
+        if admit.prefix_len >= live.cached_tokens:  # a readmission reports its best reuse
+            live.cached_tokens = admit.prefix_len
+            live.host_cached_tokens = admit.host_hit_len(self.kv_ctx.page_size)
+        if live.has_peer and not req.is_resumed:
+            self._post(live, admit, now)
+            return
+        prefix_len = admit.prefix_len
+        self._when_restored(live, lambda t: fetcher.prefill_here(live, prefix_len, t), now)
+
+    def _post(self, live: LiveRequest, admit: Admit, now: float) -> None:
+        """Post `live`'s transfer (TRANSFER), or it waits for landing room behind those that
+        wait already (LANDING), or it ends when it can never get that room."""
+        fetcher, lot = self.fetcher, self.parked
+        why = fetcher.landing_refusal(live, admit)
+        if why is not None:
+            self.end(live, "transfer_failed", f"KV transfer refused: {why}", now, failed=True)
+            return
+        behind_others = fetcher.lands(live) and lot.has(Wait.LANDING)
+        if not behind_others and fetcher.post(live, admit, now):
+            lot.park(live, Wait.TRANSFER)
+            return
+        log.info("rid=%s waits for landing room", live.rid)
+        lot.park(live, Wait.LANDING, admit=admit)
+
+    def _post_landing(self, rec: Parked, now: float) -> bool:
+        """Post the transfer of a request that waited for landing room; False while there is
+        still too little (it keeps waiting). An input the receiver refuses ends it."""
+        live, admit = rec.live, rec.admit
+        assert admit is not None  # LANDING keeps its admission
+        try:
+            if not self.fetcher.post(live, admit, now):
+                return False
+        except DecodeWorkerError as exc:  # this request's inputs, not the engine
+            self.parked.move(rec, None)
+            self.end(live, "bad_request", str(exc), now, failed=True)
+            return True
+        self.parked.move(rec, Wait.TRANSFER)
+        return True
+
+    def take_ready(self) -> list[LiveRequest]:
+        """The requests whose KV and first token are in (READY), in arrival order: they leave
+        the lot for the batch."""
+        out = []
+        for rec in self.parked.at(Wait.START):
+            self.parked.move(rec, None)
+            out.append(rec.live)
+        return out
+
+    # -- the one poll --------------------------------------------------------------------------
+    def poll(self, now: float) -> None:
+        """Move on every parked request whose wait is over: transfers that reported, landing
+        room that came free, restores that are done, peers whose protocol is known, launched
+        steps that were waited for."""
+        lot = self.parked
+        for event in self.fetcher.events():
+            rec = lot.of_transfer(event.transfer_id)
+            if rec is not None:
+                self._transfer_event(rec, event, now)
+        for rec in lot.at(Wait.LANDING):  # in arrival order, after the transfers freed room
+            if not self._post_landing(rec, now):
+                break
+        for rec in lot.at(Wait.RESTORE):
+            if not rec.live.is_restoring:
+                self._restored(rec, now)
+        for rec in lot.at(Wait.PEER):
+            self._resolve(rec, now)
+        if lot.has(Wait.STEPS):
+            done = self.running.steps_done
+            for rec in lot.at(Wait.STEPS):
+                if rec.until_step <= done:
+                    self._settle(rec, now)
+
+    def _transfer_event(self, rec: Parked, ev: TransferEvent, now: float) -> None:
+        live = rec.live
+        if ev.kind == "failed":  # answer now; the pages wait until the peer stopped writing
+            if rec.status is None:
+                reason = ev.reason or "transfer_failed"
+                log.warning("rid=%s transfer %d failed (%s): %s", live.rid, ev.transfer_id,
+                            reason, ev.detail)
+                self.end(live, reason, f"KV transfer failed ({reason}): {ev.detail}", now,
+                         failed=True)
+            return
+        first = self.fetcher.transfer_over(live, ev)
+        if rec.status is not None:  # it had ended: its pages go back once nothing writes them
+            if live.is_restoring:
+                self.parked.move(rec, Wait.RESTORE)
+            else:
+                self._settle(rec, now)
+            return
+        if first is None:
+            self.parked.move(rec, None)
+            why = ("first token missing or for another room" if ev.kind == "done" else
+                   "the KV transfer was released before it completed")
+            self.end(live, "transfer_failed", why, now, failed=True)
+            return
+        if live.is_restoring:
+            self.parked.move(rec, Wait.RESTORE)
+            rec.then = lambda t: self.fetcher.arrive(live, first, t)
+            return
+        live.restore = None
+        self.fetcher.arrive(live, first, now)
+        self.parked.move(rec, Wait.START)
+
+    def _restored(self, rec: Parked, now: float) -> None:
+        """`rec`'s restore is done: a live request becomes READY, an ended one's pages go."""
+        live = rec.live
+        live.restore = None
+        if rec.status is not None:
+            self._settle(rec, now)
+            return
+        assert rec.then is not None
+        rec.then(now)
+        self.parked.move(rec, Wait.START)
+
+    def _resolve(self, rec: Parked, now: float) -> None:
+        """`rec`'s peer protocol, if known: queue the request, or end it when that peer cannot
+        serve it (unreachable: counted as a transfer failure)."""
+        live = rec.live
+        proto = self.fetcher.protocol_of(live, rec.since)
+        if proto is None:
+            return
+        self.parked.move(rec, None)
+        refusal = self.fetcher.refusal(live, proto)
+        if refusal is not None:
+            self.end(live, *refusal, now, failed=True)
+        else:
+            self.enqueue(live, now)
+
+    def _settle(self, rec: Parked, now: float) -> None:
+        """An ended request's wait is over: nothing writes its pages any more."""
+        assert rec.status is not None
+        self.parked.move(rec, None)
+        self._release(rec.live, rec.status, now)
+
+    def _when_restored(self, live: LiveRequest, make_ready: Callable[[float], None],
+                       now: float) -> None:
+        """READY now (`make_ready`) if `live` has no restore in flight, else once it is done."""
+        if live.is_restoring:
+            self.parked.park(live, Wait.RESTORE, then=make_ready)
+            return
+        live.restore = None
+        make_ready(now)
+        self.parked.park(live, Wait.START)
+
+    # -- the one exit --------------------------------------------------------------------------
     def end(self, live: LiveRequest, reason: str, message: str, now: float, *,
             matched_stop: int | None = None, failed: bool = False) -> None:
         """End `live` for `reason` ("stop" / "length": finished; else an abort label, or a
@@ -106,67 +270,33 @@ class RequestTable:
         live.ended = live.ended_event(reason, message, matched_stop)
         self.lives.pop(live.rid, None)
         in_flight = self.running.leave(live)
-        status = "finished" if reason in FINISHED else "failed" if failed else "aborted"
+        status = "finished" if reason in FINISH_REASONS else "failed" if failed else "aborted"
         self._count(live.req, status, reason)
         self.outbox.put(live.ended)
+        if self.on_end is not None:
+            self.on_end(live.rid, status)
         self._tell_peer(live, reason, message)
-        if live.transfer_id is not None:  # the peer may still be writing: wait for it
-            self.draining[live.transfer_id] = (live, status)
-            self.transfers.abort(live.transfer_id)
+        rec, lot = live.parked, self.parked
+        if rec is not None and rec.wait is Wait.LANDING:  # no transfer was posted
+            lot.move(rec, None)
+            rec = None
+        if rec is not None and (rec.wait is Wait.TRANSFER or live.is_restoring):
+            lot.end(rec, status)  # something may still write its pages: they wait for it
+            if live.transfer_id is not None:
+                self.transfers.abort_transfer(live.transfer_id)
             return
-        if live.is_restoring:  # the restore stream still writes its pages: wait for it
-            self.restoring.append((live, status))
+        if rec is not None:  # PEER, START, a restore already done: nothing writes its pages
+            lot.move(rec, None)
+        elif live.is_restoring:  # admitted, its restore started, it never got further
+            lot.park(live, Wait.RESTORE, status=status)
             return
-        if in_flight:  # a launched step still reads and writes its pages on the device
-            self.settling.append((live, status, in_flight))
+        elif in_flight:  # a launched step still reads and writes its pages on the device
+            if status != "failed":  # its valid KV enters the tree now, before its answer
+                self.decode_alloc.cache_computed(live.req)
+            lot.park(live, Wait.STEPS, status=status,
+                     until_step=self.running.steps_done + in_flight)
             return
         self._release(live, status, now)
-
-    def step_done(self, now: float) -> None:
-        """The stepper waited for one more launched step: release the pages of the ended
-        requests no launched step uses any more. Until then a page of theirs is not handed out
-        again (a new request's KV transfer must not land in a page a step still writes)."""
-        if not self.settling:
-            return
-        waiting = []
-        for live, status, steps in self.settling:
-            if steps > 1:
-                waiting.append((live, status, steps - 1))
-            else:
-                self._release(live, status, now)
-        self.settling = waiting
-
-    def restores_done(self, now: float) -> None:
-        """Release the pages of the ended requests whose restore is done (polled each step)."""
-        if not self.restoring:
-            return
-        still = []
-        for live, status in self.restoring:
-            if live.is_restoring:
-                still.append((live, status))
-            else:
-                self._release(live, status, now)
-        self.restoring = still
-
-    def settle_all(self, now: float) -> None:
-        """Release every settling request, and those waiting for a restore once it is done
-        (shutdown: the device runs nothing else)."""
-        while self.settling:
-            self.step_done(now)
-        for live, _ in self.restoring:
-            if live.restore is not None:
-                live.restore.wait()
-        self.restores_done(now)
-
-    def refuse(self, cmd: RefuseRequest) -> None:
-        """Requests the worker refused before they reached the engine (at the HTTP door: queue
-        full, too long, draining, a bad request, ...): counted as aborted for `cmd.reason`, and
-        each room is ended at its prefill peer as `end` ends a request's (`_tell_peer`)."""
-        self.requests_total["aborted"] += cmd.num_requests
-        self.aborts_total[cmd.reason] += cmd.num_requests
-        log.info("refused %d request(s) (%s): %s", cmd.num_requests, cmd.reason, cmd.message)
-        for host, port, room in cmd.rooms:
-            self._cancel_room(host, port, room, cmd.reason, cmd.message)
 
     def end_decided(self, ab: Abort, now: float) -> None:
         """Admission aborted `ab.req` (already ABORTED, its pages returned and counted). The
@@ -183,44 +313,48 @@ class RequestTable:
             live.restore.wait()
         self.end(live, ab.reason, ab.message, now)
 
-    def transfer_over(self, transfer_id: int, now: float) -> bool:
-        """The transfer `transfer_id` stopped (released, or done after all): if it belonged to
-        an ended request, release that request's pages now and return True."""
-        entry = self.draining.pop(transfer_id, None)
-        if entry is None:
-            return False
-        live, status = entry
-        live.transfer_id = None
-        if live.is_restoring:
-            self.restoring.append((live, status))
-        else:
-            self._release(live, status, now)
-        return True
+    def refuse(self, cmd: RefuseRequest) -> None:
+        """Requests the worker refused before they reached the engine (at the HTTP door):
+        counted as aborted for `cmd.reason`, and each room ended at its prefill peer."""
+        self.requests_total["aborted"] += cmd.num_requests
+        self.aborts_total[cmd.reason] += cmd.num_requests
+        log.info("refused %d request(s) (%s): %s", cmd.num_requests, cmd.reason, cmd.message)
+        for host, port, room in cmd.rooms:
+            self._cancel_room(host, port, room, cmd.reason, cmd.message)
 
-    # -- internals ------------------------------------------------------------------------------
+    def settle_all(self, now: float) -> None:
+        """Shutdown (the device runs nothing else): release every ended request that waits for
+        launched steps, and those waiting for a restore once it is done."""
+        for rec in self.parked.at(Wait.STEPS):
+            self._settle(rec, now)
+        for rec in self.parked.at(Wait.RESTORE):
+            if rec.status is not None:
+                if rec.live.restore is not None:
+                    rec.live.restore.wait()
+                self._settle(rec, now)
+
+    # -- internals -----------------------------------------------------------------------------
     def _tell_peer(self, live: LiveRequest, reason: str, message: str) -> None:
-        """A request that ends before its KV arrived (refused at admission, client abort, drain,
-        a failed transfer) ends at its prefill peer too, which then answers the router's copy of
-        the request with `reason` at once instead of at its own timeout. Sent for a peer found
-        dead or unreachable too: one that restarts (or wakes from a stall) within seconds may
-        still get the router's copy of the request, and must not hold it to its timeout. Not
-        sent once the first token came (the peer answered already)."""
+        """A request that ends before its first token came (refused at admission, client
+        abort, drain, a failed transfer) ends at its prefill peer too, which then answers the
+        router's copy at once instead of at its own timeout; sent for a peer found dead too
+        (one that restarts within seconds may still get the router's copy)."""
         cmd = live.cmd
-        if live.req.output_ids or reason in FINISHED:
+        if live.req.output_ids or reason in FINISH_REASONS:
             return
         self._cancel_room(cmd.bootstrap_host, cmd.bootstrap_port or 0, cmd.bootstrap_room,
                           reason, message)
 
     def _cancel_room(self, host: str | None, port: int, room: int | None, reason: str,
                      message: str) -> None:
-        """End `room` at the prefill peer host:port (in its protocol: the receiver's
-        `cancel_room`), if the address and room are whole."""
+        """End `room` at the prefill peer host:port (in its protocol), if the address and room
+        are whole."""
         if host and room is not None and 0 < port < 65536:
             self.transfers.cancel_room(host, port, room, reason, message)
 
     def _count(self, req: DecodeRequest, status: str, reason: str) -> None:
         self.requests_total[status] += 1
-        decided_by_admission = req.state is S.ABORTED  # admission aborts before the shell hears
+        decided_by_admission = req.state is RequestState.ABORTED  # admission aborts first
         if status == "aborted" and not decided_by_admission:
             self.aborts_total[reason] += 1
         if status != "finished":
@@ -229,11 +363,11 @@ class RequestTable:
     def _release(self, live: LiveRequest, status: str, now: float) -> None:
         req, ended = live.req, live.ended
         assert ended is not None
-        if req.state is S.QUEUED:
-            self.queue.abort(req.rid, now, ended.reason, ended.message)
-        elif req.state is S.RUNNING and status == "finished":
-            self.decode_alloc.finish(req, now)
+        if req.state is RequestState.QUEUED:
+            self.queue.abort_request(req.rid, now, ended.reason, ended.message)
+        elif req.state is RequestState.RUNNING and status == "finished":
+            self.decode_alloc.finish_request(req, now)
         elif req.state not in TERMINAL:
-            to = S.FAILED if status == "failed" else S.ABORTED
+            to = RequestState.FAILED if status == "failed" else RequestState.ABORTED
             req.transition(to, now, releaser=self.kv_ctx, reason=ended.reason,
                            message=ended.message)

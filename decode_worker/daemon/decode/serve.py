@@ -31,7 +31,7 @@ from decode_worker.daemon.shared.http_server import (
 from decode_worker.daemon.shared.http_server import run as run_loop
 from decode_worker.io.api.app import ApiApp, check_model_path
 from decode_worker.io.api.common import ApiConfig
-from decode_worker.io.kv_events.config import describe, parse_kv_events_config
+from decode_worker.io.kv_events.config import describe
 from decode_worker.io.kv_events.publisher import ZmqKvEventPublisher
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import LoadedSettings, Settings
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
     settings = loaded.settings
     sock = bind_http(settings)  # before the model loads: a taken port is one line at once
     metrics = Metrics()
-    kv_cfg = parse_kv_events_config(settings.kv_events.config)
+    kv_cfg = settings.kv_events.parsed
     # the sockets first: a busy or bad endpoint stops the daemon before the model loads
     publisher = None
     try:
@@ -56,6 +56,9 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
         elif publisher is not None:
             log.warning("kv_events.config: publisher zmq, but the decode radix cache is off: "
                         "the tree caches nothing, so no KV events are published")
+        elif engine.kv_events is not None:
+            log.info("KV events: served over gRPC (SubscribeKvEvents) from the in-process "
+                     "log; no ZMQ publisher (kv_events.config unset)")
         serving = _serve(settings, engine, metrics, sock, getattr(args, "ports_file", None),
                          publisher)
         return int(run_loop(serving))
@@ -69,14 +72,16 @@ async def _serve(settings: Settings, engine: DecodeEngine, metrics: Metrics,
                  sock: socket.socket, ports_file: Path | None,
                  publisher: ZmqKvEventPublisher | None = None) -> int:
     loop = asyncio.get_running_loop()
+    events_cfg = settings.kv_events.parsed if publisher is None else publisher.bound_config()
     backend = DecodeBackend(engine.inbox, engine.tokenizer, engine.info,
                             settings.scheduler.max_queued_requests,
-                            settings.transfer.bootstrap_port, load=lambda: engine.books.load)
-    backend.kv_events = engine.kv_events
-    events_cfg = engine.kv_events_config if publisher is None else publisher.bound_config()
-    backend.kv_events_info = describe(events_cfg, engine.page_size)
-    backend.host_tier_info = engine.host_tier_info
-    engine.start(Outbox(loop, backend.deliver))
+                            settings.transfer.bootstrap_port, loads=engine.books,
+                            kv_events=engine.kv_events,
+                            kv_events_info=describe(events_cfg, engine.page_size),
+                            host_tier_info=engine.host_tier_info)
+    # answers wait for the ZMQ publisher's sends of their steps' KV events (`AnswerGate`)
+    engine.start(Outbox(loop, backend.deliver,
+                        gate=publisher.gate if publisher is not None else None))
     app = ApiApp(backend, ApiConfig.from_settings(settings), metrics)
     sc = settings.server
     warning = check_model_path(backend.server_info())

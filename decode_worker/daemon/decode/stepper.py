@@ -5,7 +5,7 @@ running request one token, retracting some first when pages run short (they go b
 prealloc queue with their KV cached). Tokens go out as `Tokens`; a request whose last token ends
 it leaves through the request table. Compute thread only.
 
-Inputs persist between steps (`RunningBatch`, `device/decode_slots.py`): a request's page table
+Inputs persist between steps (`RunningBatch`, `device/decode_inputs.py`): a request's page table
 and next token live in a device row, written when a page is added, and the sampler writes each
 step's tokens straight into the rows, where the next step reads them ("future token ids").
 
@@ -23,7 +23,7 @@ dropped. Requests that finish by length are left out of N+1 up front. Logprobs a
 the device beside the tokens and copied with them; a batch with a grammar row samples
 synchronously (the grammar's mask needs the committed tokens). A request that ends while a
 launched step still uses its pages keeps them until that step is waited for
-(`RequestTable.settling`).
+(the request table parks it: STEPS).
 ```
 engine.step k:  [admit, start]  plan N+1 -> launch N+1 -> wait N -> commit N  [publish]
 device:         ...... step N ...... | ........ step N+1 ........
@@ -44,7 +44,9 @@ from decode_worker.daemon.decode.batch import Order, RunningBatch, SampleKind
 from decode_worker.daemon.decode.bridge import StepTokens
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.requests import RequestTable
-from decode_worker.device.decode_slots import HostTokens
+from decode_worker.daemon.decode.speculate import Speculator
+from decode_worker.daemon.decode.verify import Verifier
+from decode_worker.device.decode_inputs import HostTokens
 from decode_worker.device.runner import DecodeRunner
 from decode_worker.device.sampler import (
     SampleOutput,
@@ -73,12 +75,17 @@ class DecodeStepper:
     """Runs the table's running batch on the model, one token per request per step."""
 
     def __init__(self, table: RequestTable, queue: PreallocQueue, decode_alloc: DecodeAllocator,
-                 runner: DecodeRunner, sampler: Sampler, *, overlap: bool = True) -> None:
+                 runner: DecodeRunner, sampler: Sampler, *, overlap: bool = True,
+                 spec: Speculator | None = None) -> None:
+        """`spec`: speculative decoding's policy and drafter (`verify.py` runs its steps)."""
         self.table, self.queue, self.decode_alloc = table, queue, decode_alloc
         self.runner, self.sampler, self.overlap = runner, sampler, overlap
         self.batch: RunningBatch = table.running
         self.in_flight: _Launched | None = None
         self.generated_tokens_total = 0
+        self.spec = spec
+        self.verifier = (Verifier(self.batch, decode_alloc, runner, sampler, table, spec)
+                         if spec is not None else None)
 
     @property
     def busy(self) -> bool:
@@ -91,11 +98,15 @@ class DecodeStepper:
         ends."""
         self.decode_alloc.start_running(live.req, now)
         self.batch.join(live)
+        if self.spec is not None:
+            self.spec.joined(live.rid, live.req.prompt_ids, live.req.output_ids)
         self._commit(live, now)
 
     def step(self, now: float) -> None:
         """One token for every running request (retracting some first if pages are short).
         With overlap on, the tokens committed are those of the step launched last time."""
+        if self.spec is not None and self.batch and self.spec.may_draft() and self._speculate(now):
+            return
         prev, self.in_flight = self.in_flight, None
         launched = self._launch(now) if self.batch else None
         if prev is not None:
@@ -105,34 +116,47 @@ class DecodeStepper:
         else:
             self.in_flight = launched
 
+    def _speculate(self, now: float) -> bool:
+        """A verify step (`verify.py`) if the policy drafts; False: run a plain step. Drafts
+        need every committed token, so a launched step is committed first (no overlap)."""
+        prev, self.in_flight = self.in_flight, None
+        if prev is not None:
+            self._commit_step(prev, now)
+        assert self.verifier is not None
+        committed = self.verifier.try_step(now)
+        if committed is None:
+            return False
+        self.generated_tokens_total += committed
+        return True
+
     def _launch(self, now: float) -> _Launched | None:
         """Plan pages, write the inputs that changed, run the model and sample on the device."""
         planned = self._plan_pages(now)
         if planned is None:
             return None
         order, positions, ahead = planned  # [n] each; `ahead` before this launch
-        batch, slots = self.batch, order.slots
+        batch, rows = self.batch, order.rows
         kind = batch.kind_of_batch()
-        pages = batch.slots
-        logits, slots_t = self.runner.decode_slots(pages, slots, positions)  # [n, V]
-        batch.pos[slots] = positions + 1
-        batch.ahead[slots] = ahead + 1
-        gen = batch.gen[slots]
+        inputs = batch.inputs
+        logits, rows_t = self.runner.decode_rows(inputs, rows, positions)  # [n, V]
+        batch.pos[rows] = positions + 1
+        batch.ahead[rows] = ahead + 1
+        gen = batch.gen[rows]
         if kind is SampleKind.GREEDY:  # no per-request rows to build
             chosen = logits.argmax(dim=-1)  # [n] i64 on the device
         elif kind is SampleKind.DEVICE:  # parameters from the batch's arrays, not per row
-            params = batch.sample_params(slots, ahead, logits.shape[1], logits.device)
+            params = batch.sample_params(rows, ahead, logits.shape[1], logits.device)
             chosen = self.sampler.choose_batch(logits, params)  # [n] i64 on the device
         else:
-            rows = [_row(lv, a) for lv, a in zip(order.lives, ahead.tolist(), strict=True)]
-            out = self.sampler.sample(logits, rows)  # waits for the step
-            for slot, token in zip(slots.tolist(), out.token_ids, strict=True):
-                pages.write_token(slot, token)
+            sample_rows = [_row(lv, a) for lv, a in zip(order.lives, ahead.tolist(), strict=True)]
+            out = self.sampler.sample(logits, sample_rows)  # waits for the step
+            for row, token in zip(rows.tolist(), out.token_ids, strict=True):
+                inputs.write_token(row, token)
             return _Launched(order, gen, batch.version, None, out)
-        pages.tokens[slots_t] = chosen  # the next step's inputs, written on the device
+        inputs.tokens[rows_t] = chosen  # the next step's inputs, written on the device
         extras: tuple[torch.Tensor, ...] = ()
         if batch.logprob_members:
-            lp_rows, max_top = batch.logprobs_wanted(slots)
+            lp_rows, max_top = batch.logprobs_wanted(rows)
             if lp_rows.any():
                 extras = device_logprobs(logits, chosen, max_top)
         return _Launched(order, gen, batch.version, self.runner.fetch_tokens(chosen, extras),
@@ -146,15 +170,15 @@ class DecodeStepper:
         positions and uncommitted steps ([n] each)."""
         batch = self.batch
         order = batch.order()
-        slots = order.slots
-        ahead = batch.ahead[slots]
-        go = batch.left[slots] > ahead  # [n] not ended by the uncommitted step's length
+        rows = order.rows
+        ahead = batch.ahead[rows]
+        go = batch.left[rows] > ahead  # [n] not ended by the uncommitted step's length
         if not go.all():
             order = order.subset(go)
-            slots, ahead = order.slots, ahead[go]
-        pos = batch.pos[slots]
-        grow = np.flatnonzero(pos >= batch.edge[slots])
-        slide = np.flatnonzero(pos - ahead >= batch.slide_at[slots])
+            rows, ahead = order.rows, ahead[go]
+        pos = batch.pos[rows]
+        grow = np.flatnonzero(pos >= batch.edge[rows])
+        slide = np.flatnonzero(pos - ahead >= batch.slide_at[rows])
         if not grow.size and not slide.size:
             return (order, pos, ahead) if order.lives else None
         lives = order.lives
@@ -165,13 +189,12 @@ class DecodeStepper:
                 batch.slid(live)
         if grow.size:  # a page edge: a new full page, an SWA page to get or write
             growing = [lives[i] for i in grow.tolist()]
-            in_flight = {lv.rid for lv, a in zip(growing, ahead[grow].tolist(), strict=True)
-                         if a}
-            if not self.decode_alloc.grow([lv.req for lv in growing], in_flight):
+            far = {lv.rid: a for lv, a in zip(growing, ahead[grow].tolist(), strict=True) if a}
+            if not self.decode_alloc.grow([lv.req for lv in growing], far):
                 kept = self._retract(order, ahead, now)
                 if kept is None:
                     return None
-                return kept, batch.pos[kept.slots], batch.ahead[kept.slots]
+                return kept, batch.pos[kept.rows], batch.ahead[kept.rows]
             for live in growing:
                 batch.refresh(live)
         return order, pos, ahead
@@ -181,8 +204,8 @@ class DecodeStepper:
         some (back to the prealloc queue, their computed KV cached) and gives the rest their
         pages."""
         batch = self.batch
-        in_flight = {lv.rid for lv, a in zip(order.lives, ahead.tolist(), strict=True) if a}
-        plan = self.decode_alloc.prepare_step([lv.req for lv in order.lives], now, in_flight)
+        far = {lv.rid: a for lv, a in zip(order.lives, ahead.tolist(), strict=True) if a}
+        plan = self.decode_alloc.prepare_step([lv.req for lv in order.lives], now, far)
         gone = {id(r) for r in plan.retracted}
         for live in order.lives:
             if id(live.req) in gone:
@@ -201,46 +224,44 @@ class DecodeStepper:
         batch, order, out = self.batch, step.order, step.sampled
         tokens = (np.asarray(out.token_ids, np.int64) if out is not None
                   else step.tokens.wait_array())  # type: ignore[union-attr]  # [n]
-        self.table.step_done(now)  # the step is over: pages only it used may go
-        rows = None
+        batch.steps_done += 1  # the step is over: pages only it used may go (table.poll)
+        kept = None
         if step.version != batch.version:  # some left: ended (a stop token, an abort), retracted
-            same = batch.gen[order.slots] == step.gen  # [n] the row's request is still there
-            rows = np.flatnonzero(same)
+            same = batch.gen[order.rows] == step.gen  # [n] the row's request is still there
+            kept = np.flatnonzero(same)
             order, tokens = order.subset(same), tokens[same]
-        slots = order.slots
-        batch.ahead[slots] -= 1
-        batch.left[slots] -= 1
+        rows = order.rows
+        batch.ahead[rows] -= 1
+        batch.left[rows] -= 1
         if out is not None:
-            self._commit_host(order, tokens, out, rows, now)
+            self._commit_host(order, tokens, out, kept, now)
             return
         toks = tokens.tolist()
-        for output, kv_tokens, token in zip(order.outputs, order.kv_tokens, toks, strict=True):
-            kv_tokens.append(output[-1])  # the step wrote the KV of the input token
-            output.append(token)
+        order.commit.commit(toks)
         self.generated_tokens_total += len(toks)
         extras = step.tokens.extras()  # type: ignore[union-attr]
         if extras:  # rows with logprobs go out one by one, with them
-            self._send_with_logprobs(order, extras, rows)
+            self._send_with_logprobs(order, extras, kept)
         else:
             self.table.outbox.put(StepTokens(order.rids, toks))
-        ends = np.flatnonzero((batch.left[slots] <= 0) | batch.stop_hits(tokens))
+        ends = np.flatnonzero((batch.left[rows] <= 0) | batch.stop_hits(tokens))
         for i in ends.tolist():
             self._finish_if_done(order.lives[i], now)
 
     def _send_with_logprobs(self, order: Order, extras: tuple[torch.Tensor, ...],
-                            rows: np.ndarray | None) -> None:
+                            kept: np.ndarray | None) -> None:
         """The step computed logprobs on the device (some row wants them): those rows' tokens
         go out with theirs as `Tokens`, the others' in one `StepTokens`."""
-        if rows is not None:  # the launched rows still there
-            index = torch.from_numpy(rows)
+        if kept is not None:  # the launched rows still there
+            index = torch.from_numpy(kept)
             extras = tuple(t[index] for t in extras)
-        want, top = self.batch.want_lp[order.slots], self.batch.top_n[order.slots]  # [n] each
+        want, top = self.batch.want_lp[order.rows], self.batch.top_n[order.rows]  # [n] each
         wants = want | (top > 0)
         lps, tops = logprob_lists(extras, want.tolist(), top.tolist())
         plain = ~wants
         if plain.any():
             rest = order.subset(plain)
-            self.table.outbox.put(StepTokens(rest.rids, [out[-1] for out in rest.outputs]))
+            self.table.outbox.put(StepTokens(rest.rids, rest.commit.last_tokens()))
         for i in np.flatnonzero(wants).tolist():
             live = order.lives[i]
             live.record_logprobs(lps[i], tops[i])
@@ -249,11 +270,11 @@ class DecodeStepper:
                 self.table.outbox.put(event)
 
     def _commit_host(self, order: Order, tokens: np.ndarray, out: SampleOutput,
-                     rows: np.ndarray | None, now: float) -> None:
+                     kept: np.ndarray | None, now: float) -> None:
         """A host-sampled step (a grammar row): each row's token, logprobs and end."""
-        index = range(len(out.token_ids)) if rows is None else rows.tolist()
-        for live, token, i in zip(order.lives, tokens.tolist(), index, strict=True):
-            live.req.append_token(token)
+        index = range(len(out.token_ids)) if kept is None else kept.tolist()
+        order.commit.commit(tokens.tolist())
+        for live, i in zip(order.lives, index, strict=True):
             live.emitted = len(live.req.output_ids) - 1  # stale while fast steps sent tokens
             live.record_logprobs(out.logprobs[i], out.top_logprobs[i])
             self._commit(live, now)

@@ -23,10 +23,12 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from decode_worker.core.memory_budget import colocated_share
 from decode_worker.daemon.shared.procs import ServerProcess, http_json, scrape_metric
+from decode_worker.errors import ConfigError
 from decode_worker.settings import LoadedSettings
 
 SYSTEM = ("You are a helpful assistant for a decode worker demo. Answer briefly and stay on "
@@ -64,8 +66,9 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
     share = colocated_share(3, s.cache.memory_fraction)
     common = ["--set", f"cache.page_size={s.cache.page_size}",
               "--set", f"cache.memory_fraction={share}"]
-    if s.model.path is not None:
-        common += ["--model", str(s.model.path)]
+    model = demo_model(args, loaded)
+    if model is not None:
+        common += ["--model", str(model)]
     pages = demo_device_pages(args, s.cache.page_size)
     small = ["--set", f"cache.num_full_pages={pages}"] if pages else []
     print(f"demo: starting a prefill peer, a decode worker and, for comparison, one without "
@@ -89,6 +92,23 @@ def run(args: argparse.Namespace, loaded: LoadedSettings) -> int:
         report["host"] = _host_tier(dec.url, s.cache.page_size)
         _print_report(report, moved, without)
     return 0
+
+
+def demo_model(args: argparse.Namespace, loaded: LoadedSettings) -> Path | None:
+    """The model directory both servers load: `--family` (a tiny seeded random model of it,
+    written once under model.cache_dir), else `--model` / model.path, else None (the servers'
+    default, the tiny gpt-oss). Raises ConfigError for both flags or an unknown family."""
+    s = loaded.settings
+    family = getattr(args, "family", None)
+    if family is None:
+        return None if s.model.path is None else Path(s.model.path)
+    if s.model.path is not None:
+        raise ConfigError("demo: give --family or --model, not both")
+    from decode_worker.device.model.tiny import ensure_tiny_model  # imports torch
+
+    path = ensure_tiny_model(s.model.cache_dir, family, s.model.seed)
+    print(f"demo: tiny {family} model (seed {s.model.seed}) at {path}", flush=True)
+    return path
 
 
 def demo_device_pages(args: argparse.Namespace, page_size: int) -> int:

@@ -8,29 +8,25 @@ pools, writes the first token into an aux row, WRITEs the requested pages (full 
 `TransferDone` (or `TransferFailed`). Unmatched halves expire after `match_timeout_s`.
 
 Threads: the bootstrap thread runs `_on_message`; the compute thread owns torch, the pools and
-the page free lists (the pipeline of `prefill_push.PushPipeline`); `_lock` guards the matching
+the page free lists (the pipeline of `push.PushPipeline`); `_lock` guards the matching
 tables shared by both.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
-from collections.abc import Callable
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.daemon.prefill.compute_loop import run_compute_loop
 from decode_worker.daemon.prefill.push import PushPipeline
-from decode_worker.daemon.prefill.state import Decoder, Half, Job, Matcher, PrefillResult
+from decode_worker.daemon.prefill.shell import PeerShell
+from decode_worker.daemon.prefill.state import Decoder, Half, Job, Matcher, OnDone, PrefillResult
 from decode_worker.daemon.shared.compat import model_compat, region_layouts
 from decode_worker.device.aux_buffer import AuxBuffer
 from decode_worker.device.runner import ModelRunner
 from decode_worker.errors import DecodeWorkerError, PageError, TransferError
 from decode_worker.io.kv import protocol as p
 from decode_worker.io.kv.bootstrap import BootstrapServer
-from decode_worker.io.kv.nixl_agent import NixlAgent, unique_agent_name
 from decode_worker.io.kv.protocol_check import check_compat, validate_request
 from decode_worker.io.metrics import Metrics
 from decode_worker.settings import TransferSettings
@@ -39,50 +35,37 @@ log = logging.getLogger(__name__)
 DECODE_SILENT_S = 10.0  # a decode peer silent this long (at least) is judged gone
 
 
-class PrefillPeer:
+class PrefillPeer(PeerShell[Job]):
     """Serve prefill-and-push on `settings.bootstrap_host:bootstrap_port` until `close()`.
 
     Raises TransferError if the port cannot be bound, ConfigError if NIXL cannot start.
     """
 
+    server: BootstrapServer
+    _push: PushPipeline
+
     def __init__(
         self, runner: ModelRunner, settings: TransferSettings, model_name: str,
         num_aux_rows: int = 256, match_timeout_s: float = 60.0, metrics: Metrics | None = None,
     ) -> None:  # fmt: skip
-        self.runner, self.settings, self.metrics = runner, settings, metrics
         self.compat = model_compat(runner, model_name)
         self.aux = AuxBuffer(num_aux_rows)
         self.regions = region_layouts(runner.pools, self.aux)
-        self.agent = NixlAgent(unique_agent_name("prefill"), settings.backend,
-                               settings.progress_delay_us)
+        super().__init__(runner, settings)
+        self.metrics = metrics
         self.agent.register([*runner.pools.memory_regions(), self.aux.memory_region()])
         self._push = PushPipeline(runner, self.aux, self.regions, self.agent, self._finish)
-        self._lock = threading.Lock()
         self._decoders: dict[bytes, Decoder] = {}
         self._matcher = Matcher(match_timeout_s)
-        self._jobs: queue.Queue[Job | None] = queue.Queue()
-        self._stop = threading.Event()
         self.server = BootstrapServer(
             settings.bootstrap_host, settings.bootstrap_port, self._on_message
         )
-        self._thread = threading.Thread(target=self._compute_loop, name="prefill", daemon=True)
-        self._thread.start()
+        self._serve()
 
-    @property
-    def bootstrap_port(self) -> int:
-        """The bound bootstrap port (`transfer.bootstrap_port`, or the free one for 0)."""
-        return int(self.server.port)
+    # -- the two halves (`add_prompt`: PeerShell) --------------------------------------------
 
-    # -- the two halves ----------------------------------------------------------------------
-
-    def add_prompt(
-        self, room: int, token_ids: list[int],
-        on_done: Callable[[PrefillResult], None] | None = None,
-        sampling: SamplingParams | None = None,
-    ) -> None:  # fmt: skip
-        """The prompt of `room` (from HTTP); `sampling` picks the first token (None: greedy).
-        `on_done` runs on the compute thread once the KV is handed off or the room
-        failed/expired; it must not block."""
+    def _add_prompt(self, room: int, token_ids: list[int], on_done: OnDone | None,
+                    sampling: SamplingParams | None) -> None:
         with self._lock:
             refused = self._matcher.take_cancelled(room)
             job = None if refused is not None else self._matcher.add_prompt(
@@ -170,9 +153,6 @@ class PrefillPeer:
 
     # -- compute thread ----------------------------------------------------------------------
 
-    def _compute_loop(self) -> None:
-        run_compute_loop(self._stop, self._jobs, self._push, self._start, self._sweep)
-
     def _start(self, job: Job) -> None:
         req = job.req
         with self._lock:
@@ -232,9 +212,3 @@ class PrefillPeer:
                 self.server.send(half.peer, failed)
             if half.on_done is not None:
                 half.on_done(PrefillResult(half.room, None, 0.0, 0, reason))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self.server.close()
-        self.agent.close()

@@ -16,20 +16,16 @@ pools and the pipeline; `_lock` guards the room table they share.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
-from collections.abc import Callable
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.daemon.prefill.compute_loop import run_compute_loop
 from decode_worker.daemon.prefill.sglang_push import AuxStaging, Outcome, SglangPushPipeline
 from decode_worker.daemon.prefill.sglang_state import ABORTED, Endpoint, Room, RoomTable
 from decode_worker.daemon.prefill.sglang_state import Outcome as TableOutcome
-from decode_worker.daemon.prefill.state import PrefillResult
+from decode_worker.daemon.prefill.shell import PeerShell
+from decode_worker.daemon.prefill.state import OnDone, PrefillResult
 from decode_worker.device.runner import ModelRunner
 from decode_worker.errors import DecodeWorkerError
-from decode_worker.io.kv.nixl_agent import NixlAgent, unique_agent_name
 from decode_worker.io.kv.protocol import RegionLayout
 from decode_worker.io.kv.sglang.bootstrap_server import BootstrapHttpServer, BootstrapTable
 from decode_worker.io.kv.sglang.frames import Abort, Status, TransferInfo
@@ -41,14 +37,19 @@ log = logging.getLogger(__name__)
 
 
 def geometry(runner: ModelRunner) -> Geometry:
-    """Our pools as `prefill_plan` sees them: one row = one page of one layer, K then V."""
+    """Our pools as `prefill_plan` sees them: one row = one page of one layer, K then V; a
+    model SGLang lays out with full KV in every layer (Gemma 3) is sent so, every layer a KV
+    entry, as a stock SGLang prefill sends it."""
     pools, regions = runner.pools, {}
     for name in ("full", "swa"):
         t = pools.tensor(name)
         regions[name] = RegionLayout(name, t.data_ptr(), t.shape[0], t.shape[1],
                                      pools.page_bytes(name), t.device.index or 0,
                                      "VRAM" if t.is_cuda else "DRAM")  # fmt: skip
-    return Geometry(regions["full"], regions["swa"], pools.page_size, runner.window)
+    num_layers = len(pools.spec.layer_types)
+    all_layers = (tuple(pools.layer_slot(i) for i in range(num_layers))
+                  if runner.model.cfg.sglang_ordinary else ())  # fmt: skip
+    return Geometry(regions["full"], regions["swa"], pools.page_size, runner.window, all_layers)
 
 
 def rank_registration(ip: str, port: int, page_size: int, http_port: int) -> dict[str, object]:
@@ -65,25 +66,24 @@ def rank_registration(ip: str, port: int, page_size: int, http_port: int) -> dic
             "prefill_http_port": http_port, "decode_allocation_policy": "early"}
 
 
-class SglangPrefillPeer:
+class SglangPrefillPeer(PeerShell[Room]):
     """Serve SGLang's prefill protocol until `close()`; `add_prompt` as `PrefillPeer`'s.
 
     Raises TransferError if a port cannot be bound, ConfigError if NIXL cannot start.
     """
 
+    JOIN_TIMEOUT_S = 15.0  # the 10 s drain, plus up to 5 s a failed post waits (`_post_all`)
+    server: BootstrapHttpServer
+    _push: SglangPushPipeline
+
     def __init__(
         self, runner: ModelRunner, settings: TransferSettings, http_port: int,
         num_aux_rows: int = 256, match_timeout_s: float = 60.0,
     ) -> None:  # fmt: skip
-        self.runner, self.settings = runner, settings
-        self.agent = NixlAgent(unique_agent_name("prefill"), settings.backend,
-                               settings.progress_delay_us)
+        super().__init__(runner, settings)
         self.staging = AuxStaging(num_aux_rows)
         self.agent.register([*runner.pools.memory_regions(), self.staging.memory_region()])
-        self._lock = threading.Lock()
         self._rooms = RoomTable(match_timeout_s)
-        self._jobs: queue.Queue[Room] = queue.Queue()
-        self._stop = threading.Event()
         self.channel = RankChannel(settings.bootstrap_host, settings.prefill_rank_port,
                                    self.agent, self._on_info, self._on_abort)
         self._push = SglangPushPipeline(runner, geometry(runner), self.staging, self.agent,
@@ -94,24 +94,12 @@ class SglangPrefillPeer:
                                                http_port))  # fmt: skip
         self.server = BootstrapHttpServer(settings.bootstrap_host, settings.bootstrap_port,
                                           self.table)
-        self._thread = threading.Thread(target=self._compute_loop, name="prefill", daemon=True)
-        self._thread.start()
+        self._serve()
 
-    @property
-    def bootstrap_port(self) -> int:
-        """The bound bootstrap port (`transfer.bootstrap_port`, or the free one for 0)."""
-        return int(self.server.port)
+    # -- the two halves (`add_prompt`: PeerShell) --------------------------------------------
 
-    # -- the two halves ----------------------------------------------------------------------
-
-    def add_prompt(
-        self, room: int, token_ids: list[int],
-        on_done: Callable[[PrefillResult], None] | None = None,
-        sampling: SamplingParams | None = None,
-    ) -> None:  # fmt: skip
-        """The prompt of `room` (from HTTP); `sampling` picks the first token (None: greedy).
-        `on_done` runs on the compute thread (or this one) once the KV landed or the room
-        failed; it must not block."""
+    def _add_prompt(self, room: int, token_ids: list[int], on_done: OnDone | None,
+                    sampling: SamplingParams | None) -> None:
         with self._lock:
             out = self._rooms.add_prompt(room, token_ids, on_done, sampling, time.monotonic())
         self._apply(out)
@@ -139,9 +127,6 @@ class SglangPrefillPeer:
             self.channel.send_abort_ack(target, room, generation)
 
     # -- compute thread ----------------------------------------------------------------------
-
-    def _compute_loop(self) -> None:
-        run_compute_loop(self._stop, self._jobs, self._push, self._start, self._sweep)
 
     def _start(self, room: Room) -> None:
         with self._lock:
@@ -189,12 +174,8 @@ class SglangPrefillPeer:
             self.channel.send_status(room.targets(), room.room, Status.FAILED, reason)
             _answer(room, PrefillResult(room.room, None, 0.0, 0, reason))
 
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=15)
-        self.server.close()
+    def _close_links(self) -> None:
         self.channel.close()
-        self.agent.close()
 
 
 def _answer(room: Room, result: PrefillResult) -> None:

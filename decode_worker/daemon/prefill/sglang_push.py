@@ -17,12 +17,11 @@ from typing import Literal
 import torch
 
 from decode_worker.core.types import MemoryRegion
-from decode_worker.daemon.prefill.push import first_token
 from decode_worker.daemon.prefill.sglang_state import Room
-from decode_worker.daemon.prefill.state import PageFreeList, PrefillResult
+from decode_worker.daemon.prefill.shell import Held, PushShell
+from decode_worker.daemon.prefill.state import PrefillResult
 from decode_worker.device.runner import ModelRunner
-from decode_worker.device.sampler import Sampler
-from decode_worker.errors import OutOfPages, TransferError
+from decode_worker.errors import TransferError
 from decode_worker.io.kv.nixl_agent import NixlAgent, XferHandle
 from decode_worker.io.kv.sglang.frames import Registration
 from decode_worker.io.kv.sglang.prefill_plan import (
@@ -61,13 +60,12 @@ class AuxStaging:
 class _Push:
     room: Room
     handles: list[XferHandle]
-    pages: tuple[list[int], list[int]]
-    aux_row: int
+    held: Held
     result: PrefillResult
     deadline: float
 
 
-class SglangPushPipeline:
+class SglangPushPipeline(PushShell[_Push]):
     """Prefill-and-WRITE of the rooms `SglangPrefillPeer` started, several in flight at once.
     `geometry` describes our pools, `registration` finds a decode agent's registration,
     `agent` has our pools and `staging` registered."""
@@ -76,15 +74,9 @@ class SglangPushPipeline:
         self, runner: ModelRunner, geometry: Geometry, staging: AuxStaging, agent: NixlAgent,
         registration: Lookup, finish: Finish, deadline_s: float,
     ) -> None:  # fmt: skip
-        self.runner, self.geometry, self.staging, self.agent = runner, geometry, staging, agent
+        super().__init__(runner, staging.rows.shape[0])
+        self.geometry, self.staging, self.agent = geometry, staging, agent
         self.registration, self._finish, self.deadline_s = registration, finish, deadline_s
-        self.sampler = Sampler(runner.device)
-        self._free = PageFreeList(runner.pools.num_pages["full"], runner.pools.num_pages["swa"])
-        self._aux_rows = list(range(staging.rows.shape[0]))
-        self._pushes: list[_Push] = []
-
-    def is_busy(self) -> bool:
-        return bool(self._pushes)
 
     def post(self, room: Room) -> None:
         """Prefill `room` and post its WRITEs. Raises DecodeWorkerError (nothing held, nothing
@@ -102,43 +94,23 @@ class SglangPushPipeline:
             self._pushes.remove(push)
             for handle in push.handles:
                 self.agent.release(handle)
-            self._free.give(*push.pages)
-            self._aux_rows.append(push.aux_row)
+            self._give_back(push.held)
             outcome: Outcome = "stuck" if stuck else "failed" if "ERR" in states else "landed"
             self._finish(push.room, push.result, outcome)
 
-    def _take_pages(self, n_pages: int) -> tuple[list[int], list[int]]:
-        while True:
-            try:
-                return self._free.take(n_pages)
-            except OutOfPages:
-                if not self._pushes:
-                    raise
-                self.reap(time.monotonic())
-                time.sleep(0.0005)
-
     def _prefill_and_post(self, room: Room) -> _Push:
         prompt = room.prompt or []
-        full_ids, swa_ids = self._take_pages(cdiv(len(prompt), self.geometry.page_size))
-        row = self._aux_rows.pop()
-        try:
-            logits = self.runner.prefill(prompt, full_ids, swa_ids)  # logits: [V] f32
-            token, logprob, top = first_token(self.sampler, logits, room.sampling)
-            addr = self.staging.write(row, aux_row_bytes(room.room, token, logprob, top))
-            if self.runner.device.type == "cuda":
-                torch.cuda.synchronize(self.runner.device)
-            src = SourceRoom(len(prompt), full_ids, swa_ids, addr)
+        with self._holding(cdiv(len(prompt), self.geometry.page_size)) as held:
+            token, logprob, top = self._first_token(prompt, held, room.sampling)
+            addr = self.staging.write(held.aux_row, aux_row_bytes(room.room, token, logprob, top))
+            self._sync()
+            src = SourceRoom(len(prompt), held.full_ids, held.swa_ids, addr)
             plans = [(info.agent_name, self._plan(src, info.agent_name, room))
                      for info in room.infos.values() if not info.is_dummy]
             handles = self._post_all(plans)
-        except BaseException:
-            self._free.give(full_ids, swa_ids)
-            self._aux_rows.append(row)
-            raise
         num_bytes = sum(s.length for _, plan in plans for _, spans in plan for s in spans)
         result = PrefillResult(room.room, token, logprob, num_bytes, None, top)
-        return _Push(room, handles, (full_ids, swa_ids), row, result,
-                     time.monotonic() + self.deadline_s)
+        return _Push(room, handles, held, result, time.monotonic() + self.deadline_s)
 
     def _plan(self, src: SourceRoom, agent_name: str, room: Room) -> Plan:
         reg = self.registration(agent_name)

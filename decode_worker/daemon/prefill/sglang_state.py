@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.daemon.prefill.state import OnDone
+from decode_worker.daemon.prefill.state import OnDone, RoomPrompt
 from decode_worker.io.kv.sglang.frames import Abort, TransferInfo
 
 ABORTED = "Aborted by decode-side abort notification."  # SGLang's reason text
@@ -22,16 +22,11 @@ Endpoint = tuple[str, int]
 
 
 @dataclass
-class Room:
+class Room(RoomPrompt):
     """One bootstrap room. `started`: handed to the compute thread (its prompt and infos no
     longer change); `aborted` / `acks` (decode endpoint -> abort generation): an ABORT came
     while started."""
 
-    room: int
-    arrived_at: float
-    prompt: list[int] | None = None
-    on_done: OnDone | None = None
-    sampling: SamplingParams | None = None
     infos: dict[str, TransferInfo] = field(default_factory=dict)  # by decode agent name
     started: bool = False
     aborted: bool = False

@@ -48,16 +48,23 @@ class Decoder:
 
 
 @dataclass(slots=True)
-class Half:
-    """One half that waits for its partner: a prompt (from HTTP) or a transfer request."""
+class RoomPrompt:
+    """A room waiting for its other half, in either protocol: when it arrived, and its HTTP
+    half (the prompt, the callback, the sampling of the first token), None until it comes."""
 
     room: int
     arrived_at: float
     prompt: list[int] | None = None
     on_done: OnDone | None = None
+    sampling: SamplingParams | None = None
+
+
+@dataclass(slots=True)
+class Half(RoomPrompt):
+    """One half that waits for its partner: a prompt (from HTTP) or a transfer request."""
+
     req: TransferRequest | None = None
     peer: bytes | None = None
-    sampling: SamplingParams | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,12 +212,17 @@ class Matcher:
 class PageFreeList:
     """Page ids of the prefill peer's own pools; it holds a prompt's pages only while pushing."""
 
-    def __init__(self, num_full_pages: int, num_swa_pages: int) -> None:
+    def __init__(self, num_full_pages: int, num_swa_pages: int, has_swa: bool = True) -> None:
+        """`has_swa` False (a model without sliding layers): SWA ids are all page 0, the
+        dummy page, and none is held."""
         self.full = list(range(num_full_pages, 0, -1))
         self.swa = list(range(num_swa_pages, 0, -1))
+        self.has_swa = has_swa
 
     def take(self, n: int) -> tuple[list[int], list[int]]:
         """n pages from each pool. Raises OutOfPages (the request fails, nothing is taken)."""
+        if not self.has_swa:
+            return self._take_full(n), [0] * n
         if n > len(self.full) or n > len(self.swa):
             raise OutOfPages(
                 f"prompt needs {n} pages per pool; prefill peer has {len(self.full)} full and "
@@ -220,6 +232,15 @@ class PageFreeList:
         del self.full[-n:], self.swa[-n:]
         return full, swa
 
+    def _take_full(self, n: int) -> list[int]:
+        if n > len(self.full):
+            raise OutOfPages(f"prompt needs {n} pages; prefill peer has {len(self.full)} full "
+                             "free (raise cache.num_full_pages)")
+        full = self.full[-n:][::-1]
+        del self.full[-n:]
+        return full
+
     def give(self, full: list[int], swa: list[int]) -> None:
         self.full.extend(reversed(full))
-        self.swa.extend(reversed(swa))
+        if self.has_swa:
+            self.swa.extend(reversed(swa))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from decode_worker.device.aux_buffer import ROW_BYTES, AuxBuffer
 from decode_worker.device.kv_pool import KVPools
+from decode_worker.device.landing import LandingArea
 from decode_worker.device.runner import ModelRunner
 from decode_worker.io.kv import protocol as p
 
@@ -21,6 +22,14 @@ def region_layouts(pools: KVPools, aux: AuxBuffer) -> dict[str, p.RegionLayout]:
     region = aux.memory_region()
     out["aux"] = p.RegionLayout("aux", region.addr, 1, aux.num_rows, ROW_BYTES, 0, "DRAM")
     return out
+
+
+def landing_region(area: LandingArea) -> p.RegionLayout:
+    """The landing area as one region of every model layer, rows of one page (K and V)."""
+    t = area.tensor
+    return p.RegionLayout("landing", t.data_ptr(), t.shape[0], t.shape[1],
+                          area.pools.page_bytes("full"), t.device.index or 0,
+                          "VRAM" if t.is_cuda else "DRAM")
 
 
 def model_compat(runner: ModelRunner, model_name: str) -> p.ModelCompat:

@@ -10,19 +10,28 @@ its bytes and its u32 rank, little-endian) and used only if its digest is the pu
 
 `harmony_vocab_env()` returns the environment for a router process: `TIKTOKEN_ENCODINGS_BASE`
 (an existing setting is kept), or {} when neither it nor quicktok-v1 is there.
+
+`decode-worker harmony-vocab --out DIR` (`run`) writes the verified file into DIR for an
+operator: from quicktok-v1, or from `--from FILE` (a copy fetched where there is network);
+then `TIKTOKEN_ENCODINGS_BASE=DIR` for smg.
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import hashlib
 import importlib.util
 import os
 import struct
 from pathlib import Path
+from typing import Any
+
+from decode_worker.errors import ConfigError
 
 VOCAB_NAME = "o200k_base.tiktoken"
 VOCAB_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+VOCAB_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
 CACHE_DIR = Path.home() / ".cache" / "decode-worker" / "tiktoken"
 
 
@@ -49,8 +58,18 @@ def ensure_vocab(cache_dir: Path = CACHE_DIR) -> Path | None:
     None when quicktok-v1 is not installed or its vocabulary does not hash to the published
     digest."""
     target = cache_dir / VOCAB_NAME
-    if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == VOCAB_SHA256:
+    if target.is_file() and _verified(target.read_bytes()):
         return cache_dir
+    text = quicktok_vocab()
+    if text is None:
+        return None
+    _write(cache_dir, text)
+    return cache_dir
+
+
+def quicktok_vocab() -> bytes | None:
+    """The verified `.tiktoken` text rebuilt from quicktok-v1, or None (not installed, or its
+    vocabulary does not hash to the published digest)."""
     spec = importlib.util.find_spec("quicktok")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -59,13 +78,59 @@ def ensure_vocab(cache_dir: Path = CACHE_DIR) -> Path | None:
         text = tiktoken_text(source.read_bytes())
     except (OSError, ValueError):
         return None
-    if hashlib.sha256(text).hexdigest() != VOCAB_SHA256:
-        return None
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    return text if _verified(text) else None
+
+
+def _verified(text: bytes) -> bool:
+    return hashlib.sha256(text).hexdigest() == VOCAB_SHA256
+
+
+def _write(directory: Path, text: bytes) -> Path:
+    """`directory/o200k_base.tiktoken` written atomically (a concurrent reader sees the old
+    file or the whole new one). Raises OSError."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / VOCAB_NAME
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_bytes(text)
-    tmp.replace(target)  # atomic: a concurrent reader sees the old file or the whole new one
-    return cache_dir
+    tmp.replace(target)
+    return target
+
+
+def write_vocab_dir(out: Path, source: Path | None = None) -> Path:
+    """Write the verified vocabulary into `out` (created if missing) from `source` (a
+    `.tiktoken` file) or quicktok-v1; returns the file. Raises `ConfigError` naming what is
+    wrong: `out` not a writable directory, `source` unreadable or not the published file,
+    quicktok-v1 missing."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
+    if source is not None:
+        try:
+            text = source.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"--from {source}: cannot read it: {exc.strerror}") from None
+        if not _verified(text):
+            raise ConfigError(f"--from {source}: not {VOCAB_NAME} (its SHA-256 is not the "
+                              f"published {VOCAB_SHA256[:12]}...; get it from {VOCAB_URL})")
+    else:
+        found = quicktok_vocab()
+        if found is None:
+            raise ConfigError("no vocabulary to write: install quicktok-v1 (pip install "
+                              f"quicktok-v1==0.4.0) or give --from FILE, a copy of {VOCAB_URL} "
+                              "fetched where there is network")
+        text = found
+    try:
+        return _write(out, text)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot write {VOCAB_NAME} there: "
+                          f"{exc.strerror or exc}") from None
+
+
+def run(args: argparse.Namespace, loaded: Any) -> int:
+    """`decode-worker harmony-vocab --out DIR [--from FILE]`; the last line is the setting."""
+    target = write_vocab_dir(args.out, args.source)
+    print(f"wrote {target} (SHA-256 {VOCAB_SHA256}, the published o200k_base)")
+    print(f"export TIKTOKEN_ENCODINGS_BASE={target.parent.resolve()}")
+    return 0
 
 
 def harmony_vocab_env() -> dict[str, str]:

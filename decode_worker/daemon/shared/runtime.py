@@ -6,7 +6,6 @@ the same way (the handshake compares what `model_compat` returns).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -23,10 +22,16 @@ from decode_worker.core.validation import (
     validate_startup,
 )
 from decode_worker.daemon.shared.host_plan import HostPlan, check_host_size, plan_host_tier
+from decode_worker.daemon.shared.landing_plan import (
+    allocate_landing,
+    budget_less_landing,
+    landing_pages,
+)
 from decode_worker.device.attention_backend import AttentionBackend, resolve_attention_backend
 from decode_worker.device.default_model import ensure_default_model
 from decode_worker.device.gpu_memory import CudaMemory, DeviceMemory, ShareTracker
 from decode_worker.device.kv_pool import KVPools, KVSpec
+from decode_worker.device.landing import LandingArea
 from decode_worker.device.layout import CacheLayout, plan_cache_layout
 from decode_worker.device.memory_probe import (
     PROBE_PREFILL_TOKENS,
@@ -34,8 +39,9 @@ from decode_worker.device.memory_probe import (
     eager_probe,
     probe_pools,
 )
-from decode_worker.device.model.gpt_oss import GptOssModel
-from decode_worker.device.model.weights import load_model, resolve_moe_backend
+from decode_worker.device.model.base import CausalLM
+from decode_worker.device.model.registry import load_model, read_json, read_model_config
+from decode_worker.device.model.weights import resolve_moe_backend
 from decode_worker.device.runner import ModelRunner
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import ConfigError
@@ -57,6 +63,7 @@ class Runtime:
     facts: ModelFacts
     layout: CacheLayout
     host_plan: HostPlan | None = None  # the host tier's size (decode, host tier on)
+    landing: LandingArea | None = None  # for SGLang prefills of an all-layer model (decode)
 
     @property
     def pools(self) -> KVPools:
@@ -76,18 +83,22 @@ def resolve_model_dir(settings: Settings) -> Path:
 
 
 def read_model_facts(model_dir: Path) -> ModelFacts:
-    try:
-        config = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"model config {model_dir / 'config.json'}: {exc}") from None
-    return model_facts_from_hf_config(config)
+    """The facts start-up validation checks, from the family's reading of config.json (its
+    layer types and window, whichever form the config states them in). Raises ConfigError
+    for an unsupported architecture or a missing or invalid field."""
+    raw = read_json(model_dir / "config.json")
+    _, cfg = read_model_config(model_dir)
+    return model_facts_from_hf_config({**raw, "layer_types": list(cfg.layer_types),
+                                       "sliding_window": cfg.sliding_window})
 
 
 def build_runtime(settings: Settings, *, use_cuda_graph: bool,
-                  host_tier: bool = False) -> Runtime:
+                  host_tier: bool = False, landing: bool = False) -> Runtime:
     """Validate the model/cache combination, then load the model and allocate the pools, and
     with `host_tier` size the host tier (an explicit `cache.hicache_size_gb` is checked against
-    the host's available memory before the model loads).
+    the host's available memory before the model loads); with `landing` (a decode worker) the
+    landing area SGLang prefills of an all-layer model need (`landing_pages`), whose bytes come
+    out of a derived pool budget.
 
     On CUDA the pools get this process's share of the device (`cache.memory_fraction` of its
     total memory) less the weights, the measured graph memory and activation headroom
@@ -120,8 +131,12 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool,
         pool_budget = _measure_share(share, settings, model, spec, kv_dtype, graphs,
                                      attention).pool_bytes
         share.mem.release_cached()  # the probe pools and runners are gone
+    num_landing = landing_pages(settings, model.cfg.sglang_ordinary) if landing else 0
+    pool_budget = budget_less_landing(pool_budget, num_landing, settings, spec, device,
+                                      kv_dtype)
     layout = plan_cache_layout(c, spec, device, kv_dtype, budget_bytes=pool_budget)
     pools = _allocate_pools(layout, spec, device, kv_dtype, memory)
+    area = allocate_landing(pools, num_landing, memory, model.cfg.model_type)
     runner = _make_runner(settings, model, use_cuda_graph, attention)(pools)
     graph_bytes = _capture(runner, settings, memory)
     if share is not None:
@@ -133,7 +148,8 @@ def build_runtime(settings: Settings, *, use_cuda_graph: bool,
              "pages of %d tokens (%s)", model_dir, device, dtype, attention, moe,
              layout.num_full_pages, layout.num_swa_pages, layout.page_size, layout.source)
     return Runtime(runner, Tokenizer.from_dir(model_dir), model_dir,
-                   settings.model.served_model_name or model_dir.name, facts, layout, host_plan)
+                   settings.model.served_model_name or model_dir.name, facts, layout, host_plan,
+                   area)
 
 
 def _device_and_dtypes(settings: Settings) -> tuple[torch.device, torch.dtype, torch.dtype]:
@@ -146,20 +162,21 @@ def _device_and_dtypes(settings: Settings) -> tuple[torch.device, torch.dtype, t
         settings.cache.kv_dtype, dtype)
 
 
-def _make_runner(settings: Settings, model: GptOssModel, use_cuda_graph: bool,
+def _make_runner(settings: Settings, model: CausalLM, use_cuda_graph: bool,
                  attention: AttentionBackend) -> Callable[[KVPools], ModelRunner]:
     """Runners over given pools (the real ones, the probes'), all with the resolved backend."""
     sched = settings.scheduler
+    lookahead = settings.speculative.lookahead  # a verify step writes this far ahead
 
     def make(pools: KVPools) -> ModelRunner:
         return ModelRunner(model, pools, use_cuda_graph=use_cuda_graph and sched.cuda_graph,
                            graph_batch_sizes=sched.cuda_graph_batch_sizes,
-                           attention_backend=attention)
+                           attention_backend=attention, lookahead=lookahead)
 
     return make
 
 
-def _measure_share(share: ShareTracker, settings: Settings, model: GptOssModel, spec: KVSpec,
+def _measure_share(share: ShareTracker, settings: Settings, model: CausalLM, spec: KVSpec,
                    kv_dtype: torch.dtype, graphs: bool,
                    attention: AttentionBackend) -> MemoryBudget:
     """Weights, then the graphs and the headroom measured over probe pools (freed after)."""
@@ -170,7 +187,8 @@ def _measure_share(share: ShareTracker, settings: Settings, model: GptOssModel, 
         share.measure_graphs(capture_probe(_make_runner(settings, model, True, attention),
                                            pools, sched.cuda_graph_capture_tokens))
     eager = _make_runner(settings, model, False, attention)(pools)
-    rows = sched.max_running_requests if graphs else 1  # a prefill peer decodes nothing
+    # a prefill peer decodes nothing; a verify step runs 1 + K entries per request
+    rows = sched.max_running_requests * (1 + settings.speculative.lookahead) if graphs else 1
     share.measure_headroom(lambda: eager_probe(eager, rows, PROBE_PREFILL_TOKENS))
     return share.budget()
 
@@ -205,7 +223,7 @@ def _capture(runner: ModelRunner, settings: Settings, memory: DeviceMemory | Non
     return took
 
 
-def describe_budget(share: ShareTracker | None, model: GptOssModel, layout: CacheLayout,
+def describe_budget(share: ShareTracker | None, model: CausalLM, layout: CacheLayout,
                     spec: KVSpec, graph_bytes: int, host: HostPlan | None = None) -> str:
     """The start-up budget line: the share's figures on CUDA (the pools as allocated), the
     weights and pools on CPU (`cache.cpu_pool_bytes`) or with explicit `cache.num_*_pages`;

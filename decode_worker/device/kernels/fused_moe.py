@@ -1,4 +1,5 @@
-"""gpt-oss's routed experts in four Triton launches: route + align, gate_up, down, sum.
+"""Routed experts in four Triton launches: route + align, gate_up, down, sum (gpt-oss's
+clamped SwiGLU with biases, or Qwen3-MoE's plain SiLU-gated experts, `silu`).
 
     route_and_align   router logits [T, E] -> top-k, softmax, pairs sorted per expert (moe_align)
     gate_up kernel    per block of BM pairs of one expert: x[token] @ W_gate_up[e] + bias,
@@ -79,9 +80,12 @@ def choose_blocks(num_tokens: int, top_k: int, num_experts: int, mxfp4: bool,
 
 
 def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w: ExpertTensors, top_k: int,
-              alpha: float, limit: float) -> torch.Tensor:
+              alpha: float, limit: float, *, silu: bool = False,
+              renormalize: bool = True) -> torch.Tensor:
     """x [T, H], router_logits [T, E] -> sum over the top-k experts of
     `softmax weight * (swiglu(x @ gate_up + b) @ down + b)`: [T, H] in x's dtype.
+    `silu`: the plain SiLU-gated experts of Qwen3-MoE (`silu(gate) * up`; alpha and limit
+    unused); `renormalize` False: weights over every expert's softmax (norm_topk_prob false).
 
     Raises ConfigError for weights the kernels cannot read (shapes in the module docstring)."""
     num_tokens, hidden = x.shape
@@ -89,8 +93,8 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w: ExpertTensors, to
         return torch.zeros_like(x)  # [0, H]
     mxfp4 = _check(x, w)
     blocks = choose_blocks(num_tokens, top_k, router_logits.shape[1], mxfp4, x.dtype)
-    routing = route_and_align(router_logits, top_k, blocks.block_m)
-    act = _gate_up(x.contiguous(), routing, w, blocks, alpha, limit)  # [T * k, I]
+    routing = route_and_align(router_logits, top_k, blocks.block_m, renormalize)
+    act = _gate_up(x.contiguous(), routing, w, blocks, alpha, limit, silu)  # [T * k, I]
     out = _down(act, routing, w, blocks, hidden)  # [T * k, H] f32
     y = torch.empty_like(x)  # [T, H]
     grid = (num_tokens, triton.cdiv(hidden, 256))
@@ -123,7 +127,7 @@ def _weight_args(weight: torch.Tensor, scales: torch.Tensor | None) -> tuple[obj
 
 
 def _gate_up(x: torch.Tensor, routing: Routing, w: ExpertTensors, blocks: MoeBlocks,
-             alpha: float, limit: float) -> torch.Tensor:
+             alpha: float, limit: float, silu: bool = False) -> torch.Tensor:
     mxfp4 = w.gate_up_scales is not None
     inter = w.gate_up_b.shape[1] // 2
     num_pairs = routing.topk_ids.numel()
@@ -138,7 +142,7 @@ def _gate_up(x: torch.Tensor, routing: Routing, w: ExpertTensors, blocks: MoeBlo
         act.stride(0), gate_step, up_shift, alpha, limit,
         TOP_K=routing.topk_ids.shape[1], W_MX=mxfp4, IEEE=x.dtype == torch.float32,
         UPCAST=INTERPRETED,
-        BM=blocks.block_m, BN=blocks.block_n, BK=blocks.block_k,
+        BM=blocks.block_m, BN=blocks.block_n, BK=blocks.block_k, SILU=silu,
         num_warps=blocks.num_warps, num_stages=blocks.num_stages)
     return act
 

@@ -16,7 +16,8 @@ no host sync happens. Every entry of `sorted_ids` below the used blocks is writt
 used blocks are never read (their block's expert is -1).
 
 Routing matches the torch path: the k largest logits (ties to the lower expert index), softmax over
-those k in float32.
+those k in float32 (gpt-oss; and Qwen3-MoE's softmax-then-top-k renormalised, the same weights);
+with RENORM off, Qwen3-MoE's `norm_topk_prob` false: each weight over the softmax of every expert.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class Routing:
 
 @triton.jit
 def _top_k(logits_ptr, stride_t, toks, t_ok, num_experts,
-           K: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr, BT: tl.constexpr):
+           K: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr, BT: tl.constexpr,
+           RENORM: tl.constexpr):
     """Rows `toks` [BT] -> (ids [BT, K_P2] i32, weights [BT, K_P2] f32, chosen [BT, E_P2] i32,
     slot [BT, E_P2] i32: which choice j picked expert e)."""
     ecols = tl.arange(0, E_P2)
@@ -61,6 +63,8 @@ def _top_k(logits_ptr, stride_t, toks, t_ok, num_experts,
                  mask=t_ok[:, None] & e_ok[None, :], other=0.0).to(tl.float32)
     # padded columns never win; rows past T route to finite values, then count for nothing
     lg = tl.where(e_ok[None, :], lg, float("-inf"))
+    # every expert's softmax denominator (for RENORM off), before the loop masks the chosen
+    den_all = tl.sum(tl.exp(lg - tl.max(lg, axis=1)[:, None]), axis=1)  # [BT]
     vals = tl.full([BT, K_P2], float("-inf"), tl.float32)
     ids = tl.zeros([BT, K_P2], tl.int32)
     chosen = tl.zeros([BT, E_P2], tl.int32)
@@ -76,7 +80,10 @@ def _top_k(logits_ptr, stride_t, toks, t_ok, num_experts,
         lg = tl.where(hit, float("-inf"), lg)
     chosen = tl.where(t_ok[:, None], chosen, 0)
     w = tl.exp(vals - tl.max(vals, axis=1)[:, None])  # [BT, K_P2]; -inf columns -> 0
-    w = w / tl.sum(w, axis=1)[:, None]
+    if RENORM:  # noqa: SIM108 (a constexpr branch of a Triton function)
+        w = w / tl.sum(w, axis=1)[:, None]
+    else:
+        w = w / den_all[:, None]  # the top logit is the max over every expert too
     return ids, w, chosen, slot
 
 
@@ -102,14 +109,15 @@ def _label_blocks(sorted_ptr, expert_ptr, counts, starts, ends, num_blocks, sent
 def _route_align_kernel(logits_ptr, stride_t, ids_ptr, w_ptr, sorted_ptr, expert_ptr,
                         num_tokens, num_experts, num_blocks,
                         K: tl.constexpr, K_P2: tl.constexpr, E_P2: tl.constexpr,
-                        BT: tl.constexpr, BM: tl.constexpr, BP: tl.constexpr):
+                        BT: tl.constexpr, BM: tl.constexpr, BP: tl.constexpr,
+                        RENORM: tl.constexpr):
     """grid (1,): one program routes every token and lays out the pairs (module docstring)."""
     # pass 1: pairs per expert
     counts = tl.zeros([E_P2], tl.int32)
     for t0 in range(0, num_tokens, BT):
         toks = t0 + tl.arange(0, BT)
         _, _, chosen, _ = _top_k(logits_ptr, stride_t, toks, toks < num_tokens, num_experts,
-                                 K, K_P2, E_P2, BT)
+                                 K, K_P2, E_P2, BT, RENORM)
         counts += tl.sum(chosen, axis=0)
     padded = (counts + BM - 1) // BM * BM  # [E_P2]
     ends = tl.cumsum(padded, axis=0)  # [E_P2] inclusive
@@ -123,7 +131,7 @@ def _route_align_kernel(logits_ptr, stride_t, ids_ptr, w_ptr, sorted_ptr, expert
         toks = t0 + tl.arange(0, BT)
         t_ok = toks < num_tokens
         ids, w, chosen, slot = _top_k(logits_ptr, stride_t, toks, t_ok, num_experts,
-                                      K, K_P2, E_P2, BT)
+                                      K, K_P2, E_P2, BT, RENORM)
         out = toks[:, None] * K + kcols[None, :]  # [BT, K_P2]
         k_ok = t_ok[:, None] & (kcols < K)[None, :]
         tl.store(ids_ptr + out, ids, mask=k_ok)
@@ -134,9 +142,11 @@ def _route_align_kernel(logits_ptr, stride_t, ids_ptr, w_ptr, sorted_ptr, expert
         placed += tl.sum(chosen, axis=0)
 
 
-def route_and_align(router_logits: torch.Tensor, top_k: int, block_m: int) -> Routing:
+def route_and_align(router_logits: torch.Tensor, top_k: int, block_m: int,
+                    renormalize: bool = True) -> Routing:
     """router_logits [T, E] (any float dtype) -> the routing of `T * top_k` pairs in blocks of
-    `block_m`. One kernel launch, no host sync (graph-capturable)."""
+    `block_m` (`renormalize` False: weights over every expert's softmax). One kernel launch, no
+    host sync (graph-capturable)."""
     num_tokens, num_experts = router_logits.shape
     dev = router_logits.device
     blocks = max_blocks(num_tokens, top_k, num_experts, block_m)
@@ -150,5 +160,5 @@ def route_and_align(router_logits: torch.Tensor, top_k: int, block_m: int) -> Ro
         router_logits, router_logits.stride(0), topk_ids, topk_w, sorted_ids, expert_ids,
         num_tokens, num_experts, blocks,
         K=top_k, K_P2=triton.next_power_of_2(top_k), E_P2=e_p2, BT=bt, BM=block_m,
-        BP=max(16, min(128, 4096 // e_p2)), num_warps=4)
+        BP=max(16, min(128, 4096 // e_p2)), RENORM=renormalize, num_warps=4)
     return Routing(topk_ids, topk_w, sorted_ids, expert_ids, block_m)

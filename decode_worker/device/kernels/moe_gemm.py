@@ -64,8 +64,10 @@ def gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, sorted_ptr, expert_ptr,
                     num_pairs, hidden, inter, stride_xt, stride_we, stride_wn, stride_wk,
                     stride_se, stride_sn, stride_be, stride_at, gate_step, up_shift, alpha, limit,
                     TOP_K: tl.constexpr, W_MX: tl.constexpr, IEEE: tl.constexpr,
-                    UPCAST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """grid (blocks, cdiv(I, BN)): act[pair, n] = swiglu(x[pair // k] @ W[e] + b[e])."""
+                    UPCAST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    SILU: tl.constexpr):
+    """grid (blocks, cdiv(I, BN)): act[pair, n] = swiglu(x[pair // k] @ W[e] + b[e]); SILU:
+    the plain SiLU-gated form `silu(gate) * up` (Qwen3-MoE), else gpt-oss's clamped one."""
     expert = tl.load(expert_ptr + tl.program_id(0)).to(tl.int64)
     if expert < 0:
         return
@@ -87,11 +89,15 @@ def gate_up_kernel(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, sorted_ptr, expert_ptr,
     bias = b_ptr + expert * stride_be + n
     gate = acc_g + tl.load(bias, mask=n_ok, other=0.0).to(tl.float32)[:, None]
     up = acc_u + tl.load(bias + inter, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-    gate = tl.minimum(gate, limit)
-    up = tl.minimum(tl.maximum(up, -limit), limit)
-    z = gate * alpha
-    e = tl.exp(-tl.abs(z))  # sigmoid from exp(-|z|): no overflow for gates far below -limit
-    act = (up + 1.0) * (gate * tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e)))
+    if SILU:
+        e = tl.exp(-tl.abs(gate))  # sigmoid from exp(-|z|): no overflow
+        act = up * (gate * tl.where(gate >= 0, 1.0 / (1.0 + e), e / (1.0 + e)))
+    else:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        z = gate * alpha
+        e = tl.exp(-tl.abs(z))  # sigmoid from exp(-|z|): no overflow for gates far below -limit
+        act = (up + 1.0) * (gate * tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e)))
     out = act_ptr + pairs.to(tl.int64)[None, :] * stride_at + n[:, None]  # [BN, BM]
     tl.store(out, act.to(act_ptr.dtype.element_ty), mask=n_ok[:, None] & row_ok[None, :])
 

@@ -7,17 +7,18 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from decode_worker.device.model.arch import FULL, SLIDING, KVShape
+from decode_worker.device.model.rope import RopeSpec, yarn_inv_freq
 from decode_worker.errors import ConfigError
+
+__all__ = ["FULL", "GPT_OSS_ROPE", "SLIDING", "GptOssConfig", "rope_inv_freq"]
 
 GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "truncate": False, "original_max_position_embeddings": 4096}
-SLIDING = "sliding_attention"
-FULL = "full_attention"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +50,25 @@ class GptOssConfig:
         return self.sliding_window - 1
 
     @property
+    def model_type(self) -> str:
+        return "gpt_oss"
+
+    @property
+    def sglang_ordinary(self) -> bool:
+        """False: SGLang lays gpt-oss out with SWA pools (a hybrid-SWA model there)."""
+        return False
+
+    @property
     def num_groups(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def attn_scale(self) -> float:
+        return float(self.head_dim) ** -0.5
+
+    def kv_shape(self, layer_type: str) -> KVShape:
+        """K and V of every KV head, the same for both layer types."""
+        return KVShape(self.num_key_value_heads, self.head_dim)
 
     @property
     def sliding_layers(self) -> tuple[int, ...]:
@@ -137,32 +155,12 @@ def _check(cfg: GptOssConfig, source: str) -> None:
 def rope_inv_freq(cfg: GptOssConfig) -> tuple[list[float], float]:
     """Inverse frequencies (head_dim / 2 of them) and the cos/sin scale (YaRN's attention factor).
 
-    Follows the YaRN formulas transformers uses for gpt-oss (ramp between interpolated and
-    extrapolated frequencies; attention factor 0.1 ln(factor) + 1).
+    Follows the YaRN formulas transformers uses for gpt-oss (`rope.yarn_inv_freq`: ramp between
+    interpolated and extrapolated frequencies; attention factor 0.1 ln(factor) + 1).
     """
     base = float(cfg.rope["rope_theta"])
     dim = cfg.head_dim
-    pos_freqs = [base ** (i / dim) for i in range(0, dim, 2)]
     if cfg.rope["rope_type"] == "default":
-        return [1.0 / f for f in pos_freqs], 1.0
-    orig = float(cfg.rope["original_max_position_embeddings"])
-    factor = float(cfg.rope.get("factor") or cfg.max_position_embeddings / orig)
-    scale = float(cfg.rope.get("attention_factor") or (
-        1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0))
-
-    def corr_dim(rot: float) -> float:
-        return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
-
-    low = corr_dim(float(cfg.rope.get("beta_fast") or 32.0))
-    high = corr_dim(float(cfg.rope.get("beta_slow") or 1.0))
-    if cfg.rope.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001
-    inv = []
-    for i, f in enumerate(pos_freqs):
-        ramp = min(max((i - low) / (high - low), 0.0), 1.0)
-        extra = 1.0 - ramp  # weight of the extrapolated (unscaled) frequency
-        inv.append((1.0 / (factor * f)) * (1.0 - extra) + (1.0 / f) * extra)
-    return inv, scale
+        return [1.0 / base ** (i / dim) for i in range(0, dim, 2)], 1.0
+    params = {k: v for k, v in cfg.rope.items() if k not in ("rope_type", "rope_theta")}
+    return yarn_inv_freq(RopeSpec("yarn", base, params), dim, cfg.max_position_embeddings)

@@ -10,14 +10,19 @@ bias whose chosen logits are softmaxed; experts with a clamped SwiGLU
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import functools
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
+from decode_worker.device.model import layers
 from decode_worker.device.model.config import GptOssConfig, rope_inv_freq
+from decode_worker.device.model.layers import apply_rope, rms_norm, rope_cos_sin
 from decode_worker.errors import ConfigError
+
+__all__ = ["Attend", "GptOssModel", "LayerWeights", "apply_rope", "moe", "rms_norm", "swiglu"]
 
 
 class Attend(Protocol):
@@ -82,13 +87,7 @@ class GptOssModel:
     def weights_bytes(self) -> int:
         """Bytes of every distinct tensor the model holds (a tied lm_head counts once; meta
         tensors count what they would take)."""
-        tensors = {id(t): t for t in (self.embed, self.norm, self.lm_head)}
-        for lw in self.layers:
-            for f in fields(lw):
-                t = getattr(lw, f.name)
-                if isinstance(t, torch.Tensor):
-                    tensors[id(t)] = t
-        return sum(t.numel() * t.element_size() for t in tensors.values())
+        return layers.weights_bytes(self.embed, self.norm, self.lm_head, self.layers)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attend: Attend,
                 *, static: bool = False) -> torch.Tensor:
@@ -118,23 +117,7 @@ class GptOssModel:
         return F.linear(hidden, self.lm_head).float()
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, hd/2] f32
-        cos = (freqs.cos() * self.rope_scale).to(self.dtype)[:, None, :]  # [T, 1, hd/2]
-        sin = (freqs.sin() * self.rope_scale).to(self.dtype)[:, None, :]  # [T, 1, hd/2]
-        return cos, sin
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in float32, scaled by `weight`, cast back to x's dtype."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (weight * xf).to(x.dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the two halves of each head: x [T, n, hd], cos/sin [T, 1, hd/2]."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return rope_cos_sin(positions, self.inv_freq, self.rope_scale, self.dtype)
 
 
 def swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
@@ -164,8 +147,7 @@ def moe(x: torch.Tensor, lw: LayerWeights, cfg: GptOssConfig, *, static: bool,
         return fused_moe(x, router, lw, top_k, cfg.swiglu_alpha, cfg.swiglu_limit)
     if lw.gate_up_scales is not None:
         raise ConfigError("MXFP4 experts run only on the Triton MoE (model.moe_backend)")
-    top_v, top_i = torch.topk(router, top_k, dim=-1)  # [T, k]
-    top_w = torch.softmax(top_v, dim=-1)  # [T, k]
+    top_i, top_w = layers.topk_softmax(router, top_k)  # [T, k] each
     if num_tokens * top_k < num_experts:
         return _moe_gather(x, lw, cfg, top_i, top_w)
     if static or num_experts <= 16:
@@ -175,30 +157,21 @@ def moe(x: torch.Tensor, lw: LayerWeights, cfg: GptOssConfig, *, static: bool,
 
 def _moe_gather(x: torch.Tensor, lw: LayerWeights, cfg: GptOssConfig,
                 top_i: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
-    gu = torch.einsum("th,tkhi->tki", x, lw.gate_up[top_i]) + lw.gate_up_b[top_i]  # [T, k, 2I]
-    act = swiglu(gu, cfg.swiglu_alpha, cfg.swiglu_limit)  # [T, k, I]
-    out = torch.einsum("tki,tkih->tkh", act, lw.down[top_i]) + lw.down_b[top_i]  # [T, k, H]
-    return (out * top_w[..., None].to(out.dtype)).sum(1)  # [T, H]
+    return layers.expert_gather(x, top_i, top_w, lw.gate_up, lw.down, _act(cfg),
+                                lw.gate_up_b, lw.down_b)
 
 
 def _moe_dense(x: torch.Tensor, lw: LayerWeights, cfg: GptOssConfig,
                top_i: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
-    num_experts = cfg.num_local_experts
-    xe = x.unsqueeze(0).expand(num_experts, -1, -1)  # [E, T, H]
-    gu = torch.baddbmm(lw.gate_up_b[:, None, :], xe, lw.gate_up)  # [E, T, 2I]
-    act = swiglu(gu, cfg.swiglu_alpha, cfg.swiglu_limit)  # [E, T, I]
-    out = torch.baddbmm(lw.down_b[:, None, :], act, lw.down)  # [E, T, H]
-    dense_w = torch.zeros(x.shape[0], num_experts, dtype=out.dtype, device=x.device)
-    dense_w.scatter_(1, top_i, top_w.to(out.dtype))  # dense_w: [T, E]
-    return torch.einsum("eth,te->th", out, dense_w)  # [T, H]
+    return layers.expert_dense(x, top_i, top_w, lw.gate_up, lw.down, _act(cfg),
+                               lw.gate_up_b, lw.down_b)
 
 
 def _moe_loop(x: torch.Tensor, lw: LayerWeights, cfg: GptOssConfig,
               top_i: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
-    y = torch.zeros_like(x)  # [T, H]
-    for e in torch.unique(top_i).tolist():
-        tok, slot = torch.where(top_i == e)  # [n], [n]
-        gu = x[tok] @ lw.gate_up[e] + lw.gate_up_b[e]  # [n, 2I]
-        out = swiglu(gu, cfg.swiglu_alpha, cfg.swiglu_limit) @ lw.down[e] + lw.down_b[e]
-        y.index_add_(0, tok, out * top_w[tok, slot, None].to(out.dtype))
-    return y
+    return layers.expert_loop(x, top_i, top_w, lw.gate_up, lw.down, _act(cfg),
+                              lw.gate_up_b, lw.down_b)
+
+
+def _act(cfg: GptOssConfig) -> layers.Act:
+    return functools.partial(swiglu, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit)

@@ -4,7 +4,10 @@ Division of work:
 - The API layer parses and validates requests, tokenizes (`text` -> ids, chat messages -> the
   tokenizer's chat template -> ids), checks `max_prompt_tokens`, detokenizes incrementally,
   and applies **stop strings** on the text (the backend never sees text). When a stop string
-  matches it calls `backend.finish(rid)` and closes the iterator.
+  matches it calls `backend.finish(rid)` and reads the iterator to its last chunk (dropping
+  the tokens made meanwhile) before it answers: `finish` must make the backend end the
+  request soon (the decode backend: at the engine's next step, once the KV is cached and its
+  events are published).
 - The backend judges **stop token ids, EOS and max_new_tokens** and reports them in
   `OutputChunk.finish_reason`; it owns pages, queues, transfers and the device.
 
@@ -66,6 +69,28 @@ class GenerateInput:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class SpecCounts:
+    """What speculative decoding did for one request: its decode forwards (`verify_ct`, a
+    verify of 0 drafts included), the draft tokens proposed for it and those kept."""
+
+    verify_ct: int
+    correct_drafts: int
+    proposed_drafts: int
+
+    def meta(self, completion_tokens: int) -> dict[str, float | int]:
+        """SGLang's `meta_info` fields (`TokenizerManager._calculate_spec_decoding_metrics`):
+        none unless a draft was proposed. accept_length = completion tokens / verify_ct (the
+        bonus token included); accept_rate = correct / proposed."""
+        if self.verify_ct <= 0 or self.proposed_drafts <= 0:
+            return {}
+        return {"spec_accept_rate": self.correct_drafts / self.proposed_drafts,
+                "spec_accept_length": completion_tokens / self.verify_ct,
+                "spec_num_correct_drafts": self.correct_drafts,
+                "spec_num_proposed_drafts": self.proposed_drafts,
+                "spec_verify_ct": self.verify_ct}
+
+
 @dataclass(slots=True)
 class OutputChunk:
     """New tokens for one request since the previous chunk.
@@ -93,6 +118,7 @@ class OutputChunk:
     error_status: int | None = None
     error_code: str = "internal"
     top_logprobs: list[TopLogprobs] | None = None
+    spec: SpecCounts | None = None  # speculative decoding so far (the last chunk has it)
 
     @property
     def status(self) -> int:

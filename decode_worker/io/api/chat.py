@@ -2,8 +2,9 @@
 
 The messages (with an assistant's earlier `tool_calls`, a tool's result, an earlier turn's
 `reasoning_content`) and the request's `tools` are rendered by the tokenizer's chat template.
-For a harmony model (gpt-oss, the built-in tiny model) the output is parsed into
-`reasoning_content`, `content` and `tool_calls` (`harmony/chat.py` says when); `tools` and
+For a harmony model (gpt-oss, the built-in tiny model), a Qwen3 or a Llama 3.x model the
+output is parsed into `reasoning_content`, `content` and `tool_calls` (`harmony/chat.py` and
+`textchat/` say when and how); `tools` and
 `tool_choice` are accepted when a tool-call parser is on (`harmony/tools.py`: "required" and a
 named function are enforced with a grammar), else they are a 400 (`structured.py`). The rest
 (streams, usage, n, errors) is as for completions (`openai.py`).
@@ -17,11 +18,11 @@ from decode_worker.core.sampling import check_top_logprobs
 from decode_worker.errors import ClientError
 from decode_worker.io.api.context import ApiContext
 from decode_worker.io.api.harmony.chat import chat_parsing, parser_on
-from decode_worker.io.api.harmony.tokens import HarmonyTokens
-from decode_worker.io.api.harmony.tools import ToolPlan, plan_tools
+from decode_worker.io.api.harmony.tools import ToolPlan, plan_tools, tool_names
 from decode_worker.io.api.message import Request, Response, StreamResponse
 from decode_worker.io.api.openai import serve
 from decode_worker.io.api.schemas import ChatReq, Message, decode_body
+from decode_worker.io.api.textchat.select import output_format
 
 
 async def handle_chat(app: ApiContext, req: Request) -> Response | StreamResponse:
@@ -30,7 +31,7 @@ async def handle_chat(app: ApiContext, req: Request) -> Response | StreamRespons
     if not body.messages:
         raise ClientError("messages must be a non-empty list")
     tok = app.backend.tokenizer
-    tokens = HarmonyTokens.of(tok)
+    tokens = output_format(tok)
     tools: ToolPlan | None = None  # None: tools are not parsed (a 400 if the request has some)
     if tokens is not None and parser_on(app.config.tool_call_parser, tokens):
         tools = plan_tools(body.tools, body.tool_choice, tokens)
@@ -41,7 +42,8 @@ async def handle_chat(app: ApiContext, req: Request) -> Response | StreamRespons
     if top and not body.logprobs:
         raise ClientError("top_logprobs needs logprobs=true")
     parsing = chat_parsing(tokens, app.config.reasoning_parser, body.separate_reasoning,
-                           app.config.tool_call_parser, tools is not None and tools.parse_calls)
+                           app.config.tool_call_parser, tools is not None and tools.parse_calls,
+                           tool_names(tools))
     return await serve(app, body, [tok.encode(prompt)], body.logprobs, top, chat=True,
                        received_at=req.received_at, tools=tools, parsing=parsing)
 

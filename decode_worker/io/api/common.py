@@ -70,9 +70,15 @@ class ApiConfig:
             strict_model_name=settings.api.strict_model_name,
             reasoning_parser=settings.api.reasoning_parser,
             tool_call_parser=settings.api.tool_call_parser,
-            server_info_defaults=cache_info(settings),
+            server_info_defaults={**cache_info(settings), **speculative_info(settings)},
             system_start_date=settings.api.system_start_date or utc_today(clock),
         )
+
+
+def speculative_info(settings: Any) -> dict[str, Any]:
+    """The speculative settings under SGLang's server_info keys (`speculative_algorithm`,
+    `speculative_num_draft_tokens`, ...; `SpeculativeSettings.server_info`)."""
+    return dict(settings.speculative.server_info())
 
 
 def cache_info(settings: Any) -> dict[str, Any]:
@@ -110,8 +116,9 @@ def check_prompt(
 
 
 def vocab_size_of(tokenizer: object) -> int | None:
-    """The tokenizer's vocabulary size if it reports one (`vocab_size`), else None."""
-    size = getattr(tokenizer, "vocab_size", None)
+    """The size input ids are checked against, if the tokenizer reports one: the model's
+    embedding rows (`input_vocab_size`, config.json's vocab_size), else `vocab_size`."""
+    size = getattr(tokenizer, "input_vocab_size", None) or getattr(tokenizer, "vocab_size", None)
     return size if isinstance(size, int) and size > 0 else None
 
 
@@ -123,8 +130,25 @@ def now_s() -> int:
     return int(time.time())
 
 
+# Characters JSON may carry raw inside a string but `str.splitlines` (and clients that split an
+# SSE stream with it, such as httpx's `iter_lines`) takes for line ends: NEL, LINE SEPARATOR,
+# PARAGRAPH SEPARATOR in UTF-8. msgspec escapes the ASCII control characters already.
+_LINE_ENDS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"),
+              (b"\xe2\x80\xa9", b"\\u2029"))
+
+
+def json_line(obj: Any) -> bytes:
+    """`obj` as JSON on one line for every line splitter: the Unicode line ends a generated
+    text may hold are written as JSON escapes (the same string once decoded)."""
+    raw = _JSON.encode(obj)
+    for char, escaped in _LINE_ENDS:
+        if char in raw:  # UTF-8 is self-synchronising: these bytes are only that character
+            raw = raw.replace(char, escaped)
+    return raw
+
+
 def sse(obj: Any) -> bytes:
-    return b"data: " + _JSON.encode(obj) + b"\n\n"
+    return b"data: " + json_line(obj) + b"\n\n"
 
 
 def error_obj(message: str, status: int, code: str) -> dict[str, Any]:

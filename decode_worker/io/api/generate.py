@@ -108,6 +108,8 @@ def _meta(run: GenerationRun) -> dict[str, Any]:
         "cached_tokens_details": cached_tokens_details(run.cached_tokens,
                                                        run.host_cached_tokens),
     }
+    if run.spec is not None:
+        meta.update(run.spec.meta(len(run.output_ids)))
     if run.inp.return_logprob:
         meta["output_token_logprobs"] = run.output_token_logprobs()
     if run.inp.top_logprobs:

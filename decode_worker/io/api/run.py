@@ -2,7 +2,9 @@
 
 `GenerationRun` is shared by the three generation endpoints. `start()` awaits the first chunk,
 so errors the backend raises early (4xx, 503) become plain HTTP errors; after that, failures
-arrive as a `Step` with `error` set. If the consumer stops before the last step (the client
+arrive as a `Step` with `error` set. A stop string ends the run once the backend has ended the
+request too (`backend.finish`, then its last chunk), so its answer follows the request's KV
+events. If the consumer stops before the last step (the client
 went away), the run aborts the request with "client_abort" and closes the backend iterator.
 """
 
@@ -18,7 +20,7 @@ from typing import Any
 
 from decode_worker.core.sampling import TopLogprobs
 from decode_worker.errors import DecodeWorkerError
-from decode_worker.io.api.backend import GenerateBackend, GenerateInput, OutputChunk
+from decode_worker.io.api.backend import GenerateBackend, GenerateInput, OutputChunk, SpecCounts
 from decode_worker.io.api.textgen import TextStream
 from decode_worker.io.metrics import Metrics
 
@@ -86,6 +88,7 @@ class GenerationRun:
         self.prompt_tokens = len(inp.input_ids)
         self.cached_tokens = 0
         self.host_cached_tokens = 0  # the part of cached_tokens restored from the host tier
+        self.spec: SpecCounts | None = None  # speculative decoding's counts (the last chunk's)
         self.finish: Finish | None = None
         self._iter: AsyncIterator[OutputChunk] | None = None
         self._first: OutputChunk | None = None
@@ -129,6 +132,8 @@ class GenerationRun:
                 step = self._consume(chunk)
                 if step.finish is not None:
                     self.finish = step.finish
+                    if self.text.stopped and chunk.finish_reason is None:
+                        await self._backend_end()
                 yield step
                 if self.finish is not None:
                     return
@@ -137,6 +142,17 @@ class GenerationRun:
             yield Step("", [], finish=self.finish)
         finally:
             await self.close()
+
+    async def _backend_end(self) -> None:
+        """A stop string ended the run before the backend knew (`_consume` told it): wait for
+        the backend's own end of the request, dropping the tokens it made meanwhile. The decode
+        engine ends it at its next step, its KV cached in the tree and the step's KV events
+        published, so this answer never leaves before them (a router then sees the cache the
+        client's next turn will hit). Bounded by the engine's step (a dead engine ends it)."""
+        assert self._iter is not None
+        async for chunk in self._iter:
+            if chunk.finish_reason is not None or chunk.error is not None:
+                return
 
     async def close(self) -> None:
         """End the run: abort it ("client_abort") unless it finished; idempotent."""
@@ -157,6 +173,7 @@ class GenerationRun:
         self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
         self.cached_tokens = chunk.cached_tokens
         self.host_cached_tokens = chunk.host_cached_tokens
+        self.spec = chunk.spec or self.spec
         if chunk.error is not None:
             return Step(self.text.finish(), [], finish=Finish(
                 "error", message=chunk.error, status=chunk.status, code=chunk.error_code))

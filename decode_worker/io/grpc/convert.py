@@ -116,6 +116,9 @@ def complete(rid: str, run: GenerationRun, index: int, last: Step | None) -> pb.
         output_ids=ids, finish_reason=fin.reason if fin is not None else "abort",
         prompt_tokens=run.prompt_tokens, completion_tokens=len(run.output_ids),
         cached_tokens=run.cached_tokens, index=index)
+    if run.spec is not None and run.spec.proposed_drafts:
+        msg.spec_accepted_tokens = run.spec.correct_drafts
+        msg.spec_draft_tokens = run.spec.proposed_drafts
     matched = fin.matched if fin is not None else None
     if isinstance(matched, bool) or matched is None:
         pass

@@ -16,11 +16,21 @@ with its own cursor, and turns its items into smg-grpc-proto's messages as smg 1
   `HEARTBEAT_S` (before the first batch only when the subscriber asked for
   `load_records_before_first_batch`, numbered 0).
 Cancelling the call closes the subscription.
+
+`StreamBook` keeps what each live stream has handed to gRPC: a `Generate` answer waits
+(`wait_sent`, bounded) until every stream has handed over the batches appended before it, so on
+one HTTP/2 connection (smg's channel to the worker) a request's KV events arrive before its
+answer. `decode_worker_kv_event_lag_seconds{transport="grpc"}` is each batch's time from its
+append to its handover.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
+import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -28,7 +38,11 @@ from smg_grpc_proto.generated import common_pb2 as cpb
 
 from decode_worker.core.radix_events import AllBlocksCleared, BlockRemoved, BlockStored
 from decode_worker.io.api.loads import load_row
+from decode_worker.io.kv_events.gate import MAX_HOLD_S
 from decode_worker.io.kv_events.hub import KvEventHub, KvSnapshot
+from decode_worker.io.metrics import Metrics
+
+log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 1.0
 SNAPSHOT_CHUNK_EVENTS = 512  # stores per snapshot chunk (keeps each message small)
@@ -101,14 +115,65 @@ class LoadRecords:
             max_total_num_tokens=row["max_total_num_tokens"])
 
 
+class StreamBook:
+    """The live streams of one servicer and the next sequence number each has handed to gRPC
+    (see the module docstring). Event loop only."""
+
+    def __init__(self, metrics: Metrics | None = None, max_wait_s: float = MAX_HOLD_S) -> None:
+        self.metrics, self.max_wait_s = metrics, max_wait_s
+        self._sent: dict[int, int] = {}  # stream -> next seq not handed over (once it sent)
+        self._keys = itertools.count()
+        self._changed: asyncio.Event | None = None
+        self.num_overdue = 0  # answers that stopped waiting for a stream after `max_wait_s`
+
+    def open(self) -> int:
+        """A new stream's key (it counts once it has handed over its first batch)."""
+        return next(self._keys)
+
+    def sent(self, key: int, next_seq: int, appended_at: float = 0.0) -> None:
+        """Stream `key` handed over every batch below `next_seq` (the last appended at
+        monotonic `appended_at`, 0: a snapshot)."""
+        self._sent[key] = next_seq
+        if appended_at and self.metrics is not None:
+            self.metrics.observe_kv_event_lag("grpc", time.monotonic() - appended_at)
+        self._wake()
+
+    def close(self, key: int) -> None:
+        self._sent.pop(key, None)
+        self._wake()
+
+    async def wait_sent(self, need: int) -> None:
+        """Until every stream has handed over the batches below `need`, or `max_wait_s`."""
+        deadline = time.monotonic() + self.max_wait_s
+        while any(sent < need for sent in self._sent.values()):
+            if self._changed is None:
+                self._changed = asyncio.Event()
+            self._changed.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.num_overdue += 1
+                log.warning("an answer waited %.2fs for a SubscribeKvEvents stream to take "
+                            "batch %d: sent without it", self.max_wait_s, need - 1)
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
+
+    def _wake(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+
 async def kv_batches(hub: KvEventHub, request: cpb.SubscribeKvEventsRequest,
-                     server_info: Callable[[], dict[str, Any]]) -> AsyncIterator[cpb.KvEventBatch]:
+                     server_info: Callable[[], dict[str, Any]],
+                     book: StreamBook | None = None) -> AsyncIterator[cpb.KvEventBatch]:
     """The stream of one subscriber (see the module docstring); closes its subscription when
-    the consumer stops."""
+    the consumer stops. Reports what it handed over to `book`."""
     start = request.start_sequence_number or None
     sub = hub.subscribe(start)
     loads = LoadRecords(hub, server_info)
     last: int | None = None  # the last sequence number sent
+    book = book or StreamBook()
+    key = book.open()
     try:
         while True:
             try:
@@ -123,6 +188,7 @@ async def kv_batches(hub: KvEventHub, request: cpb.SubscribeKvEventsRequest,
                     chunk.load.CopyFrom(loads.record(load_only=False) or cpb.EngineLoad())
                     last = chunk.sequence_number
                     yield chunk
+                book.sent(key, item.seq + 1)
                 continue
             batch = cpb.KvEventBatch(
                 sequence_number=item.seq, timestamp=item.ts, dp_rank=item.dp_rank,
@@ -132,5 +198,7 @@ async def kv_batches(hub: KvEventHub, request: cpb.SubscribeKvEventsRequest,
                 batch.load.CopyFrom(record)
             last = item.seq
             yield batch
+            book.sent(key, item.seq + 1, item.at)
     finally:
+        book.close(key)
         sub.close()

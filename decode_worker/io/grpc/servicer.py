@@ -13,7 +13,8 @@ a `request_id` the same way.
 RPCs with no meaning here answer UNIMPLEMENTED with a message: `Embed` (a generation model),
 the LoRA adapter calls (no adapters), `StartProfile` / `StopProfile` (no profiler hook).
 `SubscribeKvEvents` streams the decode tree's KV events when the server has an event log
-(the backend's `kv_events` hub, `kv_stream.py`), else it is UNIMPLEMENTED (smg then stops
+(the backend's `kv_events` hub, `kv_stream.py`: a decode worker with its radix cache on has one
+whenever the gRPC port is, ZMQ publisher or not), else it is UNIMPLEMENTED (smg then stops
 asking that worker).
 
 API key: with `server.api_key` set (and `server.grpc_require_api_key`, the default), the
@@ -54,7 +55,7 @@ from decode_worker.io.api.samples import Prompt, build_inputs, merged_steps, sta
 from decode_worker.io.api.schemas import sampling_from_generate
 from decode_worker.io.api.targets import Target
 from decode_worker.io.grpc import convert, info
-from decode_worker.io.grpc.kv_stream import kv_batches
+from decode_worker.io.grpc.kv_stream import StreamBook, kv_batches
 from decode_worker.io.grpc.status import code_for_error, code_for_reason
 from decode_worker.io.kv_events.hub import KvEventHub
 from decode_worker.io.metrics import Metrics
@@ -84,6 +85,7 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
         self._calls: dict[str, list[list[str]]] = {}  # request_id -> per call, sample rids
         self._started_at = time.time()
         self._bundle: info.TokenizerBundle | None = None
+        self._kv_streams = StreamBook(metrics)  # live SubscribeKvEvents streams
 
     # -- Generate --------------------------------------------------------------------------
 
@@ -162,10 +164,19 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
                 if fin is not None and fin.reason == "error":
                     raise _Ended(code_for_reason(fin.code, fin.status),
                                  fin.message or "internal error")
+                if fin is not None:  # the request's KV events go out first (`StreamBook`)
+                    await self._kv_handed_over()
                 if request.stream:
                     yield convert.chunk(rid, runs[k], step, k)
                 if fin is not None:
                     yield convert.complete(rid, runs[k], k, step if request.stream else None)
+
+    async def _kv_handed_over(self) -> None:
+        """Wait (bounded) until this server's SubscribeKvEvents streams have handed over every
+        KV-event batch appended so far."""
+        hub = getattr(self.app.backend, "kv_events", None)
+        if isinstance(hub, KvEventHub):
+            await self._kv_streams.wait_sent(hub.next_seq)
 
     def _forget(self, rid: str, rids: list[str]) -> None:
         left = [r for r in self._calls.get(rid, []) if r is not rids]
@@ -284,14 +295,14 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
         hub = getattr(self.app.backend, "kv_events", None)
         if not isinstance(hub, KvEventHub):
             await self._unimplemented(
-                context, "SubscribeKvEvents", "this server publishes no KV cache events (on "
-                "a decode worker: serve --kv-events-config '{\"publisher\": \"zmq\"}' with "
-                "the decode radix cache on)")
+                context, "SubscribeKvEvents", "this server publishes no KV cache events (a "
+                "decode worker publishes them with the decode radix cache on, unless "
+                "kv_events.config says publisher \"null\")")
         log.info("SubscribeKvEvents: a subscriber from %s, start_sequence_number=%d",
                  context.peer(), request.start_sequence_number)
         outcome = StatusCode.CANCELLED
         try:
-            async for batch in kv_batches(hub, request, self.app.server_info):
+            async for batch in kv_batches(hub, request, self.app.server_info, self._kv_streams):
                 yield batch
             outcome = StatusCode.OK
         finally:

@@ -184,8 +184,9 @@ class TransferReceiver(Protocol):
     implemented by `KVReceiver`, `SglangReceiver` and `ProtocolRouter`).
 
     Per transfer the owner gets "done", or "failed" (reason label + detail) then "released";
-    after the owner's `abort`, only "released". `submit` never raises for a per-request
-    problem (it comes back as "failed"); `poll` never blocks.
+    after the owner's `abort_transfer`, only "released". `submit` never raises for a
+    per-request problem (it comes back as "failed"); `take_events` (the transfer events since
+    the last call) never blocks.
     """
 
     stats: ReceiverStats
@@ -193,14 +194,14 @@ class TransferReceiver(Protocol):
     def submit(
         self, host: str, port: int, *, rid: str, room: int, prompt_len: int, reused_len: int,
         swa_window_start: int, full_page_ids: list[int], swa_page_ids: list[int],
-        aux_slot: int, timeout_s: float | None = None, prompt_ids: list[int] | None = None,
+        aux_row: int, timeout_s: float | None = None, prompt_ids: list[int] | None = None,
     ) -> int: ...
 
-    def abort(self, transfer_id: int) -> None: ...
+    def abort_transfer(self, transfer_id: int) -> None: ...
 
     def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None: ...
 
-    def poll(self) -> list[TransferEvent]: ...
+    def take_events(self) -> list[TransferEvent]: ...
 
     @property
     def num_in_flight(self) -> int: ...

@@ -64,9 +64,10 @@ class ModelCompat(msgspec.Struct, frozen=True):
 
 
 class RegionLayout(msgspec.Struct, frozen=True):
-    """One registered memory region seen as `num_layers x rows_per_layer` rows of `row_bytes`."""
+    """One registered memory region seen as `num_layers x rows_per_layer` rows of `row_bytes`
+    ("landing": every model layer, where an SGLang prefill of an all-layer model writes)."""
 
-    name: Literal["full", "swa", "aux"]
+    name: Literal["full", "swa", "aux", "landing"]
     addr: int
     num_layers: int
     rows_per_layer: int
@@ -117,10 +118,11 @@ class TransferRequest(_Msg, frozen=True):
          cached here |<- full_page_ids ------>|   one id per page of [P, L)
                                 |<- swa --->|   one id per page of [S, L)
 
-    The prefill side uses S as given (it never recomputes the window). `aux_slot` is the aux row
-    that receives the first output token. `deadline_s` is relative: how long decode will wait.
-    `prompt_ids`, when set, is the prompt itself (router-less use); otherwise the prefill peer
-    takes it from its own HTTP request with the same room.
+    The prefill side uses S as given (it never recomputes the window). `aux_row` is the aux row
+    that receives the first output token (named `aux_slot` on the wire). `deadline_s` is
+    relative: how long decode will wait. `prompt_ids`, when set, is the prompt itself
+    (router-less use); otherwise the prefill peer takes it from its own HTTP request with the
+    same room.
     """
 
     transfer_id: int
@@ -131,7 +133,7 @@ class TransferRequest(_Msg, frozen=True):
     swa_window_start: int
     full_page_ids: list[int]
     swa_page_ids: list[int]
-    aux_slot: int
+    aux_row: int = msgspec.field(name="aux_slot")  # the wire keeps its name: same protocol
     deadline_s: float
     prompt_ids: list[int] | None = None  # set when no router sends the prompt to prefill's HTTP
     kv_checksum: bool = False  # ask for TransferDone.kv_checksum

@@ -41,9 +41,9 @@ def validate_request(
 ) -> None:
     """Check a transfer request against the decode side's regions before any byte moves.
 
-    Raises PageError naming the first problem: ranges not page-aligned or out of
-    order, a page-id list of the wrong length, an id outside `[1, num_pages]` or repeated, or an
-    aux slot outside the aux region.
+    Raises PageError naming the first problem: ranges not page-aligned or out of order, a
+    page-id list of the wrong length (no SWA ids for a model without sliding layers), an id
+    outside `[1, num_pages]` or repeated, or an aux slot outside the aux region.
     """
     ps, n_pages = page_size, cdiv(req.prompt_len, page_size)
     if req.prompt_len <= 0:
@@ -55,9 +55,11 @@ def validate_request(
             f"room {req.room}: swa_window_start={req.swa_window_start} not page-aligned in [0, L)"
         )
     _check_ids(req, "full", req.full_page_ids, n_pages - req.reused_len // ps, regions["full"])
-    _check_ids(req, "swa", req.swa_page_ids, n_pages - req.swa_window_start // ps, regions["swa"])
-    if not 0 <= req.aux_slot < regions["aux"].rows_per_layer:
-        raise PageError(f"room {req.room}: aux_slot {req.aux_slot} out of range")
+    # a model without sliding layers (an empty SWA region) moves no SWA pages
+    swa_pages = n_pages - req.swa_window_start // ps if regions["swa"].num_layers else 0
+    _check_ids(req, "swa", req.swa_page_ids, swa_pages, regions["swa"])
+    if not 0 <= req.aux_row < regions["aux"].rows_per_layer:
+        raise PageError(f"room {req.room}: aux_row {req.aux_row} out of range")
 
 
 def _check_ids(

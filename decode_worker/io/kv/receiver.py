@@ -1,13 +1,14 @@
 """Decode side of KV transfer: handshakes, transfer requests, completions, liveness.
 
-`KVReceiver` is single-threaded and non-blocking: its owner (the compute thread) calls `poll()`
-at least every ~100 ms. Every failure fails only its own transfer. Per transfer the owner gets:
+`KVReceiver` is single-threaded and non-blocking: its owner (the compute thread) calls
+`take_events()` at least every ~100 ms. Every failure fails only its own transfer. Per transfer
+the owner gets:
 
     submit ──► "done"                       KV and first token landed; pages are the request's
            └─► "failed" ... "released"      tell the client now; reuse the pages only on
                                             "released" (the peer acked, finished, or
                                             `abort_quiesce_s` passed)
-    abort  ──► "released"                   (no "failed": the owner asked for it)
+    abort_transfer ──► "released"           (no "failed": the owner asked for it)
 
 Failure reasons are the abort labels of docs/CONTRACTS.md: transfer_failed (peer-reported
 error, refused handshake, NIXL error), peer_dead (no heartbeat answer for `peer_dead_after_s`,
@@ -15,7 +16,7 @@ or the connection refused or closed: the peer is not there, or exited or restart
 (the transfer's deadline passed), bad_request (invalid page ids), kv_checksum. A peer dropped
 as dead goes in `lost_peers`; the next submit connects and handshakes anew.
 
-The per-transfer book (deadlines, quiesce, events, stats) is `kv_transfers.TransferBook`; this
+The per-transfer book (deadlines, quiesce, events, stats) is `transfers.TransferBook`; this
 module is the plumbing around it: the NIXL agent, the peers' ZMQ sockets, handshakes, heartbeats.
 """
 
@@ -31,9 +32,10 @@ import zmq
 from decode_worker.errors import PageError, TransferError
 from decode_worker.io.kv import protocol as p
 from decode_worker.io.kv.kv_checksum import landed_checksum
-from decode_worker.io.kv.nixl_agent import NixlAgent, unique_agent_name
-from decode_worker.io.kv.peer import LostPeers, Peer, Transfer, TransferEvent, register_regions
+from decode_worker.io.kv.nixl_agent import NixlAgent
+from decode_worker.io.kv.peer import LostPeers, Peer, Transfer, TransferEvent
 from decode_worker.io.kv.protocol_check import check_compat, validate_request
+from decode_worker.io.kv.receiver_base import ReceiverBase
 from decode_worker.io.kv.transfers import TransferBook
 
 if TYPE_CHECKING:  # io/ takes the settings object but does not import pydantic at run time
@@ -44,7 +46,7 @@ log = logging.getLogger(__name__)
 __all__ = ["KVReceiver", "TransferEvent"]
 
 
-class KVReceiver:
+class KVReceiver(ReceiverBase[Peer]):
     """Receives KV pushed by prefill peers into the regions registered here.
 
     `regions` are the decode side's "full", "swa" and "aux" layouts (see protocol.RegionLayout;
@@ -60,63 +62,33 @@ class KVReceiver:
         regions: dict[str, p.RegionLayout], kv_timeout_s: float = 30.0,
         agent_name: str | None = None, agent: NixlAgent | None = None,
     ) -> None:  # fmt: skip
-        self.settings, self.compat, self.regions = settings, compat, regions
-        self.kv_timeout_s, self._owns_agent = kv_timeout_s, agent is None
-        if agent is None:
-            agent = NixlAgent(agent_name or unique_agent_name("decode"), settings.backend,
-                              settings.progress_delay_us)
-            register_regions(agent, regions)
-        self.agent = agent
+        super().__init__(settings, regions, kv_timeout_s, agent, agent_name)
+        self.compat, self.regions = compat, regions
         self._hello = p.Hello(p.PROTOCOL_VERSION, compat, self.agent.name,
                               self.agent.metadata(), list(regions.values()))  # fmt: skip
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._peers: dict[str, Peer] = {}
         self._book = TransferBook(regions, settings.abort_quiesce_s, self._send_abort,
                                   checksum_of=landed_checksum(settings.kv_checksum, regions))
-        self._next_id = 1
         self.lost_peers = LostPeers()  # dropped as dead, for the router (it probes them again)
         self.stats = self._book.stats
 
-    # -- owner API -------------------------------------------------------------------------
+    # -- owner API (`submit`, `abort_transfer`: ReceiverBase) ------------------------------
 
-    def submit(
-        self, host: str, port: int, *, rid: str, room: int, prompt_len: int, reused_len: int,
-        swa_window_start: int, full_page_ids: list[int], swa_page_ids: list[int],
-        aux_slot: int, timeout_s: float | None = None, prompt_ids: list[int] | None = None,
-    ) -> int:  # fmt: skip
-        """Ask the prefill peer at host:port for this request's KV; returns the transfer id.
-        `prompt_ids`: send the prompt too (when no router gives it to the peer over HTTP).
+    def _wire_extras(self, prompt_ids: list[int] | None) -> tuple[list[int] | None, bool]:
+        return prompt_ids, self.settings.kv_checksum
 
-        Never raises for a per-request problem: bad page ids, a dead or incompatible peer all
-        come back as a "failed" then "released" event from `poll()`.
-        """
-        tid, self._next_id = self._next_id, self._next_id + 1
-        req = p.TransferRequest(
-            tid, room, rid, prompt_len, reused_len, swa_window_start, list(full_page_ids),
-            list(swa_page_ids), aux_slot, timeout_s or self.kv_timeout_s, prompt_ids,
-            self.settings.kv_checksum,
-        )  # fmt: skip
-        now = time.monotonic()
-        xfer = self._book.add(req, f"{host}:{port}", now)
+    def _peer_for(self, xfer: Transfer, host: str, port: int, now: float) -> Peer | None:
         try:
-            validate_request(req, self.compat.page_size, self.regions)
+            validate_request(xfer.req, self.compat.page_size, self.regions)
         except PageError as exc:
             self._book.fail(xfer, "bad_request", str(exc), now)
-            return tid
+            return None
         try:
-            peer = self._peers.get(xfer.peer_key) or self._connect(host, port, now)
+            return self._peers.get(xfer.peer_key) or self._connect(host, port, now)
         except TransferError as exc:
             self._book.fail(xfer, "bad_request", str(exc), now)
-            return tid
-        if peer.ready:
-            self._send_request(peer, xfer, now)
-        else:
-            peer.waiting.append(tid)
-        return tid
-
-    def abort(self, transfer_id: int) -> None:
-        """Stop waiting for this transfer. Its pages come back with a later "released" event."""
-        self._book.abort(transfer_id, time.monotonic())
+            return None
 
     def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None:
         """Tell the peer at host:port that this side ended `room`'s request (`reason`: its abort
@@ -137,7 +109,7 @@ class KVReceiver:
             log.info("room %d: cannot tell prefill peer %s:%s about %s: %s", room, host, port,
                      reason, exc)
 
-    def poll(self) -> list[TransferEvent]:
+    def take_events(self) -> list[TransferEvent]:
         """Do all pending work without blocking; returns the events since the last call."""
         now = time.monotonic()
         for peer in list(self._peers.values()):
@@ -146,10 +118,6 @@ class KVReceiver:
         self._check_liveness(now)
         self._book.check_deadlines(now)
         return self._book.take_events()
-
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._book)
 
     def close(self) -> None:
         for peer in self._peers.values():
@@ -194,12 +162,9 @@ class KVReceiver:
             self._drop_peer(peer, "transfer_failed", str(exc), now)
             return
         peer.agent_name, peer.ready = msg.agent_name, True
-        for tid in peer.waiting:
-            if (xfer := self._book.get(tid)) is not None and xfer.phase == "queued":
-                self._send_request(peer, xfer, now)
-        peer.waiting.clear()
+        self._send_waiting(peer, now)
 
-    def _send_request(self, peer: Peer, xfer: Transfer, now: float) -> None:
+    def _send(self, peer: Peer, xfer: Transfer, now: float) -> None:
         try:
             peer.client.send(xfer.req)
         except TransferError as exc:
@@ -216,11 +181,7 @@ class KVReceiver:
         peer.client.close()
         if peer.agent_name:
             self.agent.remove_peer(peer.agent_name)
-        for xfer in self._book.of_peer(peer.key):
-            if xfer.phase == "aborting":
-                continue  # its quiesce deadline still runs
-            acked = xfer.phase == "queued"  # never asked: nothing to quiesce
-            self._book.fail(xfer, reason, f"{peer.key}: {detail}", now, acked=acked)
+        self._fail_peer(peer.key, reason, detail, now)
 
     def _check_liveness(self, now: float) -> None:
         dead_after = self.settings.peer_dead_after_s

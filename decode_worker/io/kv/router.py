@@ -53,8 +53,10 @@ class ProtocolRouter:
     """The engine's receiver (peer.TransferReceiver) over native and SGLang peers.
 
     `regions`: our "full", "swa" and "aux" RegionLayouts; `sglang_aux`: SGLang's 10 aux buffers
-    as (addr, row_bytes, num_rows); `peer_protocol`: None = `settings.peer_protocol`. Owns the
-    shared NIXL agent (and closes it). Raises ConfigError (NIXL).
+    as (addr, row_bytes, num_rows); `peer_protocol`: None = `settings.peer_protocol`;
+    `landing`: where SGLang prefills of a model they lay out with full KV in every layer write
+    (registered here, addressed by the SGLang receiver only). Owns the shared NIXL agent (and
+    closes it). Raises ConfigError (NIXL).
     """
 
     def __init__(
@@ -68,17 +70,20 @@ class ProtocolRouter:
         kv_timeout_s: float = 30.0,
         agent_name: str | None = None,
         zmq_ports: tuple[int, int] | None = None,
+        landing: p.RegionLayout | None = None,
     ) -> None:
         self.mode: Mode = peer_protocol or settings.peer_protocol
         self.settings = settings
         self.agent = NixlAgent(agent_name or unique_agent_name("decode"), settings.backend,
                                settings.progress_delay_us)  # fmt: skip
-        register_regions(self.agent, regions)
+        sg_regions = regions if landing is None else {**regions, "landing": landing}
+        register_regions(self.agent, sg_regions)
         self.native = KVReceiver(settings, compat, regions, kv_timeout_s, agent=self.agent)
         self.sglang: SglangReceiver | None = None
         if self.mode != "native":
-            self.sglang = SglangReceiver(settings, compat, regions, sglang_aux, agent=self.agent,
-                                         kv_timeout_s=kv_timeout_s, zmq_ports=zmq_ports)
+            self.sglang = SglangReceiver(settings, compat, sg_regions, sglang_aux,
+                                         agent=self.agent, kv_timeout_s=kv_timeout_s,
+                                         zmq_ports=zmq_ports)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="peer-probe")
         self.protocols = PeerProtocols(self.mode, probe, self._pool,
                                        max(0.2, min(2.0, settings.peer_dead_after_s / 2)))
@@ -111,11 +116,11 @@ class ProtocolRouter:
     def submit(
         self, host: str, port: int, *, rid: str, room: int, prompt_len: int, reused_len: int,
         swa_window_start: int, full_page_ids: list[int], swa_page_ids: list[int],
-        aux_slot: int, timeout_s: float | None = None, prompt_ids: list[int] | None = None,
+        aux_row: int, timeout_s: float | None = None, prompt_ids: list[int] | None = None,
     ) -> int:  # fmt: skip
         """`TransferReceiver.submit`, to the receiver of the peer's protocol (never probes: ask
         `protocol_of` first). A peer not decided gets "failed" (its last miss's reason and
-        detail; bad_request if never probed), then "released", from the next `poll`."""
+        detail; bad_request if never probed), then "released", from the next `take_events`."""
         tid, self._next_id = self._next_id, self._next_id + 1
         key = f"{host}:{port}"
         proto = self.protocols.known(key) or self.protocols.last_miss(key)
@@ -129,7 +134,7 @@ class ProtocolRouter:
         inner = receiver.submit(
             host, port, rid=rid, room=room, prompt_len=prompt_len, reused_len=reused_len,
             swa_window_start=swa_window_start, full_page_ids=full_page_ids,
-            swa_page_ids=swa_page_ids, aux_slot=aux_slot, timeout_s=timeout_s,
+            swa_page_ids=swa_page_ids, aux_row=aux_row, timeout_s=timeout_s,
             prompt_ids=prompt_ids,
         )  # fmt: skip
         self._routes[tid] = (proto.kind, inner, key)
@@ -140,8 +145,8 @@ class ProtocolRouter:
         """Tell the prefill peer at host:port, in its protocol, that this worker ended `room`'s
         request (`reason`) before its KV arrived; until that protocol is known, or while the
         peer is unreachable (a restarting peer may still receive the router's copy of the
-        request), the message waits in `poll`, at most `_CANCEL_WAIT_S`, and the peer is probed
-        at most once a heartbeat interval for it. Never raises."""
+        request), the message waits in `take_events`, at most `_CANCEL_WAIT_S`, and the peer is
+        probed at most once a heartbeat interval for it. Never raises."""
         until = time.monotonic() + _CANCEL_WAIT_S
         self._cancels.append((until, host, port, room, reason, detail))
         del self._cancels[:-_MAX_CANCELS]
@@ -160,13 +165,13 @@ class ProtocolRouter:
             elif time.monotonic() < until:  # not known yet, or unreachable: it may be restarting
                 self._cancels.append((until, host, port, room, reason, detail))
 
-    def abort(self, transfer_id: int) -> None:
+    def abort_transfer(self, transfer_id: int) -> None:
         route = self._routes.get(transfer_id)
         receiver = self._receiver(route[0]) if route else None
         if route is not None and receiver is not None:
-            receiver.abort(route[1])
+            receiver.abort_transfer(route[1])
 
-    def poll(self) -> list[TransferEvent]:
+    def take_events(self) -> list[TransferEvent]:
         """Both receivers' events, under the router's ids; totals `stats`. A peer a receiver
         dropped as dead is undecided again before its transfers' "failed" events are
         returned (so the requests and cancels they end probe it again)."""
@@ -175,7 +180,7 @@ class ProtocolRouter:
         for kind in ("native", "sglang"):
             receiver = self._receiver(kind)
             if receiver is not None:
-                events += [self._ours_event(kind, ev) for ev in receiver.poll()]
+                events += [self._ours_event(kind, ev) for ev in receiver.take_events()]
         for key, detail in self.native.lost_peers.take() + (
                 self.sglang.lost_peers.take() if self.sglang else []):
             self.protocols.forget(key, detail)

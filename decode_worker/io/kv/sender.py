@@ -6,7 +6,7 @@ L, reused prefix P and window start S (both page-aligned, given by the decode si
     logical pages  0 ....... P/ps ....... S/ps ....... cdiv(L, ps)
     full pool               |--- sent, every full layer ----|
     swa pool                              |-- sent, every swa layer --|
-    aux                     one row (first token) -> decode's aux_slot
+    aux                     one row (first token) -> decode's aux_row
 
 Per layer, a run of pages consecutive on both sides becomes one descriptor (`coalesce`).
 """
@@ -64,14 +64,15 @@ def plan_writes(
     """Turn a (validated) request into WRITEs. Raises TransferError if the two sides' regions
     disagree on layer count or row size, or the source pages do not cover the prompt."""
     n_pages = cdiv(req.prompt_len, page_size)
-    if len(pages.full_page_ids) < n_pages or len(pages.swa_page_ids) < n_pages:
+    has_swa = src["swa"].num_layers > 0  # else no SWA pages move
+    if len(pages.full_page_ids) < n_pages or (has_swa and len(pages.swa_page_ids) < n_pages):
         raise TransferError(f"room {req.room}: source pages do not cover {req.prompt_len} tokens")
     first_full, first_swa = req.reused_len // page_size, req.swa_window_start // page_size
     groups: dict[WriteSide, list[CopySpan]] = {}
     pools = (
         ("full", pages.full_page_ids[first_full:n_pages], req.full_page_ids),
-        ("swa", pages.swa_page_ids[first_swa:n_pages], req.swa_page_ids),
-        ("aux", [pages.aux_row], [req.aux_slot]),
+        ("swa", pages.swa_page_ids[first_swa:n_pages] if has_swa else [], req.swa_page_ids),
+        ("aux", [pages.aux_row], [req.aux_row]),
     )
     for name, src_ids, dst_ids in pools:
         s, d = src[name], dst[name]

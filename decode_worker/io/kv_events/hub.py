@@ -38,13 +38,15 @@ class EventSource(Protocol):
 
 @dataclass(slots=True)  # not frozen: built once per step, and frozen init costs 4x
 class KvEventBatch:
-    """One step's events: `seq` (u64 from 0), wall time `ts`, the publisher's DP rank. Never
-    changed once appended."""
+    """One step's events: `seq` (u64 from 0), wall time `ts`, the publisher's DP rank, and
+    `at`, the monotonic time of its append (0: unknown), from which senders measure their lag.
+    Never changed once appended."""
 
     seq: int
     ts: float
     events: list[KVEvent]
     dp_rank: int = 0
+    at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,7 @@ class KvEventHub:
     def append(self, events: list[KVEvent]) -> KvEventBatch:
         """Append one batch; returns it. The caller owns the ordering (one appending thread,
         the only writer of `_next_seq`)."""
-        batch = KvEventBatch(self._next_seq, time.time(), events, self.dp_rank)
+        batch = KvEventBatch(self._next_seq, time.time(), events, self.dp_rank, time.monotonic())
         with self._lock:
             self._next_seq += 1
             self._ring.append(batch)

@@ -5,6 +5,10 @@
 `bound_config`); `start(hub)` runs the sender thread, which reads the worker's one
 event log (`KvEventHub`) with its own cursor, encodes each batch (`wire`) and sends
 `[topic, seq8, payload]` without ever blocking: the compute thread only appends to the log.
+Each send reports to `gate` (`AnswerGate`): a step's answers leave only once the batches
+appended up to that step are sent, so a client's next request never meets a router whose view
+of this worker lags its answer. `decode_worker_kv_event_lag_seconds{transport="zmq"}` is the
+time from a batch's append (the end of its step) to its send.
 
 Drops are counted, never waited out: the stream socket is an XPUB with `XPUB_NODROP`, so when a
 connected subscriber's high-water mark (`hwm`) is reached the send fails at once and the batch
@@ -24,19 +28,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import zmq
 
 from decode_worker.errors import ConfigError
-from decode_worker.io.kv_events.config import (
-    KvEventsConfig,
-    offset_endpoint_port,
-    tcp_host_port,
-    with_port,
-)
+from decode_worker.io.kv_events.config import offset_endpoint_port, tcp_host_port, with_port
+from decode_worker.io.kv_events.gate import AnswerGate
 from decode_worker.io.kv_events.hub import KvEventBatch, KvEventHub, KvSubscription
 from decode_worker.io.kv_events.wire import END_SEQ, encode_batch, seq_bytes
 from decode_worker.io.metrics import Metrics
+from decode_worker.settings.kv_events import KvEventsConfig
 
 log = logging.getLogger(__name__)
 _WAIT_S = 0.01  # the sender's wait for a batch; replay requests are served between waits
@@ -59,6 +61,7 @@ class ZmqKvEventPublisher:
         self.num_bad_replay_requests = 0
         self.num_subscriptions = 0  # subscribe notices seen (XPUB)
         self._hub: KvEventHub | None = None
+        self.gate: AnswerGate | None = None  # set by `start`
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -122,8 +125,10 @@ class ZmqKvEventPublisher:
         return cfg.model_copy(update=update)
 
     def start(self, hub: KvEventHub) -> None:
-        """Start the sender thread on `hub`'s log, from the batch the log appends next."""
+        """Start the sender thread on `hub`'s log, from the batch the log appends next, and
+        its `gate` (for the engine's outbox)."""
         self._hub = hub
+        self.gate = AnswerGate(hub)
         sub = hub.subscribe(hub.next_seq, snapshots=False)
         self._thread = threading.Thread(target=self._run, args=(sub,), daemon=True,
                                         name="kv-events-zmq")
@@ -140,10 +145,14 @@ class ZmqKvEventPublisher:
                     skipped = sub.num_skipped_batches
                 if isinstance(item, KvEventBatch):
                     self._send(item)
+                    if self.gate is not None:
+                        self.gate.sent(item.seq + 1)
         except Exception:  # the thread's boundary: never take the worker down, say so
             log.exception("KV event publisher stopped")
         finally:
             sub.close()
+            if self.gate is not None:  # answers no longer wait for this thread
+                self.gate.open()
 
     def _send(self, batch: KvEventBatch) -> None:
         payload = encode_batch(batch)
@@ -153,6 +162,8 @@ class ZmqKvEventPublisher:
             self._count(dropped=1)
             return
         self._count(events=len(batch.events), batches=1)
+        if self.metrics is not None and batch.at:
+            self.metrics.observe_kv_event_lag("zmq", time.monotonic() - batch.at)
 
     def _count(self, *, events: int = 0, batches: int = 0, dropped: int = 0) -> None:
         self.num_published_events += events

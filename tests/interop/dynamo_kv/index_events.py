@@ -1,5 +1,6 @@
-"""Runs under a venv with `ai-dynamo-runtime` (never imports decode_worker): feed decoded ZMQ
-KV-event payloads into Dynamo's own KV indexer (`dynamo.llm.RadixTree`) and score queries.
+"""Runs under a venv with only `ai-dynamo-runtime` (never imports decode_worker, nor msgspec):
+feed this worker's ZMQ KV-event batches, decoded from msgpack by the test, into Dynamo's own KV
+indexer (`dynamo.llm.RadixTree`) and score queries.
 
 The wire -> indexer step mirrors Dynamo's ZMQ relay (`lib/kv-router/src/zmq_wire/convert.rs`):
 a `BlockStored` becomes a stored event whose blocks are `block_size`-token chunks of `token_ids`
@@ -7,7 +8,8 @@ a `BlockStored` becomes a stored event whose blocks are `block_size`-token chunk
 not exactly `block_size` long is not published), `BlockRemoved` a removal by engine hash,
 `AllBlocksCleared` a clear.
 
-stdin: JSON {"payloads": [hex, ...], "queries": [[tokens...], ...]}
+stdin: JSON {"batches": [[ts, events, dp_rank], ...], "queries": [[tokens...], ...]}, each batch
+the msgpack payload as decoded (events: maps tagged by "type")
 stdout: JSON {"blocks": [matched blocks per query]}
 """
 
@@ -16,15 +18,13 @@ from __future__ import annotations
 import json
 import sys
 
-import msgspec
 from dynamo.llm import RadixTree, compute_block_hash_for_seq
 
 
 def main() -> None:
     req = json.load(sys.stdin)
     tree, event_id = RadixTree(), 0
-    for payload in req["payloads"]:
-        _ts, events, _rank = msgspec.msgpack.decode(bytes.fromhex(payload))
+    for _ts, events, _rank in req["batches"]:
         for ev in events:
             event_id += 1
             kind = ev["type"]

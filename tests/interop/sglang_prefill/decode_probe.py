@@ -80,10 +80,12 @@ class Probe:
         for layer in range(lay.num_layers):
             if layer in lay.sliding_layer_ids:
                 positions = np.arange(receipt.swa_start, receipt.seq_len)
-                pages = np.array(receipt.swa_pages)[(positions - receipt.swa_start) // ps]
+                # (int64: a full hit's window and page list are empty)
+                pages = np.array(receipt.swa_pages, np.int64)[(positions - receipt.swa_start)
+                                                              // ps]
             else:
                 positions = np.arange(0, receipt.seq_len)
-                pages = np.array(receipt.full_pages)[positions // ps]
+                pages = np.array(receipt.full_pages, np.int64)[positions // ps]
             slots = torch.from_numpy(pages * ps + positions % ps)
             arrays[f"k{layer}"] = self.decode.pool.get_key_buffer(layer)[slots].numpy()
             arrays[f"v{layer}"] = self.decode.pool.get_value_buffer(layer)[slots].numpy()

@@ -4,7 +4,7 @@ Two kinds (`kv` in POST /prefill), each filling the rank's `SWAKVPool` at the to
 allocator gave and returning the fields `MetadataBuffers.set_buf` reads:
   - "seeded" (default): `kv_bits(seed, ...)` for every position, aux fields as the request gives
     them (`first_token`, `logprob`, `top_logprobs`, `cached_tokens`);
-  - "model": the real prefill of a Hugging Face gpt-oss directory (`--model DIR`), computed with
+  - "model": the real prefill of a Hugging Face directory (`--model DIR`), computed with
     transformers on the request's `input_ids`: the post-RoPE K and V of every layer (what the
     attention caches, and what decode-worker's pools hold), this rank's head slice; the first
     output token is the greedy argmax of the last position's logits, its logprob (and the top
@@ -85,7 +85,8 @@ class PrefillResult:
 
 
 class ModelForward:
-    """transformers' GptOssForCausalLM on the CPU, one prompt at a time (a lock serializes the
+    """transformers' model of the directory (GptOssForCausalLM, Qwen3ForCausalLM, ...) on the
+    CPU, one prompt at a time (a lock serializes the
     room threads, as one scheduler runs one forward at a time)."""
 
     def __init__(self, model_dir: str, layout: Layout) -> None:

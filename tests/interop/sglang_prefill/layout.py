@@ -17,7 +17,8 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Layout:
-    """A gpt-oss-style hybrid model's KV geometry, as one prefill or decode rank sees it.
+    """A model's KV geometry, as one prefill or decode rank sees it: a gpt-oss-style hybrid
+    (full and sliding layers), or an ordinary model (no sliding layers: one MHA pool).
 
     `sliding_window_hf` is Hugging Face's `sliding_window` (128 for gpt-oss): a token sees itself
     and the 127 before it, so SGLang's window (`swa_window`) is `sliding_window_hf - 1`.
@@ -110,19 +111,30 @@ def layout_from_args(args: Any) -> Layout:
         layout = _with_model_geometry(layout, args.model)
     if layout.kv_heads % layout.tp_size:
         raise SystemExit(f"--kv-heads {layout.kv_heads} must divide by --tp-size {layout.tp_size}")
-    if not layout.full_layer_ids or not layout.sliding_layer_ids:
-        raise SystemExit("need at least one full-attention and one sliding-window layer")
+    if not layout.full_layer_ids:
+        raise SystemExit("need at least one full-attention layer")
     return layout
 
 
+# the model types SGLang 0.5.23 lays out with SWA pools (`is_hybrid_swa_model`, of those this
+# rig runs); every other model is an ordinary one there: full KV in every layer, the window
+# (Gemma 2/3, Mistral) only an attention mask
+HYBRID_SWA_TYPES = ("gpt_oss",)
+
+
 def model_geometry(model_dir: str) -> dict[str, Any]:
-    """The Layout fields a Hugging Face gpt-oss directory's config.json fixes."""
+    """The Layout fields a Hugging Face directory's config.json fixes, as SGLang lays the
+    model out: sliding layers only for a hybrid-SWA model (gpt-oss); an ordinary model (Llama,
+    Qwen3, Gemma 3) is all full layers (no SWA pool)."""
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    types = cfg.get("layer_types") or []
+    hybrid = cfg.get("model_type") in HYBRID_SWA_TYPES
+    types = (cfg.get("layer_types") or []) if hybrid else []
+    heads = int(cfg["num_attention_heads"])
     return {"num_layers": int(cfg["num_hidden_layers"]),
             "sliding_layer_ids": tuple(i for i, t in enumerate(types) if t == "sliding_attention"),
-            "kv_heads": int(cfg["num_key_value_heads"]), "head_dim": int(cfg["head_dim"]),
-            "sliding_window_hf": int(cfg["sliding_window"]),
+            "kv_heads": int(cfg.get("num_key_value_heads") or heads),
+            "head_dim": int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+            "sliding_window_hf": int(cfg.get("sliding_window") or 128) if hybrid else 128,
             "dtype": str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")}
 
 

@@ -250,7 +250,7 @@ class PrefillRank:
         if mismatch:
             swa_pages = np.append(swa_pages, swa_pages[-1:])
         state_indices = [swa_pages if st == StateType.SWA else None
-                         for st in self.kv_args.state_types]
+                         for st in self.kv_args.state_types] or None  # None: no state pools
         pages = kv_to_page_indices(full_slots[start:seq_len], ps)
         self._set(room, num_pages_sent=sender.curr_idx + len(pages),
                   num_swa_pages_sent=len(swa_pages))

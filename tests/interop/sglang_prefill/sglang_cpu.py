@@ -173,8 +173,17 @@ def publish_server_args(mode: str, layout: Layout, bootstrap_port: int, tp_rank:
 
 
 def build_pool(layout: Layout, heads: int | None = None) -> Any:
-    """SGLang's own SWAKVPool on the CPU: full layers + SWA layers, `heads` KV heads each."""
+    """SGLang's own SWAKVPool on the CPU: full layers + SWA layers, `heads` KV heads each; for
+    a model without sliding layers its MHATokenToKVPool (every layer full), as SGLang builds
+    one for an ordinary model."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    if not layout.sliding_layer_ids:
+        return MHATokenToKVPool(
+            size=layout.pool_tokens, page_size=layout.page_size, dtype=layout.torch_dtype(),
+            head_num=heads or layout.heads_per_rank, head_dim=layout.head_dim,
+            layer_num=layout.num_layers, device="cpu", enable_memory_saver=False)
 
     return SWAKVPool(
         size=layout.pool_tokens, size_swa=layout.swa_pool_tokens, page_size=layout.page_size,

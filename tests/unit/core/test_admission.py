@@ -73,7 +73,7 @@ def test_a_tail_under_the_prefix_is_released_whole_on_abort_and_cached_on_finish
     _finished_turn(rig, keep_swa=False)
     aborted = admit_one(rig, req("b", 895))
     assert aborted.req.kv is not None and aborted.req.kv.swa_owned_from == 704
-    assert rig.queue.abort("b", 1.0, "client_abort") is not None
+    assert rig.queue.abort_request("b", 1.0, "client_abort") is not None
     assert aborted.req.kv is None
     rig.check([])
     again = admit_one(rig, req("c", 895))
@@ -98,8 +98,8 @@ def test_request_that_does_not_fit_waits_and_blocks_the_line() -> None:
     rig = make_rig(full_pages=20, swa_pages=8)
     a = req("a", 895)
     admit_one(rig, a)
-    assert rig.queue.add(req("b", 895, base=1), 0.0) is None
-    assert rig.queue.add(req("c", 10, base=2), 0.0) is None
+    assert rig.queue.enqueue(req("b", 895, base=1), 0.0) is None
+    assert rig.queue.enqueue(req("c", 10, base=2), 0.0) is None
     assert rig.queue.pop_admitted(0.0) == []  # b waits; c waits behind it (FIFO)
     assert rig.tree is not None and rig.tree.full_stats().protected == 0  # no lock leaked
     run_to_finish(rig, a)
@@ -111,7 +111,7 @@ def test_request_that_does_not_fit_waits_and_blocks_the_line() -> None:
 def test_never_fitting_request_aborts_at_add() -> None:
     rig = make_rig(full_pages=10)
     r = req("a", 600, max_new=100)
-    ab = rig.queue.add(r, 0.0)
+    ab = rig.queue.enqueue(r, 0.0)
     assert isinstance(ab, Abort) and ab.reason == "too_large" and "full pages" in ab.message
     assert r.state is S.ABORTED and rig.queue.num_queued == 0
     assert rig.stats.aborts_total == {"too_large": 1}
@@ -119,10 +119,10 @@ def test_never_fitting_request_aborts_at_add() -> None:
 
 def test_full_queue_raises_service_unavailable() -> None:
     rig = make_rig(max_queued=2)
-    rig.queue.add(req("a", 1), 0.0)
-    rig.queue.add(req("b", 1), 0.0)
+    rig.queue.enqueue(req("a", 1), 0.0)
+    rig.queue.enqueue(req("b", 1), 0.0)
     with pytest.raises(ServiceUnavailable):
-        rig.queue.add(req("c", 1), 0.0)
+        rig.queue.enqueue(req("c", 1), 0.0)
     assert rig.queue.num_queued == 2
 
 
@@ -170,8 +170,8 @@ def test_reclaim_failure_rejects_only_that_request_and_next_is_admitted() -> Non
     # matches old0's prefix up to the window start (so its whole SWA tail is new), then the
     # reclaim fails
     x = DecodeRequest("x", 1, list(range(1000, 1704)) + [9] * 191, 8)
-    rig.queue.add(x, 0.0)
-    rig.queue.add(req("y", 895), 0.0)
+    rig.queue.enqueue(x, 0.0)
+    rig.queue.enqueue(req("y", 895), 0.0)
     got = rig.queue.pop_admitted(0.0)
     assert isinstance(got[0], Abort) and got[0].reason == "swa_reclaim_insufficient"
     assert got[0].message == "SWA eviction insufficient: needed=3, available=1, req=x"
@@ -183,7 +183,7 @@ def test_reclaim_failure_rejects_only_that_request_and_next_is_admitted() -> Non
 def test_deadline_expiry_returns_pages() -> None:
     rig = make_rig(queue_timeout_s=5.0, kv_timeout_s=2.0, full_pages=20)
     d = admit_one(rig, req("a", 895), now=0.0)
-    assert rig.queue.add(req("b", 895, base=7), 0.0) is None  # waits: no room
+    assert rig.queue.enqueue(req("b", 895, base=7), 0.0) is None  # waits: no room
     assert rig.queue.pop_admitted(0.0) == []
     assert rig.queue.expire(1.0) == []
     (ab,) = rig.queue.expire(2.5)
@@ -198,9 +198,9 @@ def test_deadline_expiry_returns_pages() -> None:
 def test_client_abort_in_transfer_returns_pages() -> None:
     rig = make_rig()
     d = admit_one(rig, req("a", 500))
-    ab = rig.queue.abort("a", 1.0, "client_abort")
+    ab = rig.queue.abort_request("a", 1.0, "client_abort")
     assert ab is not None and d.req.state is S.ABORTED
-    assert rig.queue.abort("a", 2.0, "client_abort") is None
+    assert rig.queue.abort_request("a", 2.0, "client_abort") is None
     rig.check([])
 
 
@@ -226,8 +226,8 @@ def test_model_without_swa_reuses_the_aligned_prompt() -> None:
 
 def test_max_active_bounds_admissions() -> None:
     rig = make_rig(max_active=1)
-    rig.queue.add(req("a", 10), 0.0)
-    rig.queue.add(req("b", 10, base=5), 0.0)
+    rig.queue.enqueue(req("a", 10), 0.0)
+    rig.queue.enqueue(req("b", 10, base=5), 0.0)
     assert [d.req.rid for d in rig.queue.pop_admitted(0.0)] == ["a"]
 
 
@@ -235,9 +235,9 @@ def test_admission_keeps_room_for_running_requests_to_grow() -> None:
     rig = make_rig(full_pages=11, swa_pages=16, decode_reserve_tokens=4 * 64)
     a = req("a", 4 * 64, max_new=4 * 64 + 1)  # 4 pages + 4 reserved for growth
     admit_one(rig, a)
-    assert rig.queue.add(req("b", 4 * 64, base=9, max_new=1), 0.0) is None  # 4 pages, no growth
+    assert rig.queue.enqueue(req("b", 4 * 64, base=9, max_new=1), 0.0) is None  # 4 pages, no growth
     assert rig.queue.pop_admitted(0.0) == []  # 7 free, 4 of them are a's growth room
-    rig.queue.abort("a", 1.0, "client_abort")
+    rig.queue.abort_request("a", 1.0, "client_abort")
     assert [d.req.rid for d in rig.queue.pop_admitted(1.0)] == ["b"]
 
 
@@ -247,7 +247,7 @@ def test_retracted_requests_are_readmitted_before_new_ones() -> None:
     admit_one(rig, a)
     a.arrive(3, 0.5)
     rig.dec.start_running(a, 0.5)
-    rig.queue.add(req("new", 50, base=7), 0.6)
+    rig.queue.enqueue(req("new", 50, base=7), 0.6)
     a.transition(RequestState.RETRACTED, 1.0, releaser=rig.ctx)
     rig.queue.requeue([a], 1.0)
     got = rig.queue.pop_admitted(1.0)

@@ -9,7 +9,7 @@ from decode_worker.core.decode_alloc import DecodeAllocator
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
-from decode_worker.core.request import DecodeRequest, held_page_ids
+from decode_worker.core.request import DecodeRequest, StepCommit, held_page_ids
 from decode_worker.core.stats import SchedulerStats
 
 PS, WIN = 64, 127
@@ -74,7 +74,7 @@ def req(rid: str, n: int, *, base: int = 0, max_new: int = 8) -> DecodeRequest:
 
 
 def admit_one(rig: Rig, r: DecodeRequest, now: float = 0.0) -> Admit:
-    assert rig.queue.add(r, now) is None
+    assert rig.queue.enqueue(r, now) is None
     (d,) = rig.queue.pop_admitted(now)
     assert isinstance(d, Admit), d
     return d
@@ -87,5 +87,5 @@ def run_to_finish(rig: Rig, r: DecodeRequest, steps: int = 1, now: float = 1.0) 
     for i in range(steps):
         plan = rig.dec.prepare_step([r], now)
         assert plan.runnable == [r]
-        r.append_token(i)
-    rig.dec.finish(r, now)
+        StepCommit([r]).commit([i])
+    rig.dec.finish_request(r, now)

@@ -49,7 +49,7 @@ def test_host_hits_are_advertised_locked_and_restored_into_counted_pages() -> No
 def test_abort_before_the_restore_returns_every_page_and_the_host_lock() -> None:
     rig, free_before = _demoted_turn()
     d = admit_one(rig, req("b", 895))
-    ab = rig.queue.abort("b", 1.0, "abort")
+    ab = rig.queue.abort_request("b", 1.0, "abort")
     assert ab is not None and d.req.state is RequestState.ABORTED
     assert rig.full.num_free == free_before
     assert rig.tree is not None and rig.tree.host_stats_pages().protected == 0

@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from decode_worker.core.admission import Admit
 from decode_worker.core.radix_node import Node
 from decode_worker.core.req_kv import ReqKV
-from decode_worker.core.request import DecodeRequest, RequestState
+from decode_worker.core.request import DecodeRequest, RequestState, StepCommit
 from decode_worker.core.window import sglang_window_start
 from decode_worker.errors import ServiceUnavailable
 from tests.examples import examples
@@ -55,7 +55,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         if sglang == 1 or (sglang == 2 and not self.radix):
             r.sglang_page_size = self.page_size // sglang
         try:
-            ab = self.rig.queue.add(r, self.now)
+            ab = self.rig.queue.enqueue(r, self.now)
         except ServiceUnavailable:
             return
         if ab is None:
@@ -103,10 +103,10 @@ class AdmissionMachine(RuleBasedStateMachine):
         plan = self.rig.dec.prepare_step(self.running, self.now)
         self.rig.queue.requeue(plan.retracted, self.now)
         self.running = plan.runnable
+        StepCommit(self.running).commit([tok] * len(self.running))
         for r in list(self.running):
-            r.append_token(tok)
             if len(r.output_ids) >= r.max_new_tokens:
-                self.rig.dec.finish(r, self.now)
+                self.rig.dec.finish_request(r, self.now)
                 self.running.remove(r)
 
     @rule(steps=st.integers(1, 30), tok=st.integers(0, 49))
@@ -127,7 +127,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         live = [r for r in self.reqs if not r.is_done]
         if live and pick % 3 == 0:
             r = live[pick % len(live)]
-            assert self.rig.queue.abort(r.rid, self.now, "client_abort") is not None
+            assert self.rig.queue.abort_request(r.rid, self.now, "client_abort") is not None
             if r in self.running:
                 self.running.remove(r)
 
@@ -154,7 +154,7 @@ class AdmissionMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         for r in list(self.reqs):
             if not r.is_done:
-                self.rig.queue.abort(r.rid, self.now, "drain")
+                self.rig.queue.abort_request(r.rid, self.now, "drain")
         self.rig.check([])
         tree = self.rig.tree
         if tree is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decode_worker.core.request import DecodeRequest, RequestState
+from decode_worker.core.request import DecodeRequest, RequestState, StepCommit
 from decode_worker.core.window import swa_peak_pages
 from tests.examples import examples
 from tests.unit.core.test_admission_helpers import PS, WIN, Rig, admit_one, make_rig, req
@@ -22,8 +22,7 @@ def _running(rig: Rig, r: DecodeRequest, now: float = 0.0) -> DecodeRequest:
 
 def _step(rig: Rig, reqs: list[DecodeRequest], token: int = 5) -> list[DecodeRequest]:
     plan = rig.dec.prepare_step(reqs, 1.0)
-    for r in plan.runnable:
-        r.append_token(token)
+    StepCommit(plan.runnable).commit([token] * len(plan.runnable))
     rig.queue.requeue(plan.retracted, 1.0)
     return plan.retracted
 
@@ -69,7 +68,7 @@ def test_retraction_frees_and_readmits() -> None:
     keeper = b if victim is a else a
     rig.check([keeper])
     # the keeper finishes, the victim is readmitted with its cached prefix and its outputs
-    rig.dec.finish(keeper, 2.0)
+    rig.dec.finish_request(keeper, 2.0)
     (d,) = rig.queue.pop_admitted(3.0)
     assert d.req is victim and victim.is_resumed and d.prefix_len > 0
     assert victim.kv is not None and victim.kv.token_ids == victim.fill_ids
@@ -109,7 +108,7 @@ def test_without_radix_cache_swa_pages_are_freed_as_the_window_moves() -> None:
         _step(rig, [r])
     rig.check([r])
     assert rig.stats.swa_pages_released_total >= (800 - 300) // PS - 1
-    rig.dec.finish(r, 2.0)
+    rig.dec.finish_request(r, 2.0)
     rig.check([])
 
 
@@ -135,5 +134,5 @@ def test_slide_due_at_is_exact_and_the_batch_pieces_match_prepare_step(
         assert (a.kv.full_page_ids, a.kv.swa_page_ids, a.kv.swa_start) == (
             b.kv.full_page_ids, b.kv.swa_page_ids, b.kv.swa_start)
         for rig, r in zip(rigs, reqs, strict=True):
-            r.append_token(5)
+            StepCommit([r]).commit([5])
             rig.check([r])

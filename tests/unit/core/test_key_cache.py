@@ -65,7 +65,7 @@ def _blocked_rig() -> tuple[Rig, DecodeRequest, DecodeRequest]:
     a = req("a", 895)
     admit_one(rig, a)
     b = req("b", 895, base=100_000)
-    assert rig.queue.add(b, 0.0) is None
+    assert rig.queue.enqueue(b, 0.0) is None
     assert rig.queue.pop_admitted(0.0) == []
     return rig, a, b
 
@@ -97,7 +97,7 @@ def test_a_blocked_head_is_rematched_after_an_eviction() -> None:
     a = req("a", 640, base=70_000)
     admit_one(rig, a)  # a's 10 pages: 4 free pages left, 6 evictable
     b = req("b", 895, base=100_000)
-    assert rig.queue.add(b, 0.0) is None
+    assert rig.queue.enqueue(b, 0.0) is None
     assert rig.queue.pop_admitted(0.0) == []
     seen = CountingTree.matches
     assert rig.queue.pop_admitted(0.0) == []

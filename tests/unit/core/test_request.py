@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from decode_worker.core.request import DecodeRequest, RequestState
+from decode_worker.core.request import DecodeRequest, RequestState, StepCommit
 from decode_worker.errors import InvalidTransition
 from tests.unit.core.test_admission_helpers import admit_one, make_rig, req, run_to_finish
 
@@ -72,7 +72,7 @@ def test_finish_caches_the_aligned_prefix_and_returns_the_rest() -> None:
     rig.check([])
 
 
-def test_append_token_tracks_fill_ids() -> None:
+def test_a_committed_step_tracks_fill_ids() -> None:
     rig = make_rig()
     r = req("a", 10)
     admit_one(rig, r)
@@ -80,6 +80,49 @@ def test_append_token_tracks_fill_ids() -> None:
     assert r.output_ids == [77] and r.fill_ids == r.prompt_ids
     rig.dec.start_running(r, 1.0)
     rig.dec.prepare_step([r], 1.0)
-    r.append_token(78)
+    StepCommit([r]).commit([78])
     assert r.kv is not None and r.kv.token_ids == [*r.prompt_ids, 77]
     assert r.fill_ids == r.kv.token_ids and r.fill_len == 11
+
+
+def _running(rig: object, rid: str, n: int, first: int) -> DecodeRequest:
+    r = req(rid, n)
+    admit_one(rig, r)  # type: ignore[arg-type]
+    r.arrive(first, 1.0)
+    rig.dec.start_running(r, 1.0)  # type: ignore[attr-defined]
+    return r
+
+
+def test_a_step_commits_runs_of_one_or_more_tokens_and_kv_for_all_but_the_last() -> None:
+    """A verified step: request i ran its input token and its run's drafts; its output grows by
+    the run, its KV by the input token and every token of the run but the last (the next
+    input). The prompt list a fresh ReqKV shares is copied, never appended to."""
+    rig = make_rig()
+    a, b = _running(rig, "a", 10, 77), _running(rig, "b", 12, 50)
+    prompt_a = list(a.prompt_ids)
+    batch = StepCommit([a, b])
+    batch.commit_runs([[78, 79, 80], [51]])
+    assert a.output_ids == [77, 78, 79, 80] and b.output_ids == [50, 51]
+    assert a.kv is not None and a.kv.token_ids == [*prompt_a, 77, 78, 79]
+    assert a.prompt_ids == prompt_a and a.fill_ids == a.kv.token_ids
+    assert b.kv is not None and b.kv.token_ids == [*b.prompt_ids, 50]
+    batch.commit([81, 52])  # the n = 1 step is the same rule
+    assert a.fill_ids == a.kv.token_ids and a.output_ids[-1] == 81 and b.output_ids[-1] == 52
+    only_b = batch.subset([False, True])
+    only_b.commit([53])
+    assert b.output_ids[-2:] == [52, 53] and a.output_ids[-1] == 81
+    assert only_b.last_tokens() == [53]
+    with pytest.raises(InvalidTransition):
+        batch.commit_runs([[], [1]])
+
+
+def test_a_step_commit_takes_running_requests_only() -> None:
+    rig = make_rig()
+    r = req("a", 10)
+    admit_one(rig, r)
+    with pytest.raises(InvalidTransition):  # RESERVED
+        StepCommit([r])
+    r.arrive(5, 1.0)
+    with pytest.raises(InvalidTransition):  # READY, not yet in the batch
+        StepCommit([r])
+    assert r.output_ids == [5]

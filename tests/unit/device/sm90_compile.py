@@ -54,6 +54,9 @@ def main() -> int:
     compile_all("bf16", group=8, kv_heads=8, head_dim=64, page=64)  # gpt-oss
     compile_all("fp32", group=8, kv_heads=8, head_dim=64, page=64)
     compile_all("fp32", group=2, kv_heads=2, head_dim=16, page=16)  # the tiny model
+    compile_all("bf16", group=8, kv_heads=8, head_dim=128, page=64)  # Qwen3-32B, Llama 3
+    compile_all("bf16", group=2, kv_heads=16, head_dim=128, page=64)  # Gemma-3-27B
+    compile_all("bf16", group=2, kv_heads=4, head_dim=256, page=64)  # Gemma 3 4B / 12B
     print(f"compiled for sm_90 with triton {triton.__version__}")
     return 0
 

@@ -32,7 +32,7 @@ from decode_worker.device.attention_triton import (
     TritonDecodeAttention,
     num_kv_splits,
 )
-from decode_worker.device.decode_slots import swa_ring_width
+from decode_worker.device.decode_inputs import swa_ring_width
 from decode_worker.device.kernels.decode_attention import (
     NO_WINDOW,
     paged_decode,

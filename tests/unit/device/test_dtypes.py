@@ -9,7 +9,8 @@ import torch
 from decode_worker.device.default_model import write_model
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.weights import load_model
-from decode_worker.device.runner import DecodeBatch, ModelRunner
+from decode_worker.device.runner import ModelRunner
+from tests.decode_steps import decode_lists
 
 
 def run(model_dir: Path, dtype: torch.dtype, kv_dtype: torch.dtype) -> torch.Tensor:
@@ -19,7 +20,7 @@ def run(model_dir: Path, dtype: torch.dtype, kv_dtype: torch.dtype) -> torch.Ten
     prompt = list(range(0, 250, 2))
     pages = list(range(1, 10))
     first = runner.prefill(prompt, pages, pages)  # [V] f32
-    nxt = runner.decode(DecodeBatch([int(first.argmax())], [len(prompt)], [pages], [pages]))
+    nxt = decode_lists(runner, [int(first.argmax())], [len(prompt)], [pages], [pages])
     assert first.dtype == nxt.dtype == torch.float32
     return torch.stack((first, nxt[0]))
 

@@ -16,11 +16,12 @@ from decode_worker.device.default_model import write_model
 from decode_worker.device.grammar import GrammarCache, GrammarState, mask_logits
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.weights import load_model
-from decode_worker.device.runner import DecodeBatch, ModelRunner
+from decode_worker.device.runner import ModelRunner
 from decode_worker.device.sampler import Sampler, SampleRow
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import ClientError
 from decode_worker.utils.mathx import cdiv
+from tests.decode_steps import decode_lists
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -72,10 +73,9 @@ def generate(runner: ModelRunner, prompts: list[list[int]], params: list[Samplin
     states = [GrammarState.for_sampling(sp) for sp in params]  # the decode side's own
     live = [i for i, out in enumerate(outs) if out[-1] != eos]
     while live and max(len(outs[i]) for i in live) < max_new:
-        batch = DecodeBatch([outs[i][-1] for i in live],
-                            [len(prompts[i]) + len(outs[i]) - 1 for i in live],
-                            [tables[i] for i in live], [tables[i] for i in live])
-        logits = runner.decode(batch)  # [bs, V]
+        logits = decode_lists(runner, [outs[i][-1] for i in live],
+                              [len(prompts[i]) + len(outs[i]) - 1 for i in live],
+                              [tables[i] for i in live], [tables[i] for i in live])  # [bs, V]
         rows = []
         for i in live:
             state = states[i]

@@ -23,9 +23,9 @@ from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model import gpt_oss
 from decode_worker.device.model.gpt_oss import GptOssModel
 from decode_worker.device.model.weights import load_model
-from decode_worker.device.runner import DecodeBatch, ModelRunner
+from decode_worker.device.runner import ModelRunner
 from decode_worker.errors import ConfigError
-from tests.decode_steps import run_steps
+from tests.decode_steps import decode_lists, run_steps
 
 BUCKETS = [1, 2, 4, 8]
 PAGE = 16
@@ -80,9 +80,9 @@ def test_a_request_that_left_the_batch_leaves_no_stale_row_behind(model: GptOssM
         seqs = [[int(runner.prefill([7 + i] * 9, t, t).argmax())] for i, t in enumerate(tables)]
         for step in range(6):
             live = 4 if step < 2 else 3  # the last request leaves after two steps
-            batch = DecodeBatch([s[-1] for s in seqs[:live]], [9 + step] * live,
-                                tables[:live], tables[:live])
-            for s, row in zip(seqs, runner.decode(batch), strict=False):
+            logits = decode_lists(runner, [s[-1] for s in seqs[:live]], [9 + step] * live,
+                                  tables[:live], tables[:live])
+            for s, row in zip(seqs, logits, strict=False):
                 s.append(int(row.argmax()))
         return real_pages(runner)
 

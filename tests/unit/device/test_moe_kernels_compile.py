@@ -23,4 +23,6 @@ def test_moe_kernels_compile_for_sm90_at_decode_and_prefill_sizes(sm90_compiles:
     done = sm90_compiles["moe"].result()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "compile_moe_kernels: 0 failed" in done.stdout
-    assert done.stdout.count("gate_up_kernel") == 4  # 3 MXFP4 sizes + dense float32
+    # 3 MXFP4 sizes + dense float32 + Qwen3-30B-A3B's SiLU experts at 1 and 256 tokens
+    assert done.stdout.count("gate_up_kernel") == 6
+    assert done.stdout.count("qwen3-silu torch.bfloat16 gate_up_kernel") == 2

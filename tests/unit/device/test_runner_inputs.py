@@ -1,4 +1,5 @@
-"""The runner rejects page tables that do not cover the positions (typed errors)."""
+"""The runner rejects page tables that do not cover the positions, and bad checkpoints (typed
+errors)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from decode_worker.device.default_model import write_model
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.weights import load_model
-from decode_worker.device.runner import DecodeBatch, ModelRunner
+from decode_worker.device.runner import ModelRunner
 from decode_worker.errors import ClientError, ConfigError, PageError
 
 
@@ -41,16 +42,6 @@ def test_prefill_from_start_pos_needs_the_swa_window_held(runner: ModelRunner) -
     with pytest.raises(PageError, match="SWA"):
         runner.prefill(tokens, full, [0, 0, 0, 0, 0, *swa[5:]], start_pos=150)
     runner.prefill(tokens, full, [0, *swa[1:]], start_pos=150)  # [23, 150) is held
-
-
-def test_decode_rejects_positions_beyond_the_tables(runner: ModelRunner) -> None:
-    with pytest.raises(PageError):
-        runner.decode(DecodeBatch([1], [16], [[1]], [[1]]))
-    with pytest.raises(PageError):
-        runner.decode(DecodeBatch([1, 2], [3], [[1]], [[1]]))
-    with pytest.raises(PageError, match="SWA"):  # window [73, 200] starts in page 4
-        runner.decode(DecodeBatch([1], [200], [list(range(1, 14))], [[0] * 5 + [1] * 8]))
-    runner.decode(DecodeBatch([1], [200], [list(range(1, 14))], [[0] * 4 + list(range(1, 10))]))
 
 
 def test_missing_tensor_is_a_config_error(tmp_path: Path) -> None:

@@ -179,10 +179,12 @@ def test_config_from_settings_carries_strictness_and_cache_flags() -> None:
     settings = load_settings(None, {"api.strict_model_name": False}).settings
     config = ApiConfig.from_settings(settings)
     assert config.strict_model_name is False
-    assert config.server_info_defaults == {
+    cache_flags = {
         "disable_radix_cache": False, "disaggregation_decode_enable_radix_cache": True,
         "enable_unified_radix_tree": True, "enable_hierarchical_cache": True,
         "hicache_ratio": 2.0, "hicache_size": 0, "hicache_write_policy": "write_through"}
+    assert {k: config.server_info_defaults[k] for k in cache_flags} == cache_flags
+    assert config.server_info_defaults["speculative_algorithm"] is None
     sized = load_settings(None, {"cache.hicache_size_gb": 4.5,
                                  "cache.hicache_write_policy": "write_back"}).settings
     assert ApiConfig.from_settings(sized).server_info_defaults["hicache_size"] == 4.5

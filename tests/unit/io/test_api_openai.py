@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -167,3 +168,30 @@ def test_chat_top_logprobs_streamed_and_whole(client: httpx.Client) -> None:
     assert [c["top_logprobs"] for c in streamed] == [c["top_logprobs"] for c in content]
     no_lp = client.post("/v1/chat/completions", json={**req, "logprobs": False})
     assert no_lp.status_code == 400 and "logprobs=true" in no_lp.text
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/generate"])
+def test_streamed_text_with_unicode_line_ends_stays_one_event_per_line(path: str) -> None:
+    """A generated text may hold NEL, LINE SEPARATOR or PARAGRAPH SEPARATOR: JSON allows them
+    raw, but a client that splits the stream with `str.splitlines` (httpx's `iter_lines`)
+    would cut the event there. They go out as JSON escapes, and decode to the same text."""
+    text = "a\u2028b\x85c\u2029d"
+    backend = FakeBackend(reply=text.encode())
+    app = ApiApp(backend, ApiConfig(served_model_name="tiny", default_max_new_tokens=5))
+    body = ({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path
+            else {"prompt": "hi"} if path.startswith("/v1") else {"text": "hi"})
+    n = len(text.encode())  # the fake's tokens are bytes
+    body |= {"stream": True, "max_tokens": n} if path.startswith("/v1") else {
+        "stream": True, "sampling_params": {"max_new_tokens": n}}
+    with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=5) as c, c.stream(
+            "POST", path, json=body) as resp:
+        lines = [ln for ln in resp.iter_lines() if ln]
+    assert lines[-1] == "data: [DONE]" and all(ln.startswith("data: ") for ln in lines)
+    events = [json.loads(ln[6:]) for ln in lines[:-1]]
+    if path == "/generate":
+        assert events[-1]["text"] == text
+        return
+    key = "content" if "chat" in path else "text"
+    got = "".join((e["choices"][0].get("delta") or e["choices"][0]).get(key) or ""
+                  for e in events if e["choices"])
+    assert got == text

@@ -1,17 +1,20 @@
 """SubscribeKvEvents' stream on a real `KvEventHub`: a new subscriber's snapshot chunks, replay
-from a sequence number, per-page blocks, load records and the cursor past a gap."""
+from a sequence number, per-page blocks, load records and the cursor past a gap; answers wait
+for the streams to hand their batches over (`StreamBook`)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from smg_grpc_proto.generated import common_pb2 as cpb
 
 from decode_worker.core.radix_events import BlockRemoved, BlockStored, KVEvent
 from decode_worker.io.api.backend import Load
-from decode_worker.io.grpc.kv_stream import kv_batches
+from decode_worker.io.grpc.kv_stream import StreamBook, kv_batches
 from decode_worker.io.kv_events.hub import KvEventHub
+from decode_worker.io.metrics import Metrics
 
 INFO = {"disaggregation_mode": "decode", "max_total_num_tokens": 1000,
         "max_running_requests": 8}
@@ -111,3 +114,34 @@ def test_a_quiet_log_sends_load_records(monkeypatch: Any) -> None:
     assert all(b.load.load_only and not b.events for b in first)
     assert first[0].sequence_number == 0 and first[1].load.sample > first[0].load.sample
     assert first[0].load.waiting_requests == 1
+
+
+def test_an_answer_waits_until_every_stream_handed_over_its_batches() -> None:
+    """`StreamBook.wait_sent(need)`: done once each live stream has handed gRPC the batches
+    below `need` (a stream that sent nothing yet, or closed, does not count); a stream that
+    stays behind holds an answer `max_wait_s` at most, counted."""
+
+    async def run() -> None:
+        book = StreamBook(Metrics(), max_wait_s=60.0)
+        a, b, fresh = book.open(), book.open(), book.open()
+        book.sent(a, 3)
+        book.sent(b, 1)
+        del fresh  # opened, nothing handed over yet: not waited for
+        waiter = asyncio.ensure_future(book.wait_sent(3))
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        book.sent(b, 2)
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        book.close(b)  # the consumer left
+        await asyncio.wait_for(waiter, 5)
+        book.sent(a, 5, time.monotonic())
+        await asyncio.wait_for(book.wait_sent(5), 5)
+        text = book.metrics.exposition()[0].decode()  # type: ignore[union-attr]
+        assert 'decode_worker_kv_event_lag_seconds_count{transport="grpc"} 1.0' in text
+        slow = StreamBook(max_wait_s=0.05)
+        slow.sent(slow.open(), 0)
+        await asyncio.wait_for(slow.wait_sent(1), 5)
+        assert slow.num_overdue == 1 and book.num_overdue == 0
+
+    asyncio.run(run())

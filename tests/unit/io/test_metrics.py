@@ -38,7 +38,9 @@ def test_labels_match_the_contract() -> None:
     text = m.exposition()[0].decode()
     for name, _, labels in _contract_rows():
         for label in re.findall(r"`(\w+)`", labels):
-            assert re.search(rf"^{name}\{{[^}}]*\b{label}=", text, re.M), (name, label)
+            # a histogram's labelled series are its buckets (and _sum, _count)
+            assert re.search(rf"^{name}(?:_bucket)?\{{[^}}]*\b{label}=", text, re.M), (
+                name, label)
 
 
 def test_methods_move_the_series() -> None:
@@ -52,6 +54,7 @@ def test_methods_move_the_series() -> None:
     m.inc_request("finished")
     m.inc_generated_tokens(7)
     m.set_draining(True)
+    m.observe_kv_event_lag("zmq", 0.0005)
     text = m.exposition()[0].decode()
     for line in [
         'decode_worker_kv_pages_available{pool="swa"} 5.0',
@@ -66,6 +69,8 @@ def test_methods_move_the_series() -> None:
         'decode_worker_requests_total{status="finished"} 1.0',
         "decode_worker_generated_tokens_total 7.0",
         "decode_worker_draining 1.0",
+        'decode_worker_kv_event_lag_seconds_count{transport="zmq"} 1.0',
+        'decode_worker_kv_event_lag_seconds_bucket{le="0.001",transport="zmq"} 1.0',
     ]:
         assert line in text, line
 

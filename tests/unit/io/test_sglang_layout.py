@@ -77,7 +77,8 @@ def test_kv_ids_land_on_our_k_and_v_bytes(ratio: int, prompt_len: int, reused: i
 
 
 @pytest.mark.parametrize("ratio", [1, 2, 4])
-@pytest.mark.parametrize("prompt_len, reused", [(300, 0), (300, 192), (100, 0), (260, 256)])
+@pytest.mark.parametrize("prompt_len, reused",
+                         [(300, 0), (300, 192), (100, 0), (260, 256), (256, 256)])
 def test_state_ids_cover_sglangs_window_on_our_swa_pages(
     ratio: int, prompt_len: int, reused: int
 ) -> None:
@@ -150,9 +151,31 @@ def test_translate_refuses_a_window_start_that_is_not_sglangs() -> None:
     with pytest.raises(PageError, match="starts at 72"):
         translate(lay, WINDOW, TransferRequest(1, 7, "r", 200, 0, 64, req.full_page_ids,
                                                req.swa_page_ids, 2, 5.0), "h", 5, "a", aux)
-    with pytest.raises(PageError, match="aux_slot"):
+    with pytest.raises(PageError, match="aux_row"):
         translate(lay, WINDOW, TransferRequest(1, 7, "r", 200, 0, ws, req.full_page_ids,
                                                req.swa_page_ids, 4, 5.0), "h", 5, "a", aux)
+
+
+def test_translate_a_full_hit_and_a_model_without_swa_layers() -> None:
+    """P = L: no KV ids and an empty window, as SGLang's own decode sends a full hit (its
+    sender then writes the aux row only). Without SWA layers there is no window to check:
+    every P, a full hit too, goes out with no state ids."""
+    aux = [(10_000 + 64 * i, 64, 4) for i in range(10)]
+    info, num_bytes = translate(build_layout(regions(), compat(), 8), WINDOW,
+                                TransferRequest(1, 7, "r", 192, 192, 192, [], [], 0, 5.0),
+                                "h", 5, "a", aux)  # fmt: skip
+    assert (info.kv_page_ids, info.state_page_ids, info.decode_prefix_len) == ((), (), 192)
+    assert num_bytes == 640  # the aux row
+    dense = build_layout({**regions(), "swa": RegionLayout("swa", SWA_BASE, 0, PAGES + 1,
+                                                           PAGE_BYTES, 0, "VRAM")},
+                         ModelCompat("m", "bfloat16", ["full"] * 2, HEADS, HEAD_DIM, PS_D,
+                                     WINDOW), 8)  # fmt: skip
+    for length, reused in ((200, 0), (200, 192), (192, 192)):
+        pages = list(range(1, 1 + cdiv(length, PS_D) - reused // PS_D))
+        info, _ = translate(dense, WINDOW, TransferRequest(1, 7, "r", length, reused, 0, pages,
+                                                           [], 0, 5.0), "h", 5, "a", aux)
+        assert info.state_page_ids == () and info.decode_prefix_len == reused
+        assert len(info.kv_page_ids) == cdiv(length - reused, 8)
 
 
 def test_registration_announces_one_prefill_page_as_the_stride() -> None:
@@ -162,3 +185,31 @@ def test_registration_announces_one_prefill_page_as_the_stride() -> None:
     assert reg.kv_item_lens == (lay.item_len,) * 4 and reg.kv_mem_kinds == ("VRAM",) * 4
     assert reg.num_slots == (2 * PAGES + 1) * 2 and reg.tp_size == 1 and reg.tp_rank == 0
     assert reg.state_data_lens == (lay.state_num_slots * lay.item_len,) * 6
+
+
+LANDING_BASE = 9_000_000
+
+
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_a_landing_region_takes_every_layer_as_sglangs_ordinary_layout(ratio: int) -> None:
+    """Gemma 3 as SGLang lays it out: every model layer a KV entry (K of each, then V) in the
+    landing region, no state; the ids of landing pages put each layer's K and V of each token
+    on that layer's landing page, and the bytes counted are every layer's."""
+    land = RegionLayout("landing", LANDING_BASE, 5, 9, PAGE_BYTES, 0, "VRAM")
+    lay = build_layout({**regions(), "landing": land}, compat(), PS_D // ratio)
+    assert len(lay.kv_ptrs) == 10 and lay.state_ptrs == () and lay.num_full_pages == 8
+    assert lay.kv_ptrs[-1] + lay.kv_num_slots * lay.item_len == land.addr + land.length
+    pages = [8, 3, 5]  # landing pages of decode pages 1, 2, 3: [16, 64) of a 60-token prompt
+    ids = kv_page_ids(lay, 60, 16, pages)
+    written = sglang_writes(lay, lay.kv_ptrs, ids, 16)
+    for (layer, kind, pos) in set(written.values()):
+        if pos < 60:
+            addr = our_token_addr(land, layer, pages[pos // PS_D - 1], kind, pos % PS_D)
+            assert all(written[addr + b] == (layer, kind, pos) for b in range(TOKEN_BYTES))
+    aux = [(10_000 + 64 * i, 64, 4) for i in range(10)]
+    info, num_bytes = translate(lay, WINDOW, TransferRequest(1, 7, "r", 60, 16, 16, pages, [],
+                                                             0, 5.0), "h", 5, "a", aux)
+    assert info.state_page_ids == () and info.decode_prefix_len == 16
+    assert num_bytes == 3 * 5 * PAGE_BYTES + 640  # 3 pages of every layer, the aux row
+    reg = registration(lay, "10.0.0.1", 18310, "agent", b"md", [1], 0)
+    assert len(reg.kv_ptrs) == 10 and reg.state_ptrs == () and reg.state_data_lens == ()

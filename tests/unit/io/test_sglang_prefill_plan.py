@@ -13,7 +13,7 @@ import pytest
 
 from decode_worker.core.window import sglang_window_start
 from decode_worker.errors import TransferError
-from decode_worker.io.kv.nixl_agent import CopySpan, WriteSide
+from decode_worker.io.kv.nixl_agent import CopySpan, WriteSide, coalesce
 from decode_worker.io.kv.protocol import RegionLayout
 from decode_worker.io.kv.sglang import messages as m
 from decode_worker.io.kv.sglang.frames import Registration, TransferInfo
@@ -101,9 +101,19 @@ def test_decode_prefix_writes_only_the_suffix_and_sglangs_window() -> None:
     assert got == want
 
 
+@pytest.mark.parametrize("state_ids", [(), (5, 6)], ids=["no-state", "any-state"])
+def test_a_full_hit_writes_the_aux_row_only(state_ids: tuple[int, ...]) -> None:
+    """decode_prefix_len = L (page-aligned), no KV ids: SGLang's sender skips the KV and an
+    empty SWA window (`maybe_send_extra` passes over a component with no source pages, whatever
+    the decode listed) and writes the aux row: the room still succeeds."""
+    src = source(96)
+    hit = replace(INFO_PREFIX, kv_page_ids=(), state_page_ids=state_ids, decode_prefix_len=96)
+    assert spans_of(plan_room(GEO, src, hit, REG)) == expected_aux(REG, hit.aux_row)
+
+
 @pytest.mark.parametrize(("prefix", "length", "start"),
                          [(0, 40, 0), (0, 300, 160), (64, 400, 272), (160, 200, 160), (0, 127, 0),
-                          (0, 128, 0), (0, 144, 16)])
+                          (0, 128, 0), (0, 144, 16), (256, 256, 256)])
 def test_window_start_is_sglangs(prefix: int, length: int, start: int) -> None:
     assert sglang_window_start(prefix, length, 127, 16) == start
 
@@ -168,3 +178,26 @@ def test_aux_row_is_sglangs_ten_buffers() -> None:
 
 def test_dummy_golden_info_round_trips() -> None:
     assert isinstance(INFO, TransferInfo) and not INFO.is_dummy
+
+
+def test_an_all_layer_model_is_sent_as_sglang_lays_it_out() -> None:
+    """Gemma 3 (sliding layers 0 and 2 here) as a stock SGLang prefill sends it: every layer a
+    KV entry in model order, K then V, a sliding layer's pages from our SWA pool (it holds the
+    whole prompt), no state written whatever state ids the decode lists; a decode registered
+    for the hybrid layout is refused."""
+    geo = replace(GEO, all_layers=(("swa", 0), ("full", 0), ("swa", 1), ("full", 1)))
+    ptrs = tuple((3 << 32) + (1 << 24) * e for e in range(8))
+    reg = replace(REG, kv_ptrs=ptrs, kv_item_lens=(ITEM,) * 8, kv_mem_kinds=("VRAM",) * 8,
+                  state_ptrs=(), state_item_lens=(), state_data_lens=())
+    src = source(100)
+    want = []
+    for e, ptr in enumerate(ptrs):
+        kind, layer = divmod(e, 4)
+        region, ids = (SWA, src.swa_page_ids) if layer % 2 == 0 else (FULL, src.full_page_ids)
+        want += [CopySpan(region.row_addr(layer // 2, a) + kind * ITEM, ptr + b * ITEM, ITEM)
+                 for a, b in zip(ids[2:], INFO_PREFIX.kv_page_ids, strict=True)]
+    got = spans_of(plan_room(geo, src, INFO_PREFIX, reg))
+    assert got == coalesce(want + expected_aux(reg, INFO_PREFIX.aux_row))
+    assert sum(s.length for s in got) == 8 * 5 * ITEM + AUX_ROW_BYTES
+    with pytest.raises(TransferError, match="decode registered 4 KV entries, this prefill has 8"):
+        plan_room(geo, src, INFO_PREFIX, REG)

@@ -1,8 +1,10 @@
-"""Harmony output as OpenAI chat answers: the message, the stream deltas, the finish reason.
+"""Parsed output as OpenAI chat answers: the message, the stream deltas, the finish reason.
 
-When it applies (`chat_parsing`): the tokenizer has the harmony special tokens and
-`api.reasoning_parser` / `api.tool_call_parser` are on (`auto`: when it has them; `gpt-oss`:
-always, the app refuses to start without them; `none`: never). Per request:
+Two output formats: harmony (gpt-oss, `parser.py`) and text markers (Qwen3's `<think>` and
+`<tool_call>`, Llama 3.x JSON calls: `textchat/`); which one, and whether reasoning and calls
+are parsed, is `textchat/select.py`'s choice from the tokenizer and `api.reasoning_parser` /
+`api.tool_call_parser`. What follows is said of harmony; the text formats split the same way
+(reasoning before `</think>`, calls from their blocks). Per request:
 - `separate_reasoning` (SGLang's field, default true): the analysis channel goes to
   `message.reasoning_content`, the final channel (and commentary without a recipient) to
   `content`. False: no split; without tools the answer is the raw text, as `/generate` returns
@@ -25,59 +27,72 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from decode_worker.errors import ConfigError
 from decode_worker.io.api.backend import Tokenizer
 from decode_worker.io.api.harmony.parser import Delta, HarmonyParser, Kind, Parsed, parse
 from decode_worker.io.api.harmony.tokens import HarmonyTokens
+from decode_worker.io.api.textchat.formats import parse_text
+from decode_worker.io.api.textchat.parser import TextChatParser
+from decode_worker.io.api.textchat.select import Format, calls_on, check_parsers, reasoning_on
 from decode_worker.io.api.textgen import StopFilter
 
-PARSERS = ("auto", "gpt-oss", "none")
+__all__ = ["ChatParsing", "ChatStream", "chat_message", "chat_parsing", "check_parsers",
+           "finish_reason", "make_parser", "parser_on"]
 
 
 @dataclass(frozen=True, slots=True)
 class ChatParsing:
-    """How one chat request's output is parsed."""
+    """How one chat request's output is parsed. `names`: the functions the request offers
+    (text formats drop a call of another, as SGLang does; None: any)."""
 
-    tokens: HarmonyTokens
+    tokens: Format
     reasoning: bool  # analysis -> reasoning_content (else it stays in content)
     calls: bool  # tool calls parsed (else their text is content)
+    names: frozenset[str] | None = None
 
 
-def parser_on(setting: str, tokens: HarmonyTokens | None) -> bool:
-    """Whether a parser setting (`auto` / `gpt-oss` / `none`) is on for this tokenizer."""
-    return setting != "none" and tokens is not None
+def parser_on(setting: str, tokens: Format | None) -> bool:
+    """Whether the tool-call parser `setting` is on for this tokenizer's format."""
+    return setting != "none" and calls_on(setting, tokens)
 
 
-def check_parsers(reasoning_parser: str, tool_call_parser: str, tokenizer: Tokenizer) -> None:
-    """At startup: ConfigError for an unknown value, or `gpt-oss` with a tokenizer that lacks
-    the harmony special tokens (it would parse nothing)."""
-    tokens = HarmonyTokens.of(tokenizer)
-    for key, value in (("api.reasoning_parser", reasoning_parser),
-                       ("api.tool_call_parser", tool_call_parser)):
-        if value not in PARSERS:
-            raise ConfigError(f"{key}={value!r}: must be one of {', '.join(PARSERS)}")
-        if value == "gpt-oss" and tokens is None:
-            raise ConfigError(f"{key}=gpt-oss, but the tokenizer has no harmony special tokens "
-                              "(<|start|>, <|channel|>, <|message|>, ...): not a gpt-oss model")
-
-
-def chat_parsing(tokens: HarmonyTokens | None, reasoning_parser: str, separate_reasoning: bool,
-                 tool_call_parser: str, parse_calls: bool) -> ChatParsing | None:
+def chat_parsing(tokens: Format | None, reasoning_parser: str, separate_reasoning: bool,
+                 tool_call_parser: str, parse_calls: bool,
+                 names: frozenset[str] | None = None) -> ChatParsing | None:
     """The request's parsing, or None: the raw text (see the module doc)."""
     if tokens is None:
         return None
-    reasoning = parser_on(reasoning_parser, tokens) and separate_reasoning
+    reasoning = reasoning_on(reasoning_parser, tokens) and separate_reasoning
     calls = parser_on(tool_call_parser, tokens) and parse_calls
     if not (reasoning or calls):
         return None
-    return ChatParsing(tokens, reasoning, calls)
+    return ChatParsing(tokens, reasoning, calls, names)
+
+
+def make_parser(parsing: ChatParsing, tokenizer: Tokenizer) -> HarmonyParser | TextChatParser:
+    """The streaming parser of `parsing`'s format."""
+    if isinstance(parsing.tokens, HarmonyTokens):
+        return HarmonyParser(parsing.tokens, tokenizer, parse_calls=parsing.calls)
+    return TextChatParser(parsing.tokens, tokenizer, reasoning=parsing.reasoning,
+                          parse_calls=parsing.calls, names=_names(parsing),
+                          eos_ids=tokenizer.eos_token_ids)
+
+
+def _names(parsing: ChatParsing) -> set[str] | None:
+    return None if parsing.names is None else set(parsing.names)
 
 
 def chat_message(output_ids: list[int], parsing: ChatParsing, tokenizer: Tokenizer,
                  stop: Sequence[str] = (), no_stop_trim: bool = False,
                  ) -> tuple[dict[str, Any], bool]:
     """A whole output's `message` and whether it holds a whole tool call (`finish_reason`)."""
-    parsed = parse(output_ids, parsing.tokens, tokenizer, parse_calls=parsing.calls)
+    if isinstance(parsing.tokens, HarmonyTokens):
+        parsed = parse(output_ids, parsing.tokens, tokenizer, parse_calls=parsing.calls)
+    else:
+        parser = make_parser(parsing, tokenizer)
+        assert isinstance(parser, TextChatParser)
+        parser.ids = list(output_ids)
+        parsed = parse_text(parser.text(), parsing.tokens, reasoning=parsing.reasoning,
+                            calls=parsing.calls, names=_names(parsing))
     return message_of(parsed, parsing, stop, no_stop_trim)
 
 
@@ -105,7 +120,7 @@ class ChatStream:
     def __init__(self, parsing: ChatParsing, tokenizer: Tokenizer, stop: Sequence[str] = (),
                  no_stop_trim: bool = False) -> None:
         self.parsing = parsing
-        self.parser = HarmonyParser(parsing.tokens, tokenizer, parse_calls=parsing.calls)
+        self.parser = make_parser(parsing, tokenizer)
         self._filters: dict[Kind, StopFilter] = {
             "reasoning": StopFilter(stop, no_stop_trim), "content": StopFilter(stop, no_stop_trim)}
 

@@ -22,6 +22,8 @@ from decode_worker.core.sampling import GrammarSpec
 from decode_worker.errors import ClientError
 from decode_worker.io.api.harmony.tokens import HarmonyTokens
 from decode_worker.io.api.structured import _short
+from decode_worker.io.api.textchat.formats import TextFormat
+from decode_worker.io.api.textchat.select import text_call_grammar
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -36,8 +38,10 @@ class ToolPlan:
 
 
 def plan_tools(tools: list[Any] | None, tool_choice: Any,
-               tokens: HarmonyTokens) -> ToolPlan:
-    """Validate `tools` / `tool_choice` and plan the request. Raises ClientError (400)."""
+               tokens: HarmonyTokens | TextFormat) -> ToolPlan:
+    """Validate `tools` / `tool_choice` and plan the request (the forced call in the syntax of
+    `tokens`' format: harmony, or a text format's, `textchat/select.py`). Raises ClientError
+    (400)."""
     checked = [_check_tool(k, tool) for k, tool in enumerate(tools or [])]
     names = [tool["function"]["name"] for tool in checked]
     choice = "auto" if tool_choice is None else tool_choice
@@ -48,13 +52,19 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any,
     if choice == "auto":
         return ToolPlan(checked, True, None)
     if choice == "required":
-        return ToolPlan(checked, True, forced_call_grammar(checked, tokens))
+        return ToolPlan(checked, True, _forced(checked, tokens))
     name = _named(choice)
     if name not in names:
         raise ClientError(f"tool_choice names function {name!r}, which is not in `tools` "
                           f"({', '.join(names)})")
-    return ToolPlan(checked, True, forced_call_grammar(
+    return ToolPlan(checked, True, _forced(
         [t for t in checked if t["function"]["name"] == name], tokens))
+
+
+def _forced(tools: list[dict[str, Any]], tokens: HarmonyTokens | TextFormat) -> GrammarSpec:
+    if isinstance(tokens, HarmonyTokens):
+        return forced_call_grammar(tools, tokens)
+    return text_call_grammar(tools, tokens)
 
 
 def _check_tool(k: int, tool: Any) -> dict[str, Any]:
@@ -102,3 +112,10 @@ def forced_call_grammar(tools: list[dict[str, Any]], tokens: HarmonyTokens) -> G
     source = json.dumps({"type": "structural_tag", "format": fmt}, sort_keys=True)
     return GrammarSpec("structural_tag", source)
 
+
+
+def tool_names(plan: ToolPlan | None) -> frozenset[str] | None:
+    """The function names a plan offers (None: no tools parsed)."""
+    if plan is None or plan.tools is None:
+        return None
+    return frozenset(str(t["function"]["name"]) for t in plan.tools)

@@ -18,8 +18,7 @@ from decode_worker.errors import ClientError
 from decode_worker.io.api.common import RunStream, check_prompt, error_obj, vocab_size_of
 from decode_worker.io.api.context import ApiContext
 from decode_worker.io.api.harmony.chat import chat_parsing, parser_on
-from decode_worker.io.api.harmony.tokens import HarmonyTokens
-from decode_worker.io.api.harmony.tools import ToolPlan, plan_tools
+from decode_worker.io.api.harmony.tools import ToolPlan, plan_tools, tool_names
 from decode_worker.io.api.message import Request, Response, StreamResponse
 from decode_worker.io.api.responses import inputs
 from decode_worker.io.api.responses.schema import (
@@ -32,6 +31,7 @@ from decode_worker.io.api.responses.shape import ResponseShape, stream_events
 from decode_worker.io.api.samples import Prompt, build_inputs, collect_all, start_all
 from decode_worker.io.api.schemas import build_sampling, decode_body, refuse_unapplied
 from decode_worker.io.api.structured import grammar_from_response_format, refuse_tools
+from decode_worker.io.api.textchat.select import output_format
 
 PREFIX = "/v1/responses/"
 
@@ -46,7 +46,7 @@ async def handle_responses(app: ApiContext, req: Request) -> Response | StreamRe
     app.check_model(body.model)
     refuse_stateful(body)
     tok = app.backend.tokenizer
-    tokens = HarmonyTokens.of(tok)
+    tokens = output_format(tok)
     messages = inputs.chat_messages(body.instructions, body.input)
     tools, choice = inputs.chat_tools(body.tools), inputs.chat_tool_choice(body.tool_choice)
     plan: ToolPlan | None = None  # None: tools are not parsed (a 400 if the request has some)
@@ -64,7 +64,8 @@ async def handle_responses(app: ApiContext, req: Request) -> Response | StreamRe
                         top_logprobs=0, endpoint="responses", received_at=req.received_at)
     runs = await start_all(app, inps)
     parsing = chat_parsing(tokens, app.config.reasoning_parser, True,
-                           app.config.tool_call_parser, plan is not None and plan.parse_calls)
+                           app.config.tool_call_parser, plan is not None and plan.parse_calls,
+                           tool_names(plan))
     shape = ResponseShape(app.model_name(), body, runs[0], parsing, effort)
     if body.stream:
         return StreamResponse(200, RunStream(stream_events(shape), runs))

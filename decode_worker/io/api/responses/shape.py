@@ -24,16 +24,13 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import msgspec
-
-from decode_worker.io.api.harmony.chat import ChatParsing
-from decode_worker.io.api.harmony.parser import Delta, HarmonyParser
+from decode_worker.io.api.common import json_line
+from decode_worker.io.api.harmony.chat import ChatParsing, make_parser
+from decode_worker.io.api.harmony.parser import Delta
 from decode_worker.io.api.responses.output import Event, OutputBuilder
 from decode_worker.io.api.responses.schema import ResponsesReq
 from decode_worker.io.api.run import GenerationRun, Step
 from decode_worker.io.api.samples import merged_steps
-
-_JSON = msgspec.json.Encoder()
 
 
 class ResponseShape:
@@ -47,8 +44,7 @@ class ResponseShape:
         rid = str(run.inp.extra.get("client_rid", run.inp.rid))
         self.id = rid if rid.startswith("resp_") else f"resp_{rid}"
         self.created_at = time.time()
-        self.parser = None if parsing is None else HarmonyParser(
-            parsing.tokens, run.backend.tokenizer, parse_calls=parsing.calls)
+        self.parser = None if parsing is None else make_parser(parsing, run.backend.tokenizer)
         self.builder = OutputBuilder()
         self.status = "in_progress"
         self.error: dict[str, Any] | None = None
@@ -129,7 +125,7 @@ class ResponseShape:
 
 
 def sse_event(event: Event) -> bytes:
-    return b"event: " + str(event["type"]).encode() + b"\ndata: " + _JSON.encode(event) + b"\n\n"
+    return b"event: " + str(event["type"]).encode() + b"\ndata: " + json_line(event) + b"\n\n"
 
 
 async def stream_events(shape: ResponseShape) -> AsyncGenerator[bytes, None]:

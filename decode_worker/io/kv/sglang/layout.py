@@ -38,8 +38,9 @@ from decode_worker.utils.mathx import align_down, cdiv
 class SglangLayout:
     """What a registration announces and how a request's pages become virtual ids.
 
-    `kv_ptrs`: K entry of every full layer then V (pool order = model order of full layers);
-    `state_ptrs`: the same over the SWA layers. Every entry has stride `item_len`;
+    `kv_ptrs`: K entry of every full layer then V (pool order = model order of full layers),
+    or of every layer in the landing region; `state_ptrs`: the same over the SWA layers (none
+    with a landing region). Every entry has stride `item_len`;
     `kv_num_slots` / `state_num_slots` items are addressable from each entry.
     """
 
@@ -65,7 +66,10 @@ class SglangLayout:
 def build_layout(
     regions: dict[str, RegionLayout], compat: ModelCompat, prefill_page_size: int
 ) -> SglangLayout:
-    """The bridge for a prefill of page size `prefill_page_size` (ps_p).
+    """The bridge for a prefill of page size `prefill_page_size` (ps_p). With a "landing"
+    region (a model SGLang lays out as an ordinary one although it has sliding layers: Gemma 3)
+    every layer is a KV entry there, in model order, and nothing is state: SGLang's
+    `MHATokenToKVPool` layout, whose pages the decode side copies out once they arrived.
 
     Raises IncompatiblePeer (a TransferError) when ps_p does not divide our page size, naming
     both values and the flags to change; ValueError if `regions` do not match `compat`.
@@ -78,18 +82,24 @@ def build_layout(
             f"worker's cache.page_size to a multiple of {ps_p}"
         )
     r = ps_d // ps_p
-    full, swa = regions["full"], regions["swa"]
+    land = regions.get("landing")
+    full, swa = (land, None) if land is not None else (regions["full"], regions["swa"])
     per_token = compat.num_kv_heads * compat.head_dim
-    if full.row_bytes % (2 * ps_d * per_token) or full.row_bytes != swa.row_bytes:
+    if full.row_bytes % (2 * ps_d * per_token) or (swa and full.row_bytes != swa.row_bytes):
         raise ValueError(
             f"page of {full.row_bytes} B is not K+V of {ps_d} tokens x {per_token} elements"
         )
+    if land is not None and land.num_layers != len(compat.layer_kinds):
+        raise ValueError(f"landing region of {land.num_layers} layers for a model of "
+                         f"{len(compat.layer_kinds)}")
     item = full.row_bytes // (2 * r)  # one prefill page of K (or V), every head
     return SglangLayout(
         ps_d, ps_p, item,
         kv_ptrs=_entry_ptrs(full, r * item), kv_num_slots=_num_slots(full, r),
-        state_ptrs=_entry_ptrs(swa, r * item), state_num_slots=_num_slots(swa, r),
-        num_full_pages=full.rows_per_layer - 1, num_swa_pages=swa.rows_per_layer - 1,
+        state_ptrs=_entry_ptrs(swa, r * item) if swa else (),
+        state_num_slots=_num_slots(swa, r) if swa else 0,
+        num_full_pages=full.rows_per_layer - 1,
+        num_swa_pages=swa.rows_per_layer - 1 if swa else 0,
     )  # fmt: skip
 
 
@@ -124,11 +134,14 @@ def state_page_ids(
     lay: SglangLayout, prompt_len: int, window_start: int, swa_page_ids: list[int]
 ) -> list[int]:
     """Virtual ids of the prefill pages of [ws, L) in the SWA pool (cdiv(L - ws, ps_p));
-    `swa_page_ids` are our SWA pages from align_down(ws, ps_d). Raises PageError."""
+    `swa_page_ids` are our SWA pages from align_down(ws, ps_d). Raises PageError.
+
+    `ws = L` (decode_prefix_len = L, a full hit) is an empty window: SGLang's decode then
+    sends an empty state list and its sender writes no SWA (only the aux row)."""
     ps_d, ps_p = lay.decode_page_size, lay.prefill_page_size
-    if window_start % ps_p or not 0 <= window_start < prompt_len:
+    if window_start % ps_p or not 0 <= window_start <= prompt_len:
         raise PageError(f"swa_window_start={window_start} must be a multiple of the prefill "
-                        f"page {ps_p} in [0, prompt_len={prompt_len})")  # fmt: skip
+                        f"page {ps_p} in [0, prompt_len={prompt_len}]")  # fmt: skip
     base = align_down(window_start, ps_d)
     expected = cdiv(prompt_len, ps_d) - base // ps_d
     _check_pages("swa", swa_page_ids, expected, lay.num_swa_pages)

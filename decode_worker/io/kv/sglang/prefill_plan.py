@@ -10,7 +10,10 @@ length L, decode prefix P (`decode_prefix_len`, page-aligned) and SGLang's windo
     swa entries                         |-- state ids -----|  state_ptrs[e] + id * item (ours)
     aux buffers    row `aux_row` of SGLang's 10 buffers:       aux_ptrs[i] + row * AUX_ITEM_LENS[i]
 
-Entries are SGLang's order, K of every layer then V (`e = kind * layers + layer`). As SGLang's
+Entries are SGLang's order, K of every layer then V (`e = kind * layers + layer`). A model SGLang
+lays out as an ordinary one although it has sliding layers (Gemma 3: `Geometry.all_layers`) has
+every layer as a full entry, in model order (a sliding layer's pages come from our SWA pool,
+which holds the whole prompt here), and no state. As SGLang's
 NIXL prefill does: fewer KV ids than pages truncates, more are ignored; a state id count unlike
 ours fails the room ("State index length mismatch ..."); the KV stride is the decode's item
 length, the state stride is ours. All WRITEs go from our memory; `plan_room` raises
@@ -61,12 +64,22 @@ def aux_row_bytes(room: int, token_id: int, logprob: float,
 @dataclass(frozen=True, slots=True)
 class Geometry:
     """Our prefill's side: the full and SWA pool layouts (one row = one page, K and V),
-    the page size and SGLang's window (HF sliding_window - 1)."""
+    the page size and SGLang's window (HF sliding_window - 1). `all_layers`: SGLang's
+    all-layer layout, each model layer's (pool, index in it); empty: the hybrid layout."""
 
     full: RegionLayout
     swa: RegionLayout
     page_size: int
     window: int
+    all_layers: tuple[tuple[str, int], ...] = ()
+
+    def kv_entries(self) -> list[tuple[RegionLayout, int, bool]]:
+        """Per KV entry (K of each layer, then V): our region, the layer's index in it, and
+        whether its pages are our SWA pages."""
+        layers = (self.all_layers or
+                  [("full", i) for i in range(self.full.num_layers)])  # fmt: skip
+        return [(self.swa if pool == "swa" else self.full, index, pool == "swa")
+                for _ in range(2) for pool, index in layers]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,16 +105,21 @@ def plan_room(geo: Geometry, src: SourceRoom, info: TransferInfo, reg: Registrat
     dst_kv = list(info.kv_page_ids[: n_pages - p_len // ps])
     src_kv = src.full_page_ids[p_len // ps : p_len // ps + len(dst_kv)]
     ws = sglang_window_start(p_len, src.prompt_len, geo.window, ps)
-    src_swa = src.swa_page_ids[ws // ps : n_pages] if geo.swa.num_layers else []
+    state = geo.swa.num_layers and not geo.all_layers  # the hybrid layout's SWA state
+    src_swa = src.swa_page_ids[ws // ps : n_pages] if state else []
     if src_swa and len(src_swa) != len(info.state_page_ids):
         raise TransferError(f"State index length mismatch at component 0: "
                             f"prefill={len(src_swa)}, dst={len(info.state_page_ids)}")
     _check_ids("KV", dst_kv, reg.num_slots)
     groups: dict[WriteSide, list[CopySpan]] = {}
     kinds = reg.kv_mem_kinds or ("VRAM",) * len(reg.kv_ptrs)
-    for e, (ptr, stride) in enumerate(zip(reg.kv_ptrs, reg.kv_item_lens, strict=True)):
-        groups.setdefault(_side(geo.full, kinds[e], reg.gpu_id), []).extend(
-            _entry_spans(geo.full, e, src_kv, ptr, dst_kv, stride))
+    first = p_len // ps
+    swa_kv = src.swa_page_ids[first : first + len(dst_kv)]
+    entries = zip(geo.kv_entries(), reg.kv_ptrs, reg.kv_item_lens, strict=True)
+    for e, ((region, layer, is_swa), ptr, stride) in enumerate(entries):
+        groups.setdefault(_side(region, kinds[e], reg.gpu_id), []).extend(
+            _entry_spans(region, layer, e >= len(reg.kv_ptrs) // 2, swa_kv if is_swa else src_kv,
+                         ptr, dst_kv, stride))
     if src_swa:
         side = _side(geo.swa, "VRAM", reg.gpu_id)  # SGLang: state memory is always VRAM
         groups.setdefault(side, []).extend(_state_spans(geo.swa, src_swa, info, reg))
@@ -120,15 +138,15 @@ def _state_spans(region: RegionLayout, src_ids: list[int], info: TransferInfo,
     if reg.state_data_lens:
         _check_ids("state", dst_ids, min(reg.state_data_lens) // item)
     return [span for e, ptr in enumerate(reg.state_ptrs)
-            for span in _entry_spans(region, e, src_ids, ptr, dst_ids, item)]
+            for span in _entry_spans(region, e % region.num_layers, e >= region.num_layers,
+                                     src_ids, ptr, dst_ids, item)]
 
 
-def _entry_spans(region: RegionLayout, entry: int, src_ids: list[int], dst_ptr: int,
-                 dst_ids: list[int], dst_stride: int) -> list[CopySpan]:
+def _entry_spans(region: RegionLayout, layer: int, is_v: bool, src_ids: list[int],
+                 dst_ptr: int, dst_ids: list[int], dst_stride: int) -> list[CopySpan]:
     """One SGLang entry (K or V of one layer): a span per page, ours -> the decode's."""
     item = region.row_bytes // 2
-    kind, layer = divmod(entry, region.num_layers)
-    return [CopySpan(region.row_addr(layer, a) + kind * item, dst_ptr + b * dst_stride, item)
+    return [CopySpan(region.row_addr(layer, a) + is_v * item, dst_ptr + b * dst_stride, item)
             for a, b in zip(src_ids, dst_ids, strict=False)]
 
 
@@ -150,7 +168,8 @@ def _check_peer(geo: Geometry, reg: Registration) -> None:
     if reg.tp_size != 1 or reg.dcp_size != 1:
         raise TransferError(f"decode attention TP {reg.tp_size} (dcp {reg.dcp_size}): this "
                             "prefill has attention TP 1 and writes whole heads only")
-    want = {"KV": 2 * geo.full.num_layers, "state": 2 * geo.swa.num_layers}
+    want = {"KV": 2 * len(geo.all_layers or range(geo.full.num_layers)),
+            "state": 0 if geo.all_layers else 2 * geo.swa.num_layers}
     got = {"KV": len(reg.kv_ptrs), "state": len(reg.state_ptrs)}
     for what in want:
         if got[what] != want[what]:

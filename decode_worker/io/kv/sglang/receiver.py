@@ -1,13 +1,14 @@
 """Decode side of SGLang 0.5.23's PD transfer (NIXL backend): `SglangReceiver`.
 
-Same owner contract as `KVReceiver` (peer.TransferReceiver): single owner thread, `poll()`
-never blocks (HTTP runs in a small thread pool, polled through futures). Per transfer:
+Same owner contract as `KVReceiver` (peer.TransferReceiver): single owner thread,
+`take_events()` never blocks (HTTP runs in a small thread pool, polled through futures). Per
+transfer:
 
     submit ──► "done"                  KV_STATUS Success from every prefill TP rank; the owner
            │                           then checks the aux row's bootstrap_room itself
            └─► "failed" ... "released" released once every rank settled (KV_STATUS or
                                        ABORT_ACK) or after `abort_quiesce_s` (counted)
-    abort  ──► "released"              ABORT(room, ip, port, generation) to each rank that
+    abort_transfer ──► "released"      ABORT(room, ip, port, generation) to each rank that
                                        has not reported yet (one that did keeps its cause)
 
 Failure reasons: transfer_failed (KV_STATUS Failed, detail = the prefill's reason; a prefill
@@ -32,8 +33,9 @@ import zmq
 from decode_worker.core.types import MemoryRegion
 from decode_worker.errors import PageError, TransferError
 from decode_worker.io.kv import protocol as p
-from decode_worker.io.kv.nixl_agent import NixlAgent, unique_agent_name
-from decode_worker.io.kv.peer import Transfer, TransferEvent, register_regions
+from decode_worker.io.kv.nixl_agent import NixlAgent
+from decode_worker.io.kv.peer import Transfer, TransferEvent
+from decode_worker.io.kv.receiver_base import ReceiverBase
 from decode_worker.io.kv.sglang import frames as f
 from decode_worker.io.kv.sglang import messages as m
 from decode_worker.io.kv.sglang.layout import SglangLayout
@@ -51,15 +53,16 @@ log = logging.getLogger(__name__)
 AuxRegion = tuple[int, int, int]  # (addr, row_bytes, num_rows) of one SGLang aux buffer
 
 
-class SglangReceiver:
+class SglangReceiver(ReceiverBase[SglangPeer]):
     """Receives KV written by SGLang prefill instances into our pools (see module doc).
 
-    `regions`: our "full" and "swa" RegionLayouts (an "aux" entry is ignored); `aux_buffers`:
-    SGLang's 10 aux buffers in its order, allocated by the caller in host memory and registered
-    here with the agent. `agent`: a NixlAgent shared with the native receiver (its owner
-    registered the pools and closes it); without one this receiver builds its own and registers
-    the pools too. `zmq_ports` = (lo, hi) confines our status socket's port. Raises ConfigError
-    if the agent cannot start or register.
+    `regions`: our "full" and "swa" RegionLayouts (an "aux" entry is ignored), and a "landing"
+    one for a model SGLang lays out with full KV in every layer (layout.py); `aux_buffers`:
+    SGLang's 10 aux buffers in its order, allocated in host memory, registered here. `agent`:
+    a NixlAgent shared with the native receiver (its owner registered the pools and closes
+    it); without one this receiver builds its own and registers the pools too. `zmq_ports` =
+    (lo, hi) confines our status socket's port. Raises ConfigError if the agent cannot start
+    or register.
     """
 
     def __init__(
@@ -68,16 +71,11 @@ class SglangReceiver:
         agent: NixlAgent | None = None, kv_timeout_s: float = 30.0, agent_name: str | None = None,
         zmq_ports: tuple[int, int] | None = None, http_timeout_s: float | None = None,
     ) -> None:  # fmt: skip
-        self.settings, self.compat, self.kv_timeout_s = settings, compat, kv_timeout_s
-        self.regions = {k: v for k, v in regions.items() if k in ("full", "swa")}
+        self.compat = compat
+        self.regions = {k: v for k, v in regions.items() if k in ("full", "swa", "landing")}
         self.aux_buffers = list(aux_buffers)
-        self._owns_agent = agent is None
-        if agent is None:
-            agent = NixlAgent(agent_name or unique_agent_name("decode"), settings.backend,
-                              settings.progress_delay_us)  # fmt: skip
-            register_regions(agent, self.regions)
-        agent.register([MemoryRegion(a, rb * n, 0, "DRAM") for a, rb, n in self.aux_buffers])
-        self.agent = agent
+        super().__init__(settings, self.regions, kv_timeout_s, agent, agent_name)
+        self.agent.register([MemoryRegion(a, rb * n, 0, "DRAM") for a, rb, n in self.aux_buffers])
         http_timeout_s = http_timeout_s or max(0.2, min(2.0, settings.peer_dead_after_s / 2))
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._inbox = StatusInbox(self._ctx, zmq_ports)
@@ -88,42 +86,19 @@ class SglangReceiver:
                                   protocol="sglang",
                                   size_of=lambda req: self._xfers[req.transfer_id].num_bytes)
         self._rooms = RoomIndex()
-        self._next_id, self._generation = 1, 0
+        self._generation = 0
         self.lost_peers = self._peers.lost  # dropped as dead, for the router to probe again
         self.stats = self._book.stats
 
-    # -- owner API -------------------------------------------------------------------------
+    # -- owner API (`submit`, `abort_transfer`: ReceiverBase) ------------------------------
 
-    def submit(
-        self, host: str, port: int, *, rid: str, room: int, prompt_len: int, reused_len: int,
-        swa_window_start: int, full_page_ids: list[int], swa_page_ids: list[int],
-        aux_slot: int, timeout_s: float | None = None, prompt_ids: list[int] | None = None,
-    ) -> int:  # fmt: skip
-        """Ask the SGLang prefill at host:port (its bootstrap server) for this request's KV;
-        returns the transfer id. Argument meanings: docs/CONTRACTS.md (SGLang: `reused_len` is
-        decode_prefix_len, `swa_window_start` SGLang's window start). `prompt_ids` is unused
-        (the router gives SGLang the prompt). Never raises for a per-request problem."""
-        tid, self._next_id = self._next_id, self._next_id + 1
-        req = p.TransferRequest(
-            tid, room, rid, prompt_len, reused_len, swa_window_start, list(full_page_ids),
-            list(swa_page_ids), aux_slot, timeout_s or self.kv_timeout_s,
-        )  # fmt: skip
-        now = time.monotonic()
-        xfer = self._book.add(req, f"{host}:{port}", now)
+    def _peer_for(self, xfer: Transfer, host: str, port: int, now: float) -> SglangPeer | None:
+        tid, room = xfer.req.transfer_id, xfer.req.room
         self._xfers[tid] = SglangTransfer()
         if not self._rooms.add(room, tid):
             self._book.fail(xfer, "bad_request", f"room {room} is already in flight", now)
-            return tid
-        peer = self._peers.get_or_add(xfer.peer_key, host, port, now)
-        if peer.ready:
-            self._send_info(peer, xfer, now)
-        else:
-            peer.waiting.append(tid)
-        return tid
-
-    def abort(self, transfer_id: int) -> None:
-        """Stop waiting for this transfer; "released" follows once no rank can be writing."""
-        self._book.abort(transfer_id, time.monotonic())
+            return None
+        return self._peers.get_or_add(xfer.peer_key, host, port, now)
 
     def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None:
         """`ABORT room` (no ip/port: no ack) to the ranks holding `room` that have not reported
@@ -134,7 +109,7 @@ class SglangReceiver:
         an ABORT's "decode-side abort" as the room's cause over its own (a failure it found
         itself). The status messages already received are read first, so one that came before
         the request ended counts. A room whose TransferInfo went out is left to the transfer's
-        own abort (`abort`), which ABORTs exactly its unsettled ranks."""
+        own abort (`abort_transfer`), which ABORTs exactly its unsettled ranks."""
         now = time.monotonic()
         self._read_inbox(now)
         xfer = self._book.get(self._rooms.get(room))
@@ -156,7 +131,7 @@ class SglangReceiver:
         sg = self._xfers.get(self._rooms.get(room))
         return frozenset(sg.settled) if sg is not None else self._rooms.settled_after(room)
 
-    def poll(self) -> list[TransferEvent]:
+    def take_events(self) -> list[TransferEvent]:
         """Do all pending work without blocking; returns the events since the last call."""
         now = time.monotonic()
         for change in self._peers.advance(now, lambda tid: self._book.get(tid) is not None):
@@ -175,7 +150,7 @@ class SglangReceiver:
         return events
 
     def _read_inbox(self, now: float) -> None:
-        """Account every KV_STATUS / ABORT_ACK received so far (events wait for `poll`): all of
+        """Account every KV_STATUS / ABORT_ACK received so far (events: `take_events`): all of
         them first, then each transfer they touched settles once. A failure and another rank's
         report in the same read: the ABORT that failure sends skips both reporting ranks."""
         touched: dict[int, tuple[Transfer, SglangTransfer]] = {}
@@ -185,10 +160,6 @@ class SglangReceiver:
         self.stats.bad_frames += self._inbox.take_bad_frames()
         for xfer, sg in touched.values():
             self._settle(xfer, sg, now)
-
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._book)
 
     def close(self) -> None:
         self._peers.close()
@@ -208,23 +179,16 @@ class SglangReceiver:
         cancels, peer.cancels = peer.cancels, []
         for cancel in cancels:
             self.cancel_room(peer.host, peer.port, *cancel)
-        waiting, peer.waiting = peer.waiting, []
-        for tid in waiting:
-            if (xfer := self._book.get(tid)) is not None and xfer.phase == "queued":
-                self._send_info(peer, xfer, now)
+        self._send_waiting(peer, now)
 
     def _on_lost(self, lost: PeerLost, now: float) -> None:
         """Fail every transfer of a lost peer (an aborting one keeps its quiesce clock); ABORT
         cannot reach it any more, so the sent ones wait for `abort_quiesce_s`."""
-        key = lost.peer.key
-        for xfer in self._book.of_peer(key):
-            if xfer.phase != "aborting":
-                self._book.fail(xfer, lost.reason, f"{key}: {lost.detail}", now,
-                                acked=xfer.phase == "queued")  # fmt: skip
+        self._fail_peer(lost.peer.key, lost.reason, lost.detail, now)
 
     # -- transfers -------------------------------------------------------------------------
 
-    def _send_info(self, peer: SglangPeer, xfer: Transfer, now: float) -> None:
+    def _send(self, peer: SglangPeer, xfer: Transfer, now: float) -> None:
         """One TransferInfo to every rank holding the room (the transfer becomes "sent")."""
         req, sg = xfer.req, self._xfers[xfer.req.transfer_id]
         assert peer.layout is not None and peer.links is not None  # ready

@@ -46,21 +46,27 @@ def translate(
 
     `window`: earlier tokens a sliding-window query sees (HF sliding_window - 1). Raises
     PageError if the request's window start is not SGLang's, or its pages or aux row do not fit.
+    A model without SWA layers has no SWA state (SGLang: no state type), so no window: its
+    full hit (P = L) is SGLang's aux-only full hit, no KV ids and `decode_prefix_len = L`.
+    So is one that lands in the landing region (SGLang's all-layer layout): its
+    `full_page_ids` are landing pages, every layer's KV of [P, L) goes there.
     """
     ps_p, L, P = lay.prefill_page_size, req.prompt_len, req.reused_len
     kv = kv_page_ids(lay, L, P, req.full_page_ids)
-    ws = sglang_window_start(P, L, window, ps_p)
-    if req.swa_window_start != ws:
-        raise PageError(f"swa_window_start={req.swa_window_start}, but SGLang's window for "
-                        f"L={L}, P={P} starts at {ws} (max(P, L - {window}) floored to the "
-                        f"prefill page {ps_p})")  # fmt: skip
-    state = state_page_ids(lay, L, ws, req.swa_page_ids)
+    state: list[int] = []
+    if lay.state_ptrs:
+        ws = sglang_window_start(P, L, window, ps_p)
+        if req.swa_window_start != ws:
+            raise PageError(f"swa_window_start={req.swa_window_start}, but SGLang's window for "
+                            f"L={L}, P={P} starts at {ws} (max(P, L - {window}) floored to "
+                            f"the prefill page {ps_p})")  # fmt: skip
+        state = state_page_ids(lay, L, ws, req.swa_page_ids)
     num_rows = min((n for _, _, n in aux_buffers), default=0)
-    if not 0 <= req.aux_slot < num_rows:
-        raise PageError(f"aux_slot {req.aux_slot} out of [0, {num_rows})")
+    if not 0 <= req.aux_row < num_rows:
+        raise PageError(f"aux_row {req.aux_row} out of [0, {num_rows})")
     info = TransferInfo(
         room=req.room, ip=ip, port=port, agent_name=agent_name, kv_page_ids=tuple(kv),
-        aux_row=req.aux_slot, required_dst_info_num=1, state_page_ids=tuple(state),
+        aux_row=req.aux_row, required_dst_info_num=1, state_page_ids=tuple(state),
         decode_prefix_len=P,
     )  # fmt: skip
     per_page = 2 * lay.item_len  # K and V

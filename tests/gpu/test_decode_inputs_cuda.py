@@ -1,6 +1,7 @@
-"""Persistent decode inputs on CUDA (needs CUDA; auto-skipped): the slot path through real CUDA
-graphs (pinned staging, non-blocking copies, device-side next tokens) equals the page-list path,
-and a step's tokens reach the host while later work is still queued.
+"""Persistent decode inputs on CUDA (needs CUDA; auto-skipped): rows kept between steps, through
+real CUDA graphs (pinned staging, non-blocking copies, device-side next tokens), equal rows
+written afresh from page lists, and a step's tokens reach the host while later work is still
+queued.
 
 Run on a GPU machine: `python -m pytest -q tests/gpu -x`.
 """
@@ -10,13 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode_worker.device.decode_slots import HostTokens
+from decode_worker.device.decode_inputs import HostTokens
 from decode_worker.device.default_model import write_model
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.gpt_oss import GptOssModel
 from decode_worker.device.model.weights import load_model
 from decode_worker.device.runner import ModelRunner
-from tests.unit.device.test_decode_slots import PAGE, decode_both_ways
+from tests.unit.device.test_decode_inputs import PAGE, decode_both_ways
 
 pytestmark = pytest.mark.gpu
 
@@ -27,14 +28,14 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> GptOssModel:
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_slot_path_equals_page_lists_on_cuda(model: GptOssModel, graphs: bool) -> None:
+def test_persistent_rows_equal_fresh_rows_on_cuda(model: GptOssModel, graphs: bool) -> None:
     def runner() -> ModelRunner:
         pools = KVPools(KVSpec.from_config(model.cfg), 256, 256, PAGE, "cuda", torch.float32)
         return ModelRunner(model, pools, use_cuda_graph=graphs, graph_batch_sizes=[1, 2, 4],
                            max_graph_pages=32)
 
-    lists, slots = decode_both_ways(runner, [5, 60, 140], 20)
-    assert (lists - slots).abs().max().item() < 1e-4
+    fresh, kept = decode_both_ways(runner, [5, 60, 140], 20)
+    assert (fresh - kept).abs().max().item() < 1e-4
 
 
 def test_host_tokens_arrive_while_later_work_is_queued() -> None:

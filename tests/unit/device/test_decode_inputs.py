@@ -1,6 +1,6 @@
-"""Persistent decode inputs (`DecodeSlots`, `ModelRunner.decode_slots`): the same logits as the
-page-list path, eager and through the graph path, across page edges and the SWA window; bad
-page ids refused when written."""
+"""Persistent decode inputs (`DecodeInputs`, `ModelRunner.decode_rows`): rows kept between steps
+give the same logits as rows written afresh from page lists, eager and through the graph path,
+across page edges and the SWA window; bad page ids refused when written."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from decode_worker.device.default_model import write_model
 from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.gpt_oss import GptOssModel
 from decode_worker.device.model.weights import load_model
-from decode_worker.device.runner import DecodeBatch, ModelRunner
+from decode_worker.device.runner import ModelRunner
 from decode_worker.errors import PageError
 from decode_worker.utils.mathx import cdiv
+from tests.decode_steps import decode_lists
 
 PAGE = 16
 
@@ -34,12 +35,13 @@ def runner_for(model: GptOssModel, graphs: bool) -> ModelRunner:
 
 def decode_both_ways(runner_of: Callable[[], ModelRunner], lengths: list[int], steps: int
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy steps over prompts of `lengths` through the page-list path and through the slot
-    path (fresh runners): the logits of every step, [steps, bs, V] each, on the host."""
+    """Greedy steps over prompts of `lengths` with rows written afresh from page lists at every
+    step, and with persistent rows (fresh runners): the logits of every step, [steps, bs, V]
+    each, on the host."""
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in lengths]
     results = []
-    for use_slots in (False, True):
+    for persistent in (False, True):
         runner = runner_of()
         tables, seqs, nxt = [], [], 1
         for p in prompts:
@@ -47,7 +49,7 @@ def decode_both_ways(runner_of: Callable[[], ModelRunner], lengths: list[int], s
             nxt += len(pages)
             tables.append(pages)
             seqs.append([*p, int(runner.prefill(p, pages, pages).argmax())])
-        slots = runner.new_slots(len(prompts) + 1)
+        slots = runner.new_inputs(len(prompts) + 1)
         ids = [slots.acquire() for _ in prompts]
         for slot, pages, s in zip(ids, tables, seqs, strict=True):
             slots.write_full(slot, 0, pages)
@@ -56,17 +58,17 @@ def decode_both_ways(runner_of: Callable[[], ModelRunner], lengths: list[int], s
         out = []
         for _ in range(steps):
             positions = [len(s) - 1 for s in seqs]
-            if use_slots:
+            if persistent:
                 for slot, pages, pos in zip(ids, tables, positions, strict=True):
                     if pos % PAGE == 0:  # a new page: the daemon writes it when it is added
                         slots.write_swa(slot, pos // PAGE, [pages[pos // PAGE]])
-                logits, slots_t = runner.decode_slots(slots, ids, positions)
+                logits, slots_t = runner.decode_rows(slots, ids, positions)
                 chosen = logits.argmax(-1)
                 slots.tokens[slots_t] = chosen  # the next step reads these on the device
                 out.append(logits.clone())
             else:
-                out.append(runner.decode(DecodeBatch([s[-1] for s in seqs], positions,
-                                                     tables, tables)))
+                out.append(decode_lists(runner, [s[-1] for s in seqs], positions, tables,
+                                        tables))
                 chosen = out[-1].argmax(-1)
             for s, t in zip(seqs, chosen.tolist(), strict=True):
                 s.append(t)
@@ -75,17 +77,17 @@ def decode_both_ways(runner_of: Callable[[], ModelRunner], lengths: list[int], s
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_slots_path_equals_the_page_list_path(model: GptOssModel, graphs: bool) -> None:
+def test_persistent_rows_equal_rows_written_afresh(model: GptOssModel, graphs: bool) -> None:
     """Three requests (one past the 127-token window) decode 20 greedy steps both ways; the
-    slot path gets its tokens from the device buffer only (written by the 'sampler') and its
-    SWA pages as they are reached, as the daemon writes them."""
-    lists, slots = decode_both_ways(lambda: runner_for(model, graphs), [5, 60, 140], 20)
-    torch.testing.assert_close(slots, lists, atol=1e-5, rtol=0)
+    persistent rows get their tokens from the device buffer only (written by the 'sampler')
+    and their SWA pages as they are reached, as the daemon writes them."""
+    fresh, kept = decode_both_ways(lambda: runner_for(model, graphs), [5, 60, 140], 20)
+    torch.testing.assert_close(kept, fresh, atol=1e-5, rtol=0)
 
 
 def test_slots_refuse_bad_page_ids_and_reuse_released_rows(model: GptOssModel) -> None:
     runner = runner_for(model, False)
-    slots = runner.new_slots(2)
+    slots = runner.new_inputs(2)
     a, b = slots.acquire(), slots.acquire()
     assert {a, b} == {1, 2}  # row 0 is the dummy row
     with pytest.raises(PageError, match="every row"):
@@ -113,7 +115,7 @@ def test_a_flush_applies_the_last_write_of_an_entry_written_twice(model: GptOssM
     """A freed row reused in the same step, an SWA ring column written for two pages: the
     entry ends with the value queued last (a scatter with repeated indices is unordered on
     CUDA, so the flush drops the earlier writes)."""
-    slots = runner_for(model, False).new_slots(2)
+    slots = runner_for(model, False).new_inputs(2)
     row = slots.acquire()
     slots.write_swa(row, 0, [5])
     slots.write_full(row, 3, [4])

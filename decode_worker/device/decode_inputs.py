@@ -1,6 +1,6 @@
 """Decode inputs kept per request between steps, not rebuilt per token.
 
-Each running request owns a row ("slot") of three persistent device tensors (the two page
+Each running request owns a row of three persistent device tensors (the two page
 tables are views of one tensor, so a step's page writes are one scatter):
 ```
 full:   [rows + 1, max_pages]  i32  full page of position p at column p // page_size
@@ -8,14 +8,14 @@ swa:    [rows + 1, ring]       i32  SWA page of position p at column (p // page_
 tokens: [rows + 1]             i64  the next input token (the sampler writes it on the device)
 ```
 Row 0 is the dummy row (all zeros: page 0 is the dummy page), the row of graph padding and of
-freed slots. `ring = cdiv(window, page_size) + 1` columns hold the pages of the `window + 1`
+freed rows. `ring = cdiv(window, page_size) + 1` columns hold the pages of the `window + 1`
 positions a sliding query sees (`window` = earlier tokens seen, HF `sliding_window - 1`), so the
 SWA table is sized to the window, not to the context.
 
 Writes are queued as (row, column, value) triples and applied by `flush()` in one scatter per
 table, staged through pinned host memory with non-blocking copies on CUDA. A step reads
-`gather(slots, width)`: device-side row selects, so a step costs O(batch) host work however long
-the contexts are. Freed slots may be reused at once: on CUDA every write is stream-ordered after
+`gather(rows, width)`: device-side row selects, so a step costs O(batch) host work however long
+the contexts are. Freed rows may be reused at once: on CUDA every write is stream-ordered after
 the steps already launched, so an in-flight step still reads the old row.
 
 Not thread-safe: the compute thread only.
@@ -32,7 +32,7 @@ from decode_worker.utils.mathx import cdiv
 _BLOCK = 16  # page writes longer than this are queued as one numpy block
 
 
-class DecodeSlots:
+class DecodeInputs:
     """Persistent page tables and next-token buffer of up to `num_rows` running requests."""
 
     def __init__(self, num_rows: int, max_pages: int, window: int, page_size: int,
@@ -64,40 +64,40 @@ class DecodeSlots:
     def acquire(self) -> int:
         """A free row (its tables are written by the caller before its first step)."""
         if not self._free:
-            raise PageError("decode slots: every row is in use (more running requests than "
+            raise PageError("decode inputs: every row is in use (more running requests than "
                             "scheduler.max_running_requests)")
         return self._free.pop()
 
-    def release(self, slot: int) -> None:
-        """Give `slot` back; its stale entries are overwritten before anyone reads them."""
-        self._free.append(slot)
+    def release(self, row: int) -> None:
+        """Give `row` back; its stale entries are overwritten before anyone reads them."""
+        self._free.append(row)
 
-    def write_full(self, slot: int, first_idx: int, page_ids: list[int]) -> None:
+    def write_full(self, row: int, first_idx: int, page_ids: list[int]) -> None:
         """Full pages of logical pages [first_idx, first_idx + len(page_ids)) (checked at
         `flush`)."""
         n = len(page_ids)
         if n > _BLOCK:  # a whole table at a request's first step: one array, not n triples
             block = np.empty((n, 3), np.int64)  # [n, 3] (row, col, value)
-            block[:, 0] = slot
+            block[:, 0] = row
             block[:, 1] = np.arange(first_idx, first_idx + n)
             block[:, 2] = page_ids
             self._full_blocks.append(block.ravel())
             return
         w = self._full_w
         for i, page in enumerate(page_ids, first_idx):
-            w += (slot, i, page)
+            w += (row, i, page)
 
-    def write_swa(self, slot: int, first_idx: int, page_ids: list[int]) -> None:
+    def write_swa(self, row: int, first_idx: int, page_ids: list[int]) -> None:
         """SWA pages of logical pages [first_idx, ...); only the last `ring` can matter
         (checked at `flush`)."""
         start = max(first_idx, first_idx + len(page_ids) - self.ring)
         w, ring = self._swa_w, self.ring
         for i in range(start, first_idx + len(page_ids)):
-            w += (slot, i % ring, page_ids[i - first_idx])
+            w += (row, i % ring, page_ids[i - first_idx])
 
-    def write_token(self, slot: int, token_id: int) -> None:
-        """The next input token of `slot`, from the host (a request's first step)."""
-        self._tok_w += (slot, token_id)
+    def write_token(self, row: int, token_id: int) -> None:
+        """The next input token of `row`, from the host (a request's first step)."""
+        self._tok_w += (row, token_id)
 
     def flush(self) -> None:
         """Apply every queued write: one scatter per table, of the last value queued for each
@@ -115,7 +115,7 @@ class DecodeSlots:
         if full is not None:
             full = full.reshape(-1, 3)  # [n, 3] (row, col, value)
             if int(full[:, 1].max()) >= self.max_pages:
-                raise PageError(f"decode slots: page {int(full[:, 1].max())} past the "
+                raise PageError(f"decode inputs: page {int(full[:, 1].max())} past the "
                                 f"table width {self.max_pages}")
             check_page_ids(full[:, 2], self.pool_pages[0], "full")
         if swa is not None:
@@ -134,13 +134,13 @@ class DecodeSlots:
             pairs = np.asarray(tok, np.int64).reshape(-1, 2)  # [n, 2] (row, token)
             self._scatter(self.tokens, pairs[:, 0], pairs[:, 1])
 
-    def gather(self, slots: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor,
+    def gather(self, rows: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor,
                                                                 torch.Tensor]:
-        """Inputs of a step over `slots` ([bs] i64 on the device): (tokens [bs] i64,
+        """Inputs of a step over `rows` ([bs] i64 on the device): (tokens [bs] i64,
         full [bs, width] i32, swa [bs, ring] i32). Call `flush()` first."""
-        tokens = self.tokens[slots]  # [bs]
-        full = self.full[slots, :width]  # [bs, width]
-        swa = self.swa[slots]  # [bs, ring]
+        tokens = self.tokens[rows]  # [bs]
+        full = self.full[rows, :width]  # [bs, width]
+        swa = self.swa[rows]  # [bs, ring]
         return tokens, full, swa
 
     def to_device(self, values: list[int] | np.ndarray) -> torch.Tensor:

@@ -1,0 +1,121 @@
+"""What both drafters share: the requests' own tokens, the shared memory, deferred work.
+
+Each request's tokens (prompt, then what it accepts) live in its own `TokenArena`; finished
+requests go to one shared arena. Indexing is the costly part, so it waits for `flush()`: the
+decode step calls it where it costs nothing (while the verify forward runs on the device),
+and `propose` stays correct without it (searches scan what is not indexed yet, and a request
+with more than `MAX_PENDING` tokens waiting is indexed first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Generic, TypeVar
+
+from decode_worker.core.spec.arena import MAX_PENDING, TokenArena
+from decode_worker.core.spec.drafter import DrafterStats
+from decode_worker.errors import InvalidTransition
+
+FLUSH_BATCH = 64  # a request's waiting tokens indexed together
+
+
+class ReqState:
+    """One request's drafting state: its own tokens (prompt + accepted output)."""
+
+    __slots__ = ("own", "prompt_len")
+
+    def __init__(self, own: TokenArena, prompt_len: int) -> None:
+        self.own = own
+        self.prompt_len = prompt_len
+
+
+R = TypeVar("R", bound=ReqState)
+
+
+class DrafterBase(Generic[R]):
+    """Request bookkeeping and deferred work; subclasses draft (see `Drafter`)."""
+
+    def __init__(self, anchors: tuple[int, ...], shared: TokenArena | None) -> None:
+        self.anchors = anchors
+        self.shared = shared
+        self.shared_version = 0  # bumped whenever the shared memory gains a sequence
+        self._reqs: dict[str, R] = {}
+        self._dirty: set[str] = set()  # requests with tokens not indexed yet
+        self._stored: list[list[int]] = []  # finished sequences waiting for `flush`
+
+    def new_req(self, own: TokenArena, prompt_len: int) -> R:
+        raise NotImplementedError
+
+    def stored_tokens(self, r: R) -> list[int]:
+        """What a finished request leaves in the shared memory."""
+        raise NotImplementedError
+
+    def start(self, rid: str, prompt_ids: Sequence[int], output_ids: Sequence[int] = ()) -> None:
+        if rid in self._reqs:
+            raise InvalidTransition(f"req={rid}: drafting already started")
+        own = TokenArena(self.anchors)
+        own.extend(prompt_ids)
+        own.extend(output_ids)
+        self._reqs[rid] = self.new_req(own, len(prompt_ids))
+        self._dirty.add(rid)
+
+    def finish(self, rid: str, keep: bool = True) -> None:
+        r = self._reqs.pop(rid, None)
+        self._dirty.discard(rid)
+        if r is not None and keep and self.shared is not None:
+            tokens = self.stored_tokens(r)
+            if tokens:
+                self._stored.append(tokens)
+
+    def flush(self) -> None:
+        """Index what requests started or accepted since the last flush (once at least
+        `FLUSH_BATCH` tokens wait: a call per few tokens costs more than their indexing) and
+        store finished requests in the shared memory (until then they are not drafted
+        from)."""
+        done = []
+        for rid in self._dirty:
+            own = self._reqs[rid].own
+            if own.pending >= FLUSH_BATCH:  # fewer: not worth a call, the scan is cheap
+                own.index()
+                done.append(rid)
+        self._dirty.difference_update(done)
+        if self.shared is not None and self._stored:
+            for tokens in self._stored:
+                self.shared.add_sequence(tokens)
+            self.shared_version += 1
+        self._stored.clear()
+
+    def stats(self) -> DrafterStats:
+        s = self.shared
+        return DrafterStats(len(self._reqs), 0 if s is None else len(s.sequences),
+                            0 if s is None else s.num_live_tokens)
+
+    def check_integrity(self) -> None:
+        if self.shared is not None:
+            self.shared.check_integrity()
+        for rid, r in self._reqs.items():
+            r.own.check_integrity()
+            assert rid in self._dirty or r.own.pending == 0, f"req={rid}: unindexed, not dirty"
+
+    def req(self, rid: str) -> R:
+        r = self._reqs.get(rid)
+        if r is None:
+            raise InvalidTransition(f"req={rid}: drafting not started")
+        return r
+
+    def appended(self, rid: str, r: R, token_ids: list[int]) -> None:
+        """Append accepted tokens to the request's own arena (indexed at `flush`)."""
+        own = r.own
+        own.tokens += token_ids
+        if len(own.tokens) + own.base - own.indexed > MAX_PENDING:
+            own.index()
+        else:
+            self._dirty.add(rid)
+
+
+def searchable(own: TokenArena) -> TokenArena:
+    """A request's own arena, with few enough tokens waiting to scan them (a request started
+    and searched before any `flush` is indexed here)."""
+    if own.pending > MAX_PENDING:
+        own.index()
+    return own

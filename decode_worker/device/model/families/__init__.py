@@ -1,0 +1,1 @@
+"""One small module per supported architecture family (see registry.py)."""

@@ -1,0 +1,1 @@
+"""Chat output written as text markers (Qwen3 `<think>` / `<tool_call>`, Llama 3.x JSON calls)."""

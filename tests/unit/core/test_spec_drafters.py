@@ -1,0 +1,128 @@
+"""Drafters against brute-force references (every occurrence, no index, no budget), and the
+contract the verify side relies on (propose / accept / finish / flush)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from decode_worker.core.spec import SpecParams, make_drafter
+from decode_worker.core.spec.ngram import NgramDrafter
+from decode_worker.core.spec.suffix import SuffixDrafter
+from decode_worker.errors import InvalidTransition
+from tests.examples import examples
+from tests.unit.core import spec_reference as ref
+
+UNBOUNDED = 1 << 20  # search budgets large enough that nothing is cut
+tokens_st = st.lists(st.integers(0, 3), min_size=1, max_size=40)
+history_st = st.lists(st.tuples(tokens_st, st.lists(st.integers(0, 3), max_size=20)),
+                      max_size=4)
+
+
+def _fill(drafter: NgramDrafter | SuffixDrafter,
+          history: list[tuple[list[int], list[int]]]) -> None:
+    """Finish earlier requests (prompt, output) into the shared memory."""
+    for i, (prompt, output) in enumerate(history):
+        drafter.start(f"old{i}", prompt)
+        drafter.accept(f"old{i}", output)
+        drafter.finish(f"old{i}")
+        drafter.flush()
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(history=history_st, prompt=tokens_st, k=st.integers(1, 8), lo=st.integers(1, 3),
+       span=st.integers(0, 6), capacity=st.integers(1, 120), flush=st.booleans())
+def test_ngram_equals_longest_suffix_match(history: list[tuple[list[int], list[int]]],
+                                           prompt: list[int], k: int, lo: int, span: int,
+                                           capacity: int, flush: bool) -> None:
+    drafter = NgramDrafter(SpecParams(
+        "NGRAM", num_draft_tokens=k, ngram_min_match_window_size=lo,
+        ngram_max_match_window_size=lo + span, ngram_capacity=capacity,
+        max_chain=UNBOUNDED, short_chain=UNBOUNDED))
+    _fill(drafter, history)
+    drafter.start("r", prompt)
+    if flush:
+        drafter.flush()
+    shared = ref.live_sequences(drafter.shared)
+    expected = ref.ngram(prompt, shared, k, lo, lo + span)
+    assert drafter.propose(["r"], [k]) == [expected]
+    drafter.check_integrity()
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(history=history_st, prompt=tokens_st, k=st.integers(1, 8), depth=st.integers(2, 12),
+       factor=st.sampled_from([0.5, 1.0, 2.0, 4.0]), min_prob=st.sampled_from([0.0, 0.1, 0.5]),
+       cached=st.integers(-1, 3), flush=st.booleans())
+def test_suffix_equals_arctic_speculate(history: list[tuple[list[int], list[int]]],
+                                        prompt: list[int], k: int, depth: int, factor: float,
+                                        min_prob: float, cached: int, flush: bool) -> None:
+    drafter = SuffixDrafter(SpecParams(
+        "SUFFIX", num_draft_tokens=k, suffix_max_tree_depth=depth,
+        suffix_max_spec_factor=factor, suffix_min_token_prob=min_prob,
+        suffix_max_cached_requests=cached, max_chain=UNBOUNDED, short_chain=UNBOUNDED))
+    _fill(drafter, history)
+    drafter.start("r", prompt)
+    if flush:
+        drafter.flush()
+    shared = ref.live_sequences(drafter.shared)
+    assert len(shared) <= (len(history) if cached < 0 else cached)
+    expected = ref.suffix(prompt, shared, k, depth, factor, min_prob)
+    assert drafter.propose(["r"], [k]) == [expected]
+
+
+def test_suffix_drafts_grow_with_the_match() -> None:
+    """A draft is at most max_spec_factor x the match length: one matched token, one
+    drafted; a longer match, more."""
+    drafter = make_drafter(SpecParams("SUFFIX", num_draft_tokens=8))
+    drafter.start("r", [7, 1, 2, 3, 4, 5, 6, 9, 9])
+    drafter.accept("r", [7])
+    assert drafter.propose(["r"], [8]) == [[1]]  # "7" matched: one token
+    drafter.accept("r", [1, 2, 3])
+    assert drafter.propose(["r"], [8]) == [[4, 5, 6, 9]]  # "7 1 2 3": four
+
+
+def test_suffix_min_token_prob_stops_at_a_split() -> None:
+    """"5 1 2" came before 3 once and before 4 once: each has probability 1/2 (of equals, the
+    newest wins)."""
+    prompt = [5, 1, 2, 3, 5, 1, 2, 4, 5, 1, 2]
+    for min_prob, expected in ((0.6, []), (0.5, [4, 5])):
+        drafter = make_drafter(SpecParams("SUFFIX", num_draft_tokens=2,
+                                          suffix_min_token_prob=min_prob))
+        drafter.start("r", prompt)
+        assert drafter.propose(["r"], [2]) == [expected]
+
+
+def test_a_finished_answer_drafts_the_next_request_that_repeats_it() -> None:
+    for algorithm in ("NGRAM", "SUFFIX"):
+        drafter = make_drafter(SpecParams(algorithm, num_draft_tokens=4))  # type: ignore[arg-type]
+        drafter.start("a", [50, 51, 52])
+        drafter.accept("a", [60, 61, 62, 63, 64, 65])
+        drafter.finish("a")
+        drafter.flush()
+        drafter.start("b", [70, 50, 51, 52])  # another agent, the same question
+        drafter.accept("b", [60, 61, 62])
+        assert drafter.propose(["b"], [4]) == [[63, 64, 65]], algorithm
+
+
+@pytest.mark.parametrize("algorithm", ["NGRAM", "SUFFIX"])
+def test_contract_errors_and_reused_rids(algorithm: str) -> None:
+    drafter = make_drafter(SpecParams(algorithm, num_draft_tokens=4))  # type: ignore[arg-type]
+    drafter.start("r", [1, 2, 3, 1, 2])
+    with pytest.raises(InvalidTransition):
+        drafter.start("r", [1])
+    with pytest.raises(InvalidTransition):
+        drafter.propose(["nobody"], [4])
+    with pytest.raises(InvalidTransition):
+        drafter.accept("nobody", [1])
+    assert drafter.propose(["r", "r"], [0, -1]) == [[], []]
+    first = drafter.propose(["r"], [4])
+    assert first == drafter.propose(["r"], [4])  # proposing changes nothing
+    assert first == [{"NGRAM": [3, 1, 2], "SUFFIX": [3, 1]}[algorithm]]  # SUFFIX: 2 x "1 2"
+    drafter.finish("r")
+    drafter.finish("r")  # twice: harmless
+    drafter.finish("nobody", keep=False)
+    drafter.start("r", [9])  # a finished rid starts afresh
+    assert drafter.stats().active_requests == 1
+    drafter.flush()
+    drafter.check_integrity()

@@ -14,8 +14,9 @@ types_pid=$!
 set +e
 # Two pytest-xdist workers (TEST_WORKERS; 0 runs in this process): much of the suite waits on
 # child servers, timers and sockets, so two keep both cores busy. A test file runs whole on one
-# worker, its tests in order (tests/conftest.py groups them; files sharing a server go together).
-"$PY" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadgroup "$@"
+# worker, its tests in order (tests/conftest.py groups them; files sharing a server go together;
+# the groups with slow tests first).
+"$PY" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder "$@"
 rc=$?
 wait "$types_pid"
 types_rc=$(cat "$types/rc" 2>/dev/null || echo 1)

@@ -56,15 +56,21 @@ def _xdist_groups(config: pytest.Config) -> bool:
 def _group_by_file(items: list[pytest.Item]) -> None:
     """`--dist loadgroup` keeps each group on one worker, in file order: a group is a test
     file (its module fixtures built once, its tests in order), or every file that uses one of
-    the SHARED_SERVERS."""
+    the SHARED_SERVERS. Groups with a `slow` test go first (scripts/test.sh turns off xdist's
+    own order, most tests first): a long one-test file (the soak) started last would leave the
+    other worker idle at the end."""
     files: dict[str, set[str]] = {}
     for item in items:
         files.setdefault(item.nodeid.split("::")[0], set()).update(
             f for f in SHARED_SERVERS if f in getattr(item, "fixturenames", ()))
+    groups: dict[str, list[pytest.Item]] = {}
     for item in items:
         shared = files[item.nodeid.split("::")[0]]
-        item.add_marker(pytest.mark.xdist_group(min(shared) if shared else
-                                                 item.nodeid.split("::")[0]))
+        name = min(shared) if shared else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(name))
+        groups.setdefault(name, []).append(item)
+    ordered = sorted(groups.values(), key=lambda g: not any("slow" in i.keywords for i in g))
+    items[:] = [item for group in ordered for item in group]
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,9 @@
 - `mask_logits` applies the batch's bitmask to the rows with a grammar (one int32 bitmask for
   the batch, one apply call). Ids past the tokenizer's vocabulary (a padded model vocab) are
   masked too. A terminated matcher allows only its stop tokens (EOS and the request's).
+
+xgrammar is imported where it is first used, not with this module: its import (transformers'
+with it) costs seconds at every start of a server, and most never see a grammar.
 """
 
 from __future__ import annotations
@@ -29,14 +32,17 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
-import xgrammar as xgr
 
 from decode_worker.core.sampling import GrammarSpec, SamplingParams
 from decode_worker.device.grammar_text import json_grammar, structural_tag
 from decode_worker.device.tokenizer import Tokenizer
 from decode_worker.errors import ClientError
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,8 @@ def token_info(tokenizer: Tokenizer, name_specials: bool = False) -> xgr.Tokeniz
     for structural tags), its vocab type, EOS as the stop tokens."""
     inner = tokenizer.inner
     vocab: list[str] = [""] * tokenizer.vocab_size
+    import xgrammar as xgr  # on first use (see the module doc)
+
     for text, tid in inner.get_vocab(with_added_tokens=True).items():
         vocab[tid] = text
     meta = xgr.TokenizerInfo._detect_metadata_from_hf(inner.to_str())
@@ -69,6 +77,8 @@ class GrammarCache:
     the backends compile off the event loop, several at once."""
 
     def __init__(self, tokenizer: Tokenizer, max_entries: int = MAX_CACHED_GRAMMARS) -> None:
+        import xgrammar as xgr  # on first use (see the module doc)
+
         self.info = token_info(tokenizer)
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=2, cache_enabled=False)
         self.max_entries = max_entries
@@ -113,6 +123,8 @@ class GrammarCache:
         module doc); built on the first structural tag. Called under no lock: two threads may
         both build one, either is right."""
         if self._tag_compiler is None:
+            import xgrammar as xgr  # on first use (see the module doc)
+
             info = token_info(self._tokenizer, name_specials=True)
             self._tag_compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
         return self._tag_compiler
@@ -156,6 +168,8 @@ class GrammarState:
     """
 
     def __init__(self, compiled: xgr.CompiledGrammar, stop_token_ids: Sequence[int] = ()) -> None:
+        import xgrammar as xgr  # on first use (see the module doc)
+
         stops = [*compiled.tokenizer_info.stop_token_ids, *stop_token_ids]
         self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stops)
         self.stop_token_ids = tuple(dict.fromkeys(stops))
@@ -169,6 +183,8 @@ class GrammarState:
         compiled (`prepare_sampling` skipped) is logged and left unconstrained."""
         if sampling.grammar is None:
             return None
+        import xgrammar as xgr  # on first use (see the module doc)
+
         compiled = sampling.extra.get(_EXTRA_KEY)
         if not isinstance(compiled, xgr.CompiledGrammar):
             log.error("a %s grammar was never compiled: output left unconstrained",
@@ -212,6 +228,8 @@ def mask_logits(logits: torch.Tensor, grammars: Sequence[GrammarState | None]) -
     active = [(i, g) for i, g in enumerate(grammars) if g is not None and g.is_active]
     if not active:
         return logits
+    import xgrammar as xgr  # on first use (see the module doc)
+
     rows, states = [i for i, _ in active], [g for _, g in active]
     tok_vocab = min(states[0].vocab_size, logits.shape[1])
     bitmask = xgr.allocate_token_bitmask(len(grammars), states[0].vocab_size)  # [bs, W] i32

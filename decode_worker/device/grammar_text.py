@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import xgrammar as xgr
-
 # Two gaps in xgrammar <= 0.2.9's JSON strings, closed by rewriting the schema's EBNF:
 # - a string with minLength/maxLength is a repeat of a class that lets raw control characters
 #   (invalid JSON) through and has no escapes (mlc-ai/xgrammar#800): each repeat becomes one
@@ -24,6 +22,8 @@ _STRING_CHAR_FIXES = (
 def json_grammar(schema: str) -> str:
     """The EBNF of `schema`: compact JSON (a model cannot pad it with endless spaces), every
     string character valid JSON and UTF-8 (see _STRING_CHAR_FIXES). Raises what xgrammar raises."""
+    import xgrammar as xgr  # on first use, as in device/grammar.py
+
     text = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
     for wrong, right in _STRING_CHAR_FIXES:
         text = text.replace(wrong, right)

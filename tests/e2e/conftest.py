@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from decode_worker.daemon.shared.router import has_router
 from decode_worker.device.default_model import write_model
 from tests.e2e.driver import Workers
 from tests.e2e.live_fixtures import Live, live_server
@@ -18,19 +19,23 @@ def e2e_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_model(tmp_path_factory.mktemp("e2e") / "tiny-gpt-oss", seed=0)
 
 
-@pytest.fixture(scope="session")
+# The shared servers are package-scoped: stopped when the run leaves tests/e2e (an idle server
+# still polls: kept to the session's end, they cost minutes of CPU over the rest of the suite).
+# Under pytest-xdist, tests/conftest.py sends the files that use one to a single worker, where
+# they run one after the other.
+@pytest.fixture(scope="package")
 def plain_live(e2e_model_dir: Path) -> Iterator[Live]:
     """One `decode-worker serve` with the small pools and default settings, shared by the
-    session's live API, admin, lifecycle and dashboard tests (each start costs seconds). Tests
-    on it change no setting, stop nothing and leave it idle; they count with deltas."""
+    live API, admin, lifecycle and dashboard tests (each start costs seconds). Tests on it
+    change no setting, stop nothing and leave it idle; they count with deltas."""
     with live_server(e2e_model_dir, name="plain") as live:
         yield live
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def plain_pd(e2e_model_dir: Path) -> Iterator[Callable[[str], Workers]]:
     """protocol ("native" or "sglang") -> a prefill peer of that protocol and a decode worker,
-    default settings, no router; started on first use and shared by the session (each start
+    default settings, no router; started on first use and shared by the e2e tests (each start
     costs seconds). Tests on it change no setting and kill nothing; they count with deltas
     and use fresh rooms."""
     started: dict[str, Workers] = {}
@@ -46,6 +51,15 @@ def plain_pd(e2e_model_dir: Path) -> Iterator[Callable[[str], Workers]]:
     finally:
         for workers in started.values():
             workers.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="package")
+def plain_routed(e2e_model_dir: Path) -> Iterator[Workers]:
+    """A native prefill peer and a decode worker, default settings, behind smg (PD mode) when
+    it is installed (`router` is None without it); shared by the OpenAI SDK and Responses API
+    tests, which send only fresh requests and count nothing."""
+    with Workers(e2e_model_dir, router=has_router(), extra=[]) as workers:
+        yield workers
 
 
 @pytest.fixture(scope="session")

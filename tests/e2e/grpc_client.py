@@ -38,6 +38,7 @@ class GrpcWorker:
         self.call_soon(self._channel.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()  # else its self-pipe is a ResourceWarning in whatever test GCs it
 
     def call_soon(self, coro: Any, timeout_s: float = 120.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)

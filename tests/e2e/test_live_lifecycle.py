@@ -29,6 +29,7 @@ from tests.e2e.live_fixtures import (
     raw_stream,
     read_events,
 )
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 GRACE_S = 5.0
@@ -212,17 +213,24 @@ class PlainClient(threading.Thread):
 
 
 def _start_clients(live: Live, short_new: int, n_short: int, n_long: int) -> list[StreamClient]:
-    """n_short /generate streams of short_new tokens, then n_long endless streams spread over
-    the three endpoints."""
-    clients = [StreamClient(live.url, gen_body(list(range(3, 40 + i)), short_new, stream=True))
-               for i in range(n_short)]
+    """n_short /generate streams of short_new tokens and n_long endless streams spread over the
+    three endpoints (listed in that order), all in flight on return. The endless ones start
+    first and the short ones once those run: a short one could otherwise end (a slow machine)
+    before the last endless one is admitted."""
+    shorts = [StreamClient(live.url, gen_body(list(range(3, 40 + i)), short_new, stream=True))
+              for i in range(n_short)]
+    longs = []
     for i in range(n_long):
         path, body = STREAMS[("generate", "completions", "chat")[i % 3]]
-        clients.append(StreamClient(live.url, body, path))
-    for c in clients:
+        longs.append(StreamClient(live.url, body, path))
+    before = _running(live.metrics())
+    for c in longs:
         c.start()
-    _wait_for(live, "all running", lambda m: _running(m) >= len(clients), timeout_s=30)
-    return clients
+    _wait_for(live, "all running", lambda m: _running(m) >= before + n_long, timeout_s=30)
+    for c in shorts:
+        c.start()
+    wait_for(lambda: all(c.events or c.error for c in shorts), 30, "every short stream streaming")
+    return shorts + longs
 
 
 def _check_answered(c: StreamClient, short_new: int) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -40,13 +39,9 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
-    """Prefill peer + decode worker (+ the router when smg is installed)."""
-    from decode_worker.device.default_model import write_model
-
-    model = write_model(tmp_path_factory.mktemp("sdk") / "tiny-gpt-oss", seed=0)
-    with Workers(model, router=HAS_ROUTER, extra=[]) as workers:
-        yield workers
+def stack(plain_routed: Workers) -> Workers:
+    """Prefill peer + decode worker (+ the router when smg is installed), shared (conftest)."""
+    return plain_routed
 
 
 def _client(url: str) -> Any:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Annotated, Any
 
 import pytest
@@ -34,12 +33,9 @@ GREEDY: dict[str, Any] = {"temperature": 0, "max_output_tokens": 128}
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
-    from decode_worker.device.default_model import write_model
-
-    model = write_model(tmp_path_factory.mktemp("resp") / "tiny-gpt-oss", seed=0)
-    with Workers(model, router=True, extra=[]) as workers:
-        yield workers
+def stack(plain_routed: Workers) -> Workers:
+    """Prefill peer + decode worker behind smg, shared (conftest)."""
+    return plain_routed
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,7 @@ from decode_worker.io.kv.sglang.receiver import SglangReceiver
 from decode_worker.settings import TransferSettings
 from decode_worker.utils.mathx import align_down, cdiv
 from tests.interop.sglang_peer import HarnessPorts, SglangPrefill, venv_python
+from tests.waiting import wait_transfer, wait_value
 
 pytestmark = pytest.mark.slow
 PYTHON = venv_python()
@@ -56,7 +57,6 @@ SETTINGS = TransferSettings(heartbeat_interval_s=0.2, peer_dead_after_s=1.5, abo
 # One harness rank listens on 9 UCX ports (8 transfer threads + 1); our agent on 1 (lo only).
 A = HarnessPorts(18300, 18301, "18310-18312", "18320-18334")  # TP 1
 B = HarnessPorts(18302, 18303, "18313-18316", "18335-18359")  # TP 2
-C = HarnessPorts(18304, 18305, "18317-18319", "18360-18374")  # silenced, killed, restarted
 OUR_ZMQ, OUR_UCX = (18306, 18309), "18375-18389"
 AUX_SCHEMA = ((torch.int32, 16), (torch.int32, 16), (torch.float32, 16), (torch.int32, 16),
               (torch.float32, 128), (torch.int32, 128), (torch.float32, 16), (torch.int64, 16),
@@ -84,16 +84,8 @@ class Decode:
         return ids
 
     def wait(self, tid: int, kind: str, timeout_s: float = 30.0) -> list[TransferEvent]:
-        got: list[TransferEvent] = []
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self.seen += self.rx.take_events()
-            got += [e for e in self.seen if e.transfer_id == tid]
-            self.seen = [e for e in self.seen if e.transfer_id != tid]
-            if any(e.kind == kind for e in got):
-                return got
-            time.sleep(0.002)
-        raise AssertionError(f"transfer {tid}: no {kind!r} within {timeout_s} s; got {got}")
+        """Poll until transfer `tid` has an event of `kind`; returns its events so far."""
+        return wait_transfer(self.rx.take_events, self.seen, tid, kind, timeout_s)
 
 
 @dataclass
@@ -306,7 +298,7 @@ def test_malformed_and_unknown_status_messages_are_counted_and_dropped(
         decode16.seen += decode16.rx.take_events()
         return (stats.bad_frames == 2 and stats.unknown_notifs == 1) or None
 
-    _until(counted, 5.0)
+    wait_value(counted, 5.0)
     check_room(decode16, submit(decode16, harnesses["A"], A.bootstrap, 3322, 50))
 
 
@@ -346,24 +338,27 @@ def _wait_failed(d: Decode, r: Room, timeout_s: float) -> tuple[TransferEvent, f
     return next(e for e in events if e.kind == "failed"), time.monotonic() - start
 
 
-def test_a_silent_then_killed_prefill_fails_peer_dead_and_a_restart_registers_again() -> None:
+def test_a_silent_then_killed_prefill_fails_peer_dead_and_a_restart_registers_again(
+        harnesses: dict[str, SglangPrefill]) -> None:
+    """On harness A, which no later test in this file uses (it is SIGSTOPped, killed, and
+    restarted behind the same address, where this test kills it again)."""
     assert PYTHON is not None
     d = make_decode(16)
-    harness = SglangPrefill(PYTHON, C, []).start()
+    harness = harnesses["A"]
     try:
-        harness.wait_ready()
-        check_room(d, submit(d, harness, C.bootstrap, 3601, 80))
-        r = submit(d, harness, C.bootstrap, 3602, 300, delay_s=30.0)
-        time.sleep(0.3)
+        check_room(d, submit(d, harness, A.bootstrap, 3601, 80))
+        r = submit(d, harness, A.bootstrap, 3602, 300, delay_s=30.0)
+        state = harness.wait_room(3602, ("waiting_for_input", "transferring"), timeout_s=10)
+        assert state["status"] in ("waiting_for_input", "transferring"), state  # in flight
         assert harness.proc is not None
         os.killpg(harness.proc.pid, signal.SIGSTOP)  # alive but silent: /health times out
         failed, took = _wait_failed(d, r, SETTINGS.peer_dead_after_s + 5)
         assert failed.reason == "peer_dead" and took >= SETTINGS.peer_dead_after_s - 0.5
         harness.kill()
-        harness = SglangPrefill(PYTHON, C, []).start()  # restarted behind the same address
+        harness = SglangPrefill(PYTHON, A, []).start()  # restarted behind the same address
         harness.wait_ready()
-        check_room(d, submit(d, harness, C.bootstrap, 3603, 120, seed=3))
-        r = submit(d, harness, C.bootstrap, 3604, 120, fail="die")  # dies on our TransferInfo
+        check_room(d, submit(d, harness, A.bootstrap, 3603, 120, seed=3))
+        r = submit(d, harness, A.bootstrap, 3604, 120, fail="die")  # dies on our TransferInfo
         failed, took = _wait_failed(d, r, SETTINGS.peer_dead_after_s + 5)
         assert failed.reason == "peer_dead" and took < SETTINGS.peer_dead_after_s + 1
     finally:
@@ -378,7 +373,7 @@ def test_the_router_probes_sglang_and_routes_to_it(harnesses: dict[str, SglangPr
     router = ProtocolRouter(SETTINGS, compat(16), region_layouts(pools, AuxBuffer(4)), bufs,
                             peer_protocol="auto", zmq_ports=OUR_ZMQ)  # fmt: skip
     try:
-        proto = _until(lambda: router.protocol_of("127.0.0.1", B.bootstrap), 10.0)
+        proto = wait_value(lambda: router.protocol_of("127.0.0.1", B.bootstrap), 10.0)
         assert (proto.kind, proto.prefill_page_size, proto.tp_size) == ("sglang", 16, 2)
         d = Decode(16, pools, aux, router)
         r = submit(d, harnesses["B"], B.bootstrap, 3701, 150, seed=9)
@@ -390,15 +385,6 @@ def test_the_router_probes_sglang_and_routes_to_it(harnesses: dict[str, SglangPr
         router.close()
 
 
-def _until(fn: Callable[[], Any], timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if (value := fn()) is not None:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"nothing within {timeout_s} s")
-
-
 def _check_native_and_unavailable_peers(router: ProtocolRouter) -> None:
     """A ZMQ socket is a native peer; a closed port is unavailable and a submit to it fails
     peer_dead at once."""
@@ -407,12 +393,12 @@ def _check_native_and_unavailable_peers(router: ProtocolRouter) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.bind("tcp://127.0.0.1:18393")
     try:
-        assert _until(lambda: router.protocol_of("127.0.0.1", 18393), 5.0).kind == "native"
+        assert wait_value(lambda: router.protocol_of("127.0.0.1", 18393), 5.0).kind == "native"
     finally:
         sock.close()
         ctx.term()
     since = time.monotonic()  # a caller waits for the probe that answers after it asked
-    proto = _until(lambda: router.protocol_of("127.0.0.1", 18394, since), 5.0)
+    proto = wait_value(lambda: router.protocol_of("127.0.0.1", 18394, since), 5.0)
     assert proto.kind == "unavailable" and "unreachable" in proto.detail
     tid = router.submit("127.0.0.1", 18394, rid="x", room=1, prompt_len=16, reused_len=0,
                         swa_window_start=0, full_page_ids=[1], swa_page_ids=[1], aux_row=0)
@@ -477,9 +463,9 @@ def test_a_request_ended_before_the_failure_was_polled_aborts_no_rank(
         decode16.seen += rx.take_events()
         return rx._book.get(r.tid).phase == "sent" or None  # type: ignore[attr-defined]
 
-    _until(info_sent, 10.0)
+    wait_value(info_sent, 10.0)
     held = HeldInbox(inbox.recv_all)
-    _until(lambda: held.fill(2), 10.0)  # both ranks' reports arrived; the receiver read none
+    wait_value(lambda: held.fill(2), 10.0)  # both ranks' reports arrived; the receiver read none
     inbox.recv_all = held
     rx.cancel_room("127.0.0.1", B.bootstrap, r.room, "client_abort", "the client left")
     rx.abort_transfer(r.tid)

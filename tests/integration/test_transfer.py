@@ -27,6 +27,7 @@ from decode_worker.io.metrics import Metrics
 from decode_worker.settings import TransferSettings, load_settings
 from decode_worker.utils.mathx import align_down, cdiv
 from tests.integration.conftest import PeerLaunch, start_prefill_peer, stop
+from tests.waiting import wait_transfer
 
 pytestmark = pytest.mark.slow
 PS, WINDOW = 16, 127
@@ -66,16 +67,7 @@ class DecodeSide:
 
     def wait(self, tid: int, kind: str, timeout_s: float = 20.0) -> list[TransferEvent]:
         """Poll until transfer `tid` has an event of `kind`; returns its events so far."""
-        got: list[TransferEvent] = []
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self.seen += self.rx.take_events()
-            got += [e for e in self.seen if e.transfer_id == tid]
-            self.seen = [e for e in self.seen if e.transfer_id != tid]
-            if any(e.kind == kind for e in got):
-                return got
-            time.sleep(0.002)
-        raise AssertionError(f"transfer {tid}: no {kind!r} within {timeout_s} s; got {got}")
+        return wait_transfer(self.rx.take_events, self.seen, tid, kind, timeout_s)
 
     def submit_cold(self, port: int, prompt: list[int], rid: str, room: int, aux_row: int,
                     timeout_s: float | None = None) -> Cold:

@@ -5,15 +5,14 @@ fresh snapshot gives."""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant, rule
 
 from decode_worker.core.kv_event_index import KVEventIndex
 from decode_worker.core.radix_events import MEDIUM_GPU, digest_to_int64, key_tokens
 from decode_worker.core.radix_node import Node
 from decode_worker.core.radix_tree import MatchMode, UnifiedRadixTree
-from tests.examples import examples
-from tests.unit.core.test_radix_stateful import BASES, RadixMachine
+from tests.unit.core.radix_machine import BASES, machine_settings
+from tests.unit.core.test_radix_stateful import RadixMachine
 
 
 def tree_entries(
@@ -68,10 +67,5 @@ class EventMachine(RadixMachine):
                 assert index.match_len(toks) == want
 
 
-EventMachine.TestCase.settings = settings(
-    max_examples=examples(150),
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+EventMachine.TestCase.settings = machine_settings(150)
 TestEventMachine = EventMachine.TestCase

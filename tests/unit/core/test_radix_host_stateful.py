@@ -17,35 +17,23 @@ match across media (device pages, then host pages) equals the tree's device + ho
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from decode_worker.core.host_tier import HostRestore, Transition, WritePolicy
 from decode_worker.core.kv_event_index import KVEventIndex
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_events import MEDIUM_CPU_PINNED, MEDIUM_GPU
-from decode_worker.core.radix_locks import LockRef
 from decode_worker.core.radix_node import Node, PageKey, page_keys
 from decode_worker.core.radix_tree import MatchMode, UnifiedRadixTree
-from decode_worker.core.req_kv import ReqKV
-from decode_worker.errors import OutOfPages
-from decode_worker.utils.mathx import align_down, cdiv
-from tests.examples import examples
+from decode_worker.utils.mathx import cdiv
+from tests.unit.core.radix_machine import RadixMachineBase, machine_settings, tokens_st
 from tests.unit.core.test_radix_events_stateful import tree_entries
 
-_SYSTEM = [5, 6, 7, 8, 9, 10, 11, 12]
-BASES = [_SYSTEM + [1, 2] * 12, _SYSTEM + [3, 4] * 12, [9, 9, 9] * 10]
-tokens_st = st.builds(
-    lambda base, cut, tail: base[:cut] + tail,
-    st.sampled_from(BASES),
-    st.integers(0, 32),
-    st.lists(st.integers(0, 2), max_size=10),
-)
 Content = tuple[PageKey, ...]
 
 
-class HostTierMachine(RuleBasedStateMachine):
+class HostTierMachine(RadixMachineBase):
     """Requests hold `ReqKV`s; `dev` / `host` map page ids to their modelled content."""
 
     @initialize(
@@ -55,19 +43,16 @@ class HostTierMachine(RuleBasedStateMachine):
         num_host=st.sampled_from([6, 16, 40]),
     )
     def setup(self, ps: int, window: int, policy: WritePolicy, num_host: int) -> None:
-        self.ps, self.window = ps, window
-        self.tree = UnifiedRadixTree(
+        self._start(ps, window, UnifiedRadixTree(
             ps, window, PageAllocator(12, "full"), PageAllocator(24, "swa"),
             host=PageAllocator(num_host, "host"), write_policy=policy, kv_events=True,
-        )
+        ))
         self.index = KVEventIndex()
         self.transitions: list[Transition] = []
         self.tree.host_listener = lambda t: self.transitions.append(t.kind)
         self.dev: dict[int, Content] = {}
         self.host: dict[int, Content] = {}
-        self.reqs: list[ReqKV] = []
         self.restores: dict[int, HostRestore] = {}  # id(kv) -> its restore (until it runs)
-        self.locks: list[LockRef] = []
 
     # -- helpers -------------------------------------------------------------------------------
     def _content(self, toks: list[int], i: int) -> Content:
@@ -79,21 +64,8 @@ class HostTierMachine(RuleBasedStateMachine):
             for d, h in zip(w.device_page_ids, w.host_page_ids, strict=True):
                 self.host[h] = self.dev[d]
 
-    def _alloc(self, pool: PageAllocator, n: int) -> list[int] | None:
-        short = n - pool.num_free
-        if short > 0:
-            if pool is self.tree.full:
-                self.tree.evict_full(short)
-            else:
-                self.tree.evict_swa(short)
+    def _evicted(self, freed: list[int], *, swa: bool) -> None:
         self._drain()
-        try:
-            return pool.alloc(n)
-        except OutOfPages:
-            return None
-
-    def _window_start(self, seq_len: int) -> int:
-        return align_down(max(0, seq_len - 1 - max(self.window, self.ps)), self.ps)
 
     # -- rules ---------------------------------------------------------------------------------
     @rule(toks=tokens_st)
@@ -104,23 +76,13 @@ class HostTierMachine(RuleBasedStateMachine):
         s = self._window_start(len(toks))
         res = self.tree.match_prefix(toks, MatchMode.TRANSFER, max_len=s)
         self._drain()
-        lock = self.tree.lock(res.host_node or res.node, swa=False)
-        n_pages, p = cdiv(len(toks), self.ps), res.prefix_len // self.ps
-        full = self._alloc(self.tree.full, n_pages - p)
-        swa = self._alloc(self.tree.swa, n_pages - s // self.ps) if full is not None else None  # type: ignore[arg-type]
-        if full is None or swa is None:
-            if full is not None:
-                self.tree.full.free(full)
-            self.tree.unlock(lock)
+        full = self._place(toks, res, self.tree.lock(res.host_node or res.node, swa=False))
+        if full is None:
             return
-        h = len(res.host_page_ids)
-        restore = HostRestore(res.host_page_ids, full[:h])
+        h, p = len(res.host_page_ids), res.prefix_len // self.ps
         for i, page in enumerate(full[h:], p + h):  # the transfer
             self.dev[page] = self._content(toks, i)
-        kv = ReqKV(toks, res.full_page_ids + full, [0] * (s // self.ps) + swa, s)
-        kv.cache_protected_len, kv.lock = res.prefix_len, lock
-        self.reqs.append(kv)
-        self.restores[id(kv)] = restore
+        self.restores[id(self.reqs[-1])] = HostRestore(res.host_page_ids, full[:h])
 
     @precondition(lambda self: self.restores)
     @rule(data=st.data())
@@ -144,17 +106,9 @@ class HostTierMachine(RuleBasedStateMachine):
     def extend(self, data: st.DataObject, more: list[int]) -> None:
         """Decode steps: new full and SWA pages as needed, their content computed."""
         kv = data.draw(st.sampled_from([k for k in self.reqs if id(k) not in self.restores]))
-        need = cdiv(len(kv.token_ids) + len(more), self.ps) - len(kv.full_page_ids)
-        full = self._alloc(self.tree.full, need) if need > 0 else []
-        swa = self._alloc(self.tree.swa, need) if need > 0 and full is not None else []  # type: ignore[arg-type]
-        if full is None or swa is None:
-            if full:
-                self.tree.full.free(full)
-            return
         first = len(kv.token_ids) // self.ps
-        kv.token_ids = kv.token_ids + more
-        kv.full_page_ids += full
-        kv.swa_page_ids += swa
+        if not self._grow(kv, more):
+            return
         for i in range(first, cdiv(len(kv.token_ids), self.ps)):
             self.dev[kv.full_page_ids[i]] = self._content(kv.token_ids, i)
 
@@ -218,9 +172,7 @@ class HostTierMachine(RuleBasedStateMachine):
         if not hasattr(self, "tree"):
             return
         tree = self.tree
-        held_full = [p for kv in self.reqs for p in kv.owned_full_page_ids(self.ps)]
-        held_swa = [p for kv in self.reqs for p in kv.owned_swa_page_ids(self.ps)]
-        tree.check_integrity(held_full, held_swa)
+        self._check_integrity()
         assert not tree.host_writes  # drained after every step
         stack: list[tuple[Node, Content]] = [(tree.root, ())]
         while stack:
@@ -253,10 +205,5 @@ class HostTierMachine(RuleBasedStateMachine):
             assert snap.entries(medium) == index.entries(medium), medium
 
 
-HostTierMachine.TestCase.settings = settings(
-    max_examples=examples(200),
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+HostTierMachine.TestCase.settings = machine_settings(200)
 TestHostTier = HostTierMachine.TestCase

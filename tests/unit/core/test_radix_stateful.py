@@ -6,26 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_locks import LockRef
 from decode_worker.core.radix_tree import MatchMode, UnifiedRadixTree
 from decode_worker.core.req_kv import ReqKV
-from decode_worker.errors import OutOfPages
-from decode_worker.utils.mathx import align_down, cdiv
-from tests.examples import examples
-
-_SYSTEM = [5, 6, 7, 8, 9, 10, 11, 12]
-BASES = [_SYSTEM + [1, 2] * 12, _SYSTEM + [3, 4] * 12, [9, 9, 9] * 10]
-tokens_st = st.builds(
-    lambda base, cut, tail: base[:cut] + tail,
-    st.sampled_from(BASES),
-    st.integers(0, 32),
-    st.lists(st.integers(0, 2), max_size=10),
-)
+from decode_worker.utils.mathx import cdiv
+from tests.unit.core.radix_machine import RadixMachineBase, machine_settings, tokens_st
 
 
 @dataclass
@@ -36,38 +25,22 @@ class RefEntry:
     swa: int
 
 
-class RadixMachine(RuleBasedStateMachine):
+class RadixMachine(RadixMachineBase):
     """Reference: `cached[prefix_tuple] = RefEntry` for every cached page-aligned prefix."""
 
     KV_EVENTS = False  # the KV-event property test runs the same machine with events on
 
     @initialize(ps=st.sampled_from([1, 2, 4]), window=st.sampled_from([0, 3, 7]))
     def setup(self, ps: int, window: int) -> None:
-        self.ps, self.window = ps, window
-        self.tree = UnifiedRadixTree(
+        self._start(ps, window, UnifiedRadixTree(
             ps, window, PageAllocator(48, "full"), PageAllocator(24, "swa"),
             kv_events=self.KV_EVENTS,
-        )
+        ))
         self.cached: dict[tuple[int, ...], RefEntry] = {}
-        self.reqs: list[ReqKV] = []
-        self.locks: list[LockRef] = []
 
     # -- helpers -------------------------------------------------------------------------------
-    def _window_start(self, seq_len: int) -> int:
-        return align_down(max(0, seq_len - 1 - max(self.window, self.ps)), self.ps)
-
-    def _alloc(self, pool: PageAllocator, n: int) -> list[int] | None:
-        """Allocate `n` pages, evicting from the right pool if short; None if it cannot."""
-        short = n - pool.num_free
-        if short > 0:
-            freed = self.tree.evict_full(short) if pool is self.tree.full else []
-            if pool is self.tree.swa:
-                freed = self.tree.evict_swa(short)
-            self._forget(freed, swa=pool is self.tree.swa)
-        try:
-            return pool.alloc(n)
-        except OutOfPages:
-            return None
+    def _evicted(self, freed: list[int], *, swa: bool) -> None:
+        self._forget(freed, swa=swa)
 
     def _forget(self, freed: list[int], *, swa: bool) -> None:
         """Update the reference after an eviction, checking no locked page went."""
@@ -141,18 +114,7 @@ class RadixMachine(RuleBasedStateMachine):
         s = self._window_start(len(toks))
         res = self.tree.match_prefix(toks, MatchMode.TRANSFER, max_len=s)
         assert res.prefix_len == self._expected(toks, MatchMode.TRANSFER, s)
-        lock = self.tree.lock(res.node)
-        n_pages, p = cdiv(len(toks), self.ps), res.prefix_len // self.ps
-        full = self._alloc(self.tree.full, n_pages - p)
-        swa = self._alloc(self.tree.swa, n_pages - s // self.ps) if full is not None else None  # type: ignore[arg-type]
-        if full is None or swa is None:
-            if full is not None:
-                self.tree.full.free(full)
-            self.tree.unlock(lock)
-            return
-        kv = ReqKV(toks, res.full_page_ids + full, [0] * (s // self.ps) + swa, s)
-        kv.cache_protected_len, kv.lock = res.prefix_len, lock
-        self.reqs.append(kv)
+        self._place(toks, res, self.tree.lock(res.node))
 
     @precondition(lambda self: self.reqs)
     @rule(data=st.data())
@@ -170,16 +132,8 @@ class RadixMachine(RuleBasedStateMachine):
     def extend(self, data: st.DataObject, more: list[int]) -> None:
         """Decode steps: new pages as needed, out-of-window SWA pages of the request freed."""
         kv = data.draw(st.sampled_from(self.reqs))
-        need = cdiv(len(kv.token_ids) + len(more), self.ps) - len(kv.full_page_ids)
-        full = self._alloc(self.tree.full, need) if need > 0 else []
-        swa = self._alloc(self.tree.swa, need) if need > 0 and full is not None else []  # type: ignore[arg-type]
-        if full is None or swa is None:
-            if full:
-                self.tree.full.free(full)
+        if not self._grow(kv, more):
             return
-        kv.token_ids += more
-        kv.full_page_ids += full
-        kv.swa_page_ids += swa
         frontier = max(kv.swa_start, self._window_start(len(kv.token_ids)))
         lo = max(kv.swa_start, kv.cache_protected_len) // self.ps
         old = [p for p in kv.swa_page_ids[lo : frontier // self.ps] if p]
@@ -237,19 +191,12 @@ class RadixMachine(RuleBasedStateMachine):
     def integrity(self) -> None:
         if not hasattr(self, "tree"):
             return
-        held_full = [p for kv in self.reqs for p in kv.owned_full_page_ids(self.ps)]
-        held_swa = [p for kv in self.reqs for p in kv.owned_swa_page_ids(self.ps)]
-        self.tree.check_integrity(held_full, held_swa)
+        self._check_integrity()
         tree_pages = {e.full for e in self.cached.values()}
         assert len(tree_pages) == len(self.cached)
         stats = self.tree.full_stats()
         assert stats.evictable + stats.protected == len(self.cached)
 
 
-RadixMachine.TestCase.settings = settings(
-    max_examples=examples(150),
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+RadixMachine.TestCase.settings = machine_settings(150)
 TestRadixMachine = RadixMachine.TestCase

@@ -168,10 +168,11 @@ class PreallocQueue:
         return out
 
     # -- admission -----------------------------------------------------------------------------
-    def pop_admitted(self, now: float) -> list[Decision]:
+    def pop_admitted(self, now: float, *, expire: bool = False) -> list[Decision]:
         """One admission pass: admit waiting requests in order while both budgets allow; stop at
         the first that does not fit (it waits). An SWA reclaim failure aborts only that request
-        and the pass goes on. Returned Admits are RESERVED; Aborts are ABORTED."""
+        and the pass goes on. Returned Admits are RESERVED; Aborts are ABORTED. With `expire`,
+        the deadlines' aborts (`expire`) follow the pass's decisions."""
         self.ctx.stats.admission_passes_total += 1
         self._budget.begin_pass()  # growth reserves of this pass, summed on first need
         out: list[Decision] = []
@@ -185,6 +186,8 @@ class PreallocQueue:
             out.append(d)
             if isinstance(d, Admit):
                 self._budget.add(req, req.kv)  # type: ignore[arg-type]  # RESERVED: kv set
+        if expire:
+            out.extend(self.expire(now))
         return out
 
     def _try_admit(self, req: DecodeRequest, now: float) -> Decision | None:

@@ -257,10 +257,7 @@ class DecodeEngine:
         if self.host_tier is not None:
             self.host_tier.count_done_restores(now)
         self._admit(now)
-        for live in table.take_ready():
-            self.stepper.start(live, now)
-        if table.running or self.stepper.busy:  # busy: a launched step to commit (overlap)
-            self.stepper.step(now)
+        self.stepper.step(now, table.take_ready())  # also commits a launched step (overlap)
         self.books.publish(now, decoding=bool(table.running))
         if self.kv_events is not None and self.tree is not None:
             self.kv_events.publish_step(self.tree)  # this step's events: one batch
@@ -312,10 +309,10 @@ class DecodeEngine:
     def _admit(self, now: float) -> None:
         """The prealloc queue's decisions: admitted requests fetch their KV, the rest end;
         then the deadlines (queue and KV backstop), and the drain deadline."""
-        decisions: list[Decision] = self.queue.pop_admitted(now)
-        if now >= self._next_expire:  # deadlines are seconds: not every step over the batch
+        expire = now >= self._next_expire  # deadlines are seconds: not every step
+        if expire:
             self._next_expire = now + _EXPIRE_EVERY_S
-            decisions += self.queue.expire(now)
+        decisions: list[Decision] = self.queue.pop_admitted(now, expire=expire)
         for d in decisions:
             if isinstance(d, Abort):
                 self.table.end_decided(d, now)

@@ -33,6 +33,7 @@ device:         ...... step N ...... | ........ step N+1 ........
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -102,9 +103,12 @@ class DecodeStepper:
             self.spec.joined(live.rid, live.req.prompt_ids, live.req.output_ids)
         self._commit(live, now)
 
-    def step(self, now: float) -> None:
-        """One token for every running request (retracting some first if pages are short).
-        With overlap on, the tokens committed are those of the step launched last time."""
+    def step(self, now: float, ready: Iterable[LiveRequest] = ()) -> None:
+        """`ready` requests join the batch (`start`), then one token for every running request
+        (retracting some first if pages are short). With overlap on, the tokens committed are
+        those of the step launched last time. Without a batch or a launched step: nothing."""
+        for live in ready:
+            self.start(live, now)
         if self.spec is not None and self.batch and self.spec.may_draft() and self._speculate(now):
             return
         prev, self.in_flight = self.in_flight, None

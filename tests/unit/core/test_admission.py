@@ -195,6 +195,20 @@ def test_deadline_expiry_returns_pages() -> None:
     rig.check([])
 
 
+def test_one_call_gives_the_pass_then_the_deadlines() -> None:
+    """`pop_admitted(expire=True)`: the pass runs before the deadlines, so pages an expiry
+    returns are admitted from by the next pass, not this one."""
+    rig = make_rig(queue_timeout_s=5.0, kv_timeout_s=2.0, full_pages=20)
+    d = admit_one(rig, req("a", 895), now=0.0)
+    assert rig.queue.enqueue(req("b", 895, base=7), 0.0) is None  # waits: no room
+    (ab,) = rig.queue.pop_admitted(2.5, expire=True)
+    assert isinstance(ab, Abort) and ab.req is d.req and ab.reason == "kv_timeout"
+    assert rig.queue.num_queued == 1  # b still waits though a's pages are free
+    (b,) = rig.queue.pop_admitted(2.6)
+    assert isinstance(b, Admit) and b.req.rid == "b"
+    rig.check([b.req])
+
+
 def test_client_abort_in_transfer_returns_pages() -> None:
     rig = make_rig()
     d = admit_one(rig, req("a", 500))

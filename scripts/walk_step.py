@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import decode_worker
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.daemon.decode.bridge import AddRequest
+from decode_worker.daemon.decode.bridge import AddRequest, Outbox
 from decode_worker.daemon.decode.engine import DecodeEngine
 from decode_worker.device.default_model import write_model
 from decode_worker.io.metrics import Metrics
@@ -100,7 +100,7 @@ class CallGraph:
         if self.follow_now:
             held, local = parent.f_locals.get(time_param), frame.f_locals
             time_param = next((p for p in params if local.get(p) is held), "")
-            if not time_param:
+            if not time_param or not isinstance(held, float):
                 return
         if (parent.f_code, code) not in self._seen:
             self._seen.add((parent.f_code, code))
@@ -109,7 +109,6 @@ class CallGraph:
 
     def reset(self) -> None:
         self._stack.clear()
-
 
 
 class Tracer:
@@ -176,8 +175,6 @@ def count_returns(root_file: str, moves: list[tuple[str, str, str, bool]]
 
 # -- the engine and its traffic ------------------------------------------------------------------
 def make_engine(model_dir: Path, loop: asyncio.AbstractEventLoop) -> DecodeEngine:
-    from decode_worker.daemon.decode.bridge import Outbox
-
     settings = load_settings(overrides={
         "model.path": str(model_dir), "cache.page_size": 16, "cache.num_full_pages": 256,
         "cache.num_swa_pages": 64, "scheduler.cuda_graph": False,

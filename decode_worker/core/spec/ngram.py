@@ -7,7 +7,10 @@ request), or in the prompt and output of a request this worker finished (SGLang'
 one trie shared by all requests, bounded by `--speculative-ngram-capacity`; here a
 `TokenArena` of whole sequences, bounded in tokens, oldest evicted first). The longest match
 wins, then the request's own tokens, then the newest occurrence; a match with nothing after it
-does not count. The draft is the `num_draft_tokens` (at most) that followed the match.
+does not count. The draft is the `num_draft_tokens` (at most) that followed the match; a match
+in the request's own tokens whose continuation runs into its last token is a repeat of period
+`d` (its distance from the end), and the draft goes on repeating it (a line of dashes, a loop:
+the newest match of a run of one token has one token after it, not `num_draft_tokens`).
 
 Once found, a match is followed as a cursor: while the accepted tokens are the ones that
 followed it, the next draft is read on from there without a search (copying a file or a
@@ -85,12 +88,23 @@ class NgramDrafter(DrafterBase[_Req]):
                 drafts.append([])
                 continue
             if r.src is not None and r.pos >= r.src.start:
-                draft = r.src.continuation(r.pos, k)
+                draft = self._follow(r, r.src, r.pos, k)
                 if draft:
                     drafts.append(draft)
                     continue
             drafts.append(self._search(r, k))
         return drafts
+
+    @staticmethod
+    def _follow(r: _Req, src: TokenArena, pos: int, k: int) -> list[int]:
+        """Up to k tokens after `pos` in `src`; in the request's own tokens, a continuation
+        that reaches its end repeats with period `end - 1 - pos`."""
+        draft = src.continuation(pos, k)
+        if src is r.own and draft and pos + 1 + len(draft) == src.end:
+            period = len(draft)
+            while len(draft) < k:
+                draft.append(draft[len(draft) - period])
+        return draft
 
     def _search(self, r: _Req, k: int) -> list[int]:
         own = searchable(r.own)
@@ -106,7 +120,7 @@ class NgramDrafter(DrafterBase[_Req]):
             r.src = None
             return []
         r.src, r.pos = best_src, best_pos
-        return best_src.continuation(best_pos, k)
+        return self._follow(r, best_src, best_pos, k)
 
     def _longest(self, src: TokenArena, pattern: list[int]) -> tuple[int, int]:
         """(length, end position) of the longest match of a suffix of `pattern` in `src`

@@ -2,12 +2,17 @@
 verifies drafts at all (speculation must never cost throughput).
 
 Per request the draft length follows its recent acceptance: it grows while drafts are kept,
-halves after a miss, and a request whose drafts keep failing pauses drafting for a while (a
-pause that doubles with each further failure, up to `_MAX_PAUSE_STEPS`). Per step only the
-drafts worth their cost are verified: requests are taken best expected acceptance first
-(each request's acceptance estimate, per token) while each adds more tokens per second than
-its `k` extra entries cost, from the runner's measured step time by entry count
-(`StepCost`), and the step verifies only when that beats a plain step by `_MIN_GAIN`.
+shrinks after a miss, and a request whose drafts keep failing pauses drafting for a while (a
+pause that doubles with each further failure, up to `_MAX_PAUSE_STEPS`). Its acceptance
+estimate (per draft token, given the ones before it were kept) counts every verify, and also
+every draft the policy declined: those are checked against the tokens the request then
+produced (in expectation the same as a verify's acceptance, greedy or sampled), so an estimate
+follows the text without costing a verify. Per step only the drafts worth their cost are
+verified: requests ranked by expected kept tokens per draft token, the leading set that earns
+the most tokens per second by `StepCost` (the runner's start-up table of step time by entry
+count, plus what steps here took beyond it, learnt as the server runs), and the step verifies
+only when that beats a plain step by `_MIN_GAIN`; after a step with nothing worth verifying,
+the next 1, 2, 4, ... `_MAX_PAUSE_STEPS` steps are plain (and overlapped).
 
 The drafter (`core/spec`'s `Drafter`, whose contract the verify step relies on) holds the
 memory drafts come from; it sees a request's tokens when it joins the batch and its committed
@@ -22,11 +27,12 @@ from dataclasses import dataclass, field
 
 from decode_worker.core.spec.drafter import Drafter
 
-_ALPHA_PRIOR = 0.3  # per-token acceptance assumed for a request before its first verify
-_EMA = 0.5  # weight of the newest verify in a request's acceptance estimate
+_ALPHA_PRIOR = 0.3  # per-token acceptance assumed for a request before anything is measured
+_PRIOR_TOKENS = 0.5  # ... weighing as much as this many measured draft tokens
+_DECAY = 0.7  # weight of the earlier measurements' counts at each new one
 _MAX_PAUSE_STEPS = 64
-_PROBE_TOKENS = 2  # a request's first verify: this many draft tokens at most
 _MIN_GAIN = 1.1  # a verify step must promise this much more tokens per second than plain
+_OBSERVE = 0.1  # weight of the newest step in the measured-minus-table time of its kind
 
 
 class TokenView:
@@ -77,11 +83,32 @@ class _State:
     """One request's drafting state."""
 
     k: int  # the draft length it asks for next
-    alpha: float = _ALPHA_PRIOR  # its per-token acceptance estimate
     seen: int = 0  # tokens the drafter has of it
-    misses: int = 0  # verifies in a row that kept none of its drafts
+    misses: int = 0  # measurements in a row that kept none of its drafts
     paused_until: int = 0  # the step from which it drafts again
-    probing: bool = True  # not verified yet: its acceptance is a guess until it is
+    shadow: list[int] | None = None  # a declined draft, for the tokens `seen` on
+    kept_w: float = 0.0  # draft tokens kept and tried, earlier measurements decayed
+    tried_w: float = 0.0
+
+    @property
+    def alpha(self) -> float:
+        """Its per-token acceptance estimate: the decayed counts with the prior as
+        `_PRIOR_TOKENS` tokens (two of two kept says 0.86, not 1)."""
+        return (self.kept_w + _ALPHA_PRIOR * _PRIOR_TOKENS) / (self.tried_w + _PRIOR_TOKENS)
+
+    def measure(self, draft: Sequence[int], got: Sequence[int]) -> int:
+        """Count the draft against the tokens that came (`got`: as many as are known); the
+        tokens of the draft kept. Each token compared up to the first refused one is a try:
+        the refused one is, those after it are not."""
+        kept = 0
+        for d, t in zip(draft, got, strict=False):
+            if d != t:
+                break
+            kept += 1
+        tried = kept + (kept < min(len(draft), len(got)))
+        self.kept_w = _DECAY * self.kept_w + kept
+        self.tried_w = _DECAY * self.tried_w + tried
+        return kept
 
 
 @dataclass(slots=True)
@@ -105,6 +132,9 @@ class Speculator:
         self._step = 0
         # after steps that found nothing worth verifying, plain (overlapped) steps for a while
         self._quiet_until, self._quiet_len = 0, 1
+        # what a step takes beyond the table (plain, verify): the host's own work per step
+        self._extra = [0.0, 0.0]
+        self._stored_waiting = False  # a request ended since the drafter's last flush
 
     def joined(self, rid: str, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         """A request joins the batch with these tokens; a retracted one that joins again keeps
@@ -113,15 +143,37 @@ class Speculator:
             return
         self.drafter.start(rid, prompt_ids, output_ids)
         self._states[rid] = _State(self.k_max, seen=len(prompt_ids) + len(output_ids))
+        # a new request may repeat what the quiet steps found nothing in: draft soon
+        self._quiet_until = min(self._quiet_until, self._step + 2)
+        self._quiet_len = 1
 
     def ended(self, rid: str, status: str) -> None:
         """The request ended ("finished" / "aborted" / "failed"): a failed one's tokens stay
         out of the shared memory."""
         if self._states.pop(rid, None) is not None:
             self.drafter.finish(rid, keep=status != "failed")
+            self._stored_waiting = True
 
     def flush(self) -> None:
+        """The drafter's deferred indexing (call while the device computes a step)."""
         self.drafter.flush()
+        self._stored_waiting = False
+
+    def observe_step(self, entries: int, seconds: float, verify: bool) -> None:
+        """A step of `entries` entries took `seconds` (drafting, commits and all): the policy
+        prices steps by the table plus what steps here took beyond it (start-up calibration
+        times only the forward; the host's work per step is learnt as the server runs)."""
+        if self.cost is None:
+            return
+        table = self.cost.verify(entries) if verify else self.cost(entries)
+        beyond = min(max(seconds - table, -0.5 * table), 3 * table)  # one slow step: bounded
+        self._extra[verify] += _OBSERVE * (beyond - self._extra[verify])
+
+    def _seconds(self, entries: int, verify: bool) -> float:
+        """What a step of `entries` entries is expected to take."""
+        assert self.cost is not None
+        table = self.cost.verify(entries) if verify else self.cost(entries)
+        return max(table + self._extra[verify], 0.25 * table)
 
     def may_draft(self) -> bool:
         """Some request of the batch may draft at the next step (else a plain, overlapped step
@@ -144,16 +196,25 @@ class Speculator:
                 want.append(0)
                 continue
             if len(toks) > st.seen:
-                self.drafter.accept(rid, toks.tail(st.seen))
+                new = toks.tail(st.seen)
+                self.drafter.accept(rid, new)
                 st.seen = len(toks)
+                if st.shadow is not None:  # what a declined draft would have kept
+                    self._adapt(st, len(st.shadow), st.measure(st.shadow, new))
+                    st.shadow = None
             want.append(min(st.k, cap))
             asked.append(rid)
         if not asked:
             return None
+        if self._stored_waiting:  # drafts may follow an ended request's answer from this step on
+            self.flush()
         ks = [w for w in want if w]
         got = iter(self.drafter.propose(asked, ks))
         out = [next(got)[:w] if w else [] for w in want]
         worth = self._worth(rids, out)
+        for rid, draft, verified in zip(rids, out, worth or [[]] * len(out), strict=True):
+            if draft and not verified:
+                self._states[rid].shadow = draft  # measured when its next tokens come
         if worth is None:  # back off: the next steps stay plain (and overlapped)
             self._quiet_until = self._step + self._quiet_len
             self._quiet_len = min(_MAX_PAUSE_STEPS, self._quiet_len * 2)
@@ -168,27 +229,30 @@ class Speculator:
         st_all.verify_steps_total += 1
         for rid, draft, run in zip(rids, drafts, runs, strict=True):
             st = self._states.get(rid)
-            kept = len(run) - 1
             st_all.accept_lengths.append(len(run))
             if st is None or not draft:
                 continue
+            kept = st.measure(draft, run)
             st_all.proposed_total += len(draft)
             st_all.accepted_total += kept
-            st.probing = False
-            st.alpha = (1 - _EMA) * st.alpha + _EMA * (kept / len(draft))
-            if kept == len(draft):
-                st.k, st.misses = min(self.k_max, st.k + 2), 0
-            elif kept:
-                st.k, st.misses = max(1, min(st.k, kept + 1)), 0
-            else:
-                st.k, st.misses = max(1, st.k // 2), st.misses + 1
-                if st.misses >= 2:
-                    st.paused_until = self._step + min(_MAX_PAUSE_STEPS, 2 ** st.misses)
+            self._adapt(st, len(draft), kept)
+
+    def _adapt(self, st: _State, drafted: int, kept: int) -> None:
+        """The next draft length and pause after `kept` of `drafted` tokens were kept."""
+        if kept == drafted:
+            st.k, st.misses = min(self.k_max, st.k + 2), 0
+        elif kept:
+            st.k, st.misses = max(1, min(st.k, kept + 1)), 0
+        else:
+            st.k, st.misses = max(1, st.k // 2), st.misses + 1
+            if st.misses >= 2:
+                st.paused_until = self._step + min(_MAX_PAUSE_STEPS, 2 ** st.misses)
 
     def _worth(self, rids: Sequence[str], drafts: list[list[int]]) -> list[list[int]] | None:
-        """The drafts worth verifying: requests are taken best expected acceptance first while
-        each adds more tokens per second than it costs (`cost` of the step's entries); None
-        when even the best do not beat a plain step by `_MIN_GAIN`."""
+        """The drafts worth verifying: of the requests ranked by expected kept tokens per draft
+        token, the leading set whose step earns the most tokens per second (the cost of a
+        step is not linear in its entries, so every prefix is priced, not only the next
+        request); None when even that set does not beat a plain step by `_MIN_GAIN`."""
         if not any(drafts):
             return None
         if self.cost is None:
@@ -199,24 +263,15 @@ class Speculator:
             if d:
                 a = self._states[rid].alpha
                 gain[i] = sum(a ** j for j in range(1, len(d) + 1))
-        entries, earned, kept = n, float(n), set()
-        # a request not verified yet probes once with a short draft: its acceptance is only a
-        # guess until a verify measures it (without a probe a cautious guess never changes)
-        for i in [i for i in gain if self._states[rids[i]].probing]:
-            drafts[i] = drafts[i][:_PROBE_TOKENS]
-            gain[i] = 0.0
-            entries += len(drafts[i])
-            kept.add(i)
-        for i in sorted(gain, key=lambda i: gain[i] / len(drafts[i]), reverse=True):
-            if i in kept:
-                continue
-            more, got = entries + len(drafts[i]), earned + gain[i]
-            if got / self.cost.verify(more) <= earned / self.cost.verify(entries):
-                break  # the rest earn less per entry still
-            entries, earned = more, got
-            kept.add(i)
-        if not kept or earned / self.cost.verify(entries) < _MIN_GAIN * n / self.cost(n):
-            kept = {i for i in kept if self._states[rids[i]].probing}  # the probes still run
-            if not kept:
-                return None
+        ranked = sorted(gain, key=lambda i: gain[i] / len(drafts[i]), reverse=True)
+        entries, earned = n, float(n)
+        best, best_m = 0.0, 0
+        for m, i in enumerate(ranked, 1):
+            entries, earned = entries + len(drafts[i]), earned + gain[i]
+            rate = earned / self._seconds(entries, True)
+            if rate > best:
+                best, best_m = rate, m
+        if best < _MIN_GAIN * n / self._seconds(n, False):
+            return None
+        kept = set(ranked[:best_m])
         return [d if i in kept else [] for i, d in enumerate(drafts)]

@@ -33,6 +33,7 @@ device:         ...... step N ...... | ........ step N+1 ........
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -109,10 +110,25 @@ class DecodeStepper:
         those of the step launched last time. Without a batch or a launched step: nothing."""
         for live in ready:
             self.start(live, now)
-        if self.spec is not None and self.batch and self.spec.may_draft() and self._speculate(now):
+        spec = self.spec
+        if spec is None:
+            self._plain_step(now)
             return
+        # the policy learns what steps cost here (drafting, commits and lost overlap included)
+        t0, rows = time.perf_counter(), len(self.batch)
+        if rows and spec.may_draft() and self._speculate(now):
+            assert self.verifier is not None
+            spec.observe_step(self.verifier.last_entries, time.perf_counter() - t0, verify=True)
+            return
+        self._plain_step(now)
+        if rows:
+            spec.observe_step(rows, time.perf_counter() - t0, verify=False)
+
+    def _plain_step(self, now: float) -> None:
         prev, self.in_flight = self.in_flight, None
         launched = self._launch(now) if self.batch else None
+        if self.spec is not None:
+            self.spec.flush()  # the drafter's indexing, while the device computes
         if prev is not None:
             self._commit_step(prev, now)
         if launched is not None and (launched.sampled is not None or not self.overlap):

@@ -39,6 +39,7 @@ class Verifier:
         self.batch, self.decode_alloc, self.runner = batch, decode_alloc, runner
         self.sampler, self.table, self.spec = sampler, table, spec
         self.verify_seconds: list[float] = []  # drained by the books into the histogram
+        self.last_entries = 0  # the entries of the latest verify step's forward
 
     def try_step(self, now: float) -> int | None:
         """Run one verify step when the policy drafts; the tokens it committed, or None (no
@@ -57,6 +58,7 @@ class Verifier:
         if not self._plan_pages(order, ks):
             return None
         t0 = time.perf_counter()
+        self.last_entries = int(ks.sum()) + len(ks)
         runs = self._run(order, drafts, ks)
         committed = self._commit(order, drafts, runs, now)
         self.verify_seconds.append(time.perf_counter() - t0)

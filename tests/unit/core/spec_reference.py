@@ -30,7 +30,8 @@ def match_len(seq: Seq, i: int, pattern: Seq, cap: int) -> int:
 
 def ngram(own: Seq, shared: list[Seq], k: int, lo: int, hi: int) -> Seq:
     """The longest suffix match (lo..hi) with something after it; own tokens, then the
-    newest, win ties."""
+    newest, win ties. A match in `own` whose continuation reaches its end repeats with that
+    period."""
     pattern = own[-hi:]
     best: tuple[int, int, int] = (0, 0, 0)  # (length, source rank, position rank)
     draft: Seq = []
@@ -41,6 +42,9 @@ def ngram(own: Seq, shared: list[Seq], k: int, lo: int, hi: int) -> Seq:
             key = (length, rank, i)
             if length >= lo and key > best:
                 best, draft = key, seq[i + 1:i + 1 + k]
+                if seq is own:
+                    period = len(own) - 1 - i
+                    draft = [own[i + 1 + j % period] for j in range(k)]
     return draft
 
 

@@ -10,13 +10,17 @@
                a plain step against a verify step of the same requests (drafts of k tokens),
                model + argmax; a verify step pays when it commits more than `verify / plain`
                tokens a request
+    graphs     what the daemon captures at start-up with speculation on (K = 8, the default
+               graph batch sizes, contexts to --step-context): graph count, how many are
+               verify graphs, capture seconds
 
     python scripts/bench_gpu_verify.py [--parts attention,step] [--batch-sizes 1,8,32,64,128]
         [--ks 1,2,4,8] [--contexts 1024,8192,32768] [--step-context 4096]
 
 CUDA only: without a device it says so and exits 0. Last line:
 `bench_gpu_verify: attn_grouped_bs64_k4_8k=<x> attn_per_entry_bs64_k4_8k=<x>
-step_bs64_k4=<x> worst_step=<x>` (ratios to the plain step; nan where not run).
+step_bs64_k4=<x> worst_step=<x> graphs=<n> verify_graphs=<n> capture_s=<s>` (ratios to the
+plain step; nan where not run).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.model.gpt_oss import GptOssModel
 from decode_worker.device.query_groups import QueryGroups, group_starts
 from decode_worker.device.runner import ModelRunner
+from decode_worker.settings.sections import SchedulerSettings
 from decode_worker.utils.mathx import cdiv
 from scripts.bench_gpu_decode import load
 from scripts.gpu_floor import shape_config
@@ -177,10 +182,32 @@ def step_table(args: argparse.Namespace, device: torch.device) -> dict[str, floa
     return out
 
 
+def graph_capture(args: argparse.Namespace, device: torch.device) -> dict[str, float]:
+    """Start-up capture as the daemon does it with speculation on (K = K_MAX): every default
+    size bucket, plain and grouped graphs."""
+    model, ctx, page = load(args, device), args.step_context, args.page_size
+    cfg = model.cfg
+    need, ring = cdiv(ctx + K_MAX, page), swa_ring_width(cfg.window + K_MAX, page)
+    pools = KVPools(KVSpec.from_config(cfg), 2 * need, 2 * ring, page, device, torch.bfloat16)
+    sizes = SchedulerSettings().cuda_graph_batch_sizes
+    runner = ModelRunner(model, pools, use_cuda_graph=True, graph_batch_sizes=sizes,
+                         max_graph_pages=need, attention_backend="auto", lookahead=K_MAX)
+    try:
+        t0 = time.perf_counter()
+        count = runner.capture_graphs(ctx, tuple(range(2, K_MAX + 2)))
+        took = time.perf_counter() - t0
+        grouped = len(runner.graphs.grouped) if runner.graphs is not None else 0
+    finally:
+        runner.destroy()
+    print(f"start-up capture, K={K_MAX}, sizes {sizes}, contexts to {ctx}: {count} graphs "
+          f"({grouped} for verify steps) in {took:.1f} s", flush=True)
+    return {"graphs": count, "verify_graphs": grouped, "capture_s": took}
+
+
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
-    p.add_argument("--parts", default="attention,step")
+    p.add_argument("--parts", default="attention,step,graphs")
     p.add_argument("--batch-sizes", type=ints, default=ints("1,8,32,64,128"))
     p.add_argument("--ks", type=ints, default=ints("1,2,4,8"))
     p.add_argument("--contexts", type=ints, default=ints("1024,8192,32768"),
@@ -203,11 +230,15 @@ def main() -> int:
     with torch.inference_mode():
         attn = attention_table(args, device) if "attention" in args.parts else {}
         steps = step_table(args, device) if "step" in args.parts else {}
+        graphs = graph_capture(args, device) if "graphs" in args.parts else {}
     nan = math.nan
     print(f"bench_gpu_verify: attn_grouped_bs64_k4_8k={attn.get('grouped', nan):.2f} "
           f"attn_per_entry_bs64_k4_8k={attn.get('per_entry', nan):.2f} "
           f"step_bs64_k4={steps.get('step_bs64_k4', nan):.2f} "
-          f"worst_step={max(steps.values(), default=nan):.2f}")
+          f"worst_step={max(steps.values(), default=nan):.2f} "
+          f"graphs={graphs.get('graphs', nan):.0f} "
+          f"verify_graphs={graphs.get('verify_graphs', nan):.0f} "
+          f"capture_s={graphs.get('capture_s', nan):.1f}")
     return 0
 
 

@@ -30,14 +30,15 @@ def probe_pools(spec: KVSpec, page_size: int, table_tokens: int, device: torch.d
     return KVPools(spec, max(1, cdiv(table_tokens, page_size)), 1, page_size, device, dtype)
 
 
-def capture_probe(make_runner: RunnerFactory, pools: KVPools, capture_tokens: int
-                  ) -> Callable[[], Callable[[], None]]:
-    """For `ShareTracker.measure_graphs`: capture every start-up graph over `pools`, return
-    what frees the graphs and lets the pools go."""
+def capture_probe(make_runner: RunnerFactory, pools: KVPools, capture_tokens: int,
+                  group_lens: tuple[int, ...] = ()) -> Callable[[], Callable[[], None]]:
+    """For `ShareTracker.measure_graphs`: capture every start-up graph over `pools` (with
+    `group_lens`, the verify graphs too: `ModelRunner.capture_graphs`), return what frees the
+    graphs and lets the pools go."""
 
     def capture() -> Callable[[], None]:
         runner = make_runner(pools)
-        runner.capture_graphs(capture_tokens)
+        runner.capture_graphs(capture_tokens, group_lens)
 
         def release() -> None:
             runner.destroy()

@@ -185,7 +185,8 @@ def _measure_share(share: ShareTracker, settings: Settings, model: CausalLM, spe
     pools = probe_pools(spec, ps, model.cfg.max_position_embeddings, model.device, kv_dtype)
     if graphs and sched.cuda_graph_capture_tokens:
         share.measure_graphs(capture_probe(_make_runner(settings, model, True, attention),
-                                           pools, sched.cuda_graph_capture_tokens))
+                                           pools, sched.cuda_graph_capture_tokens,
+                                           verify_group_lens(settings)))
     eager = _make_runner(settings, model, False, attention)(pools)
     # a prefill peer decodes nothing; a verify step runs 1 + K entries per request
     rows = sched.max_running_requests * (1 + settings.speculative.lookahead) if graphs else 1
@@ -209,6 +210,12 @@ def _allocate_pools(layout: CacheLayout, spec: KVSpec, device: torch.device,
                    device, kv_dtype)
 
 
+def verify_group_lens(settings: Settings) -> tuple[int, ...]:
+    """The entries a request may have in a verify step (2 .. 1 + K; none without
+    speculation): the grouped graphs to capture at start-up."""
+    return tuple(range(2, settings.speculative.lookahead + 2))
+
+
 def _capture(runner: ModelRunner, settings: Settings, memory: DeviceMemory | None) -> int:
     """Capture the start-up graphs (if any); the bytes they took (0 without a device)."""
     tokens = settings.scheduler.cuda_graph_capture_tokens
@@ -216,10 +223,12 @@ def _capture(runner: ModelRunner, settings: Settings, memory: DeviceMemory | Non
         return 0
     before = memory.held_bytes() if memory is not None else 0
     t0 = time.perf_counter()
-    count = runner.capture_graphs(tokens)
+    count = runner.capture_graphs(tokens, verify_group_lens(settings))
     took = (memory.held_bytes() - before) if memory is not None else 0
-    log.info("captured %d decode graphs (contexts up to %d tokens) in %.1f s, %s", count,
-             tokens, time.perf_counter() - t0, gib(took))
+    verify = len(runner.graphs.grouped) if runner.graphs is not None else 0
+    log.info("captured %d decode graphs (%d of them for verify steps; contexts up to %d "
+             "tokens) in %.1f s, %s", count, verify, tokens, time.perf_counter() - t0,
+             gib(took))
     return took
 
 

@@ -99,13 +99,17 @@ def _walk(seqs: list[Seq], ends: list[tuple[int, int]], room: int,
 
 def occurs_after_match(draft: Seq, context: Seq, memories: list[Seq], min_len: int) -> bool:
     """Whether `draft` follows, in one of `memories`, an occurrence of the last `min_len`
-    tokens of `context` (the request's own last position excluded)."""
+    tokens of `context` (the request's own last position excluded; in `context` itself the
+    continuation may repeat with the match's period, as NGRAM drafts it)."""
     tail = context[-min_len:]
     for seq in memories:
         for i in range(len(seq) - 1):
             if seq is context and i == len(seq) - 1:
                 continue
+            after = seq[i + 1:i + 1 + len(draft)]
+            if seq is context:  # NGRAM: a match in the own tokens repeats with its period
+                after = [seq[i + 1 + j % (len(seq) - 1 - i)] for j in range(len(draft))]
             if (i + 1 >= min_len and seq[i + 1 - min_len:i + 1] == tail
-                    and seq[i + 1:i + 1 + len(draft)] == draft and SEP not in draft):
+                    and after == draft and SEP not in draft):
                 return True
     return False

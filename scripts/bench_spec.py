@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
 """Speculative decoding on and off on the same requests, in one run: decode tokens per second on
-the CPU at batch 1, 8 and 32, for repeating greedy work and for sampled work, through the
-daemon's stepper and verify step over the built-in tiny gpt-oss; then spec-sim on a
-code-editing trace built from a git repository's history (this one by default).
+the CPU at batch 1, 8 and 32 through the daemon's stepper and verify step over the built-in
+tiny gpt-oss; then spec-sim on a code-editing trace built from a git repository's history
+(this one by default).
 
-Greedy work repeats itself (each prompt says a phrase again and again), and the built-in
-model's weights are random: its greedy answers fall into loops, which prompt lookup predicts
-almost perfectly. That flatters drafts; the spec-sim rows, on real edits, are the honest
-acceptance figures. Sampled work (temperature 1) rarely repeats: drafts mostly fail,
-and the policy must keep that from costing throughput.
+Each run serves `--waves` x bs requests with at most bs running, a new one joining as one
+ends (a server's batch stays full), and counts tokens per second until the last one joined.
+Three works:
+  repeat   greedy; each prompt was served once before (an agent's repeated call, a retry), so
+           the answer repeats one the worker has seen: the repeating work the greedy ratios
+           of the last line come from
+  loops    greedy, first time: the built-in model's weights are random and its greedy
+           answers fall into loops, which prompt lookup predicts (this flatters drafts; the
+           spec-sim rows, on real edits, are the honest acceptance figures)
+  sampled  temperature 1, first time: drafts mostly fail, and the policy must keep that
+           from costing throughput
+The ratio of a cell is the median over `--repeats` pairs of runs (off, then on, back to back:
+this host's speed drifts by 10 % between runs).
 
-    python scripts/bench_spec.py                     # ~2-4 min on 2 cores
+    python scripts/bench_spec.py                     # ~2-3 min on 2 cores
     python scripts/bench_spec.py --batch-sizes 1,8 --max-new 64 --no-trace
 
 The last line is exactly:

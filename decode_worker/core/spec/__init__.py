@@ -1,6 +1,7 @@
 """Model-free drafting for speculative decoding: drafts from what the worker already holds
-(the request's own tokens and the requests it finished). `Drafter` is the contract the decode
-step relies on; `make_drafter` builds NGRAM or SUFFIX from `SpecParams`."""
+(the request's own tokens, the requests it finished and, for NGRAM, the other requests
+running now). `Drafter` is the contract the decode step relies on; `make_drafter` builds
+NGRAM or SUFFIX from `SpecParams`."""
 
 from decode_worker.core.spec.drafter import (
     Algorithm,

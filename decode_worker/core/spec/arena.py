@@ -50,7 +50,7 @@ class TokenArena:
     a shared arena (None: unbounded, e.g. one request's own tokens)."""
 
     def __init__(self, anchors: Sequence[int], max_tokens: int | None = None,
-                 max_sequences: int | None = None) -> None:
+                 max_sequences: int | None = None, track_new: bool = False) -> None:
         if not anchors or min(anchors) < 1:
             raise ValueError(f"anchors must be gram lengths >= 1, got {list(anchors)}")
         self.anchors = tuple(sorted(set(anchors), reverse=True))  # longest first
@@ -63,6 +63,9 @@ class TokenArena:
         self.heads: dict[int, dict[int, int]] = {n: {} for n in self.anchors}
         self.prevs: dict[int, array[int]] = {n: array("q") for n in self.anchors}
         self.sequences: deque[tuple[int, int]] = deque()  # (first, end) incl. its SEP
+        # track_new: the keys of longest-anchor grams indexed for the first time here, until
+        # the owner takes them (a request publishing its grams to the other live requests)
+        self.new_keys: list[int] | None = [] if track_new else None
 
     @property
     def end(self) -> int:
@@ -118,6 +121,8 @@ class TokenArena:
             prev[i] = get(key, -1)
             heads[key] = lo + i
         self.prevs[n].extend(prev)
+        if self.new_keys is not None and n == self.anchors[0]:  # never evicts: -1 is new
+            self.new_keys += [key for key, p in zip(keys, prev, strict=True) if p < 0]
 
     def occurrences(self, n: int, key: int, limit: int) -> Iterator[int]:
         """Up to `limit` live end positions of indexed grams of length n with `key`, newest
@@ -154,24 +159,25 @@ class TokenArena:
             pos = prevs[pos - base]
         return found
 
-    def longest(self, n: int, pattern: list[int], cap: int, limit: int, skip: int,
-                beat: int) -> tuple[int, int]:
+    def longest(self, n: int, pattern: list[int], cap: int, limit: int, below: int,
+                beat: int) -> tuple[int, int, int]:
         """The longest (of equals, the newest) of up to `limit` indexed occurrences of
-        `pattern`'s last n tokens that something follows and that match more than `beat`
-        tokens (at most cap): (length, end position), or (beat, -1). One slice compare
-        rejects a candidate that cannot beat the best so far."""
+        `pattern`'s last n tokens that end before `below`, that something follows and that
+        match more than `beat` tokens (at most cap): (length, end position, what is left of
+        `limit`), or (beat, -1, left). One slice compare rejects a candidate that cannot beat
+        the best so far."""
         pos = self.heads[n].get(pattern[-1] if n == 1 else hash(tuple(pattern[-n:])), -1)
         start = self.start
         best, best_pos = beat, -1
         tokens, base, prevs = self.tokens, self.base, self.prevs[n]
         while pos >= start and limit > 0 and best < cap:
             e, need = pos + 1 - base, best + 1
-            if (pos != skip and pos - start >= best and tokens[e - need:e] == pattern[-need:]
+            if (pos < below and pos - start >= best and tokens[e - need:e] == pattern[-need:]
                     and e < len(tokens) and tokens[e] != SEP):
                 best, best_pos = self.match_len(pos, pattern, cap, need), pos
             limit -= 1
             pos = prevs[pos - base]
-        return best, best_pos
+        return best, best_pos, limit
 
     def find_unindexed(self, pattern: list[int], cap: int, limit: int,
                        seen: set[int]) -> list[tuple[int, int]]:
@@ -250,6 +256,9 @@ class TokenArena:
         if self.max_sequences is not None:
             assert len(self.sequences) <= max(self.max_sequences, 1), "sequence bound exceeded"
         assert self.tokens.count(SEP) >= len(self.sequences)
+        if self.new_keys is not None:
+            assert len(set(self.new_keys)) == len(self.new_keys), "a key new twice"
+            assert self.heads[self.anchors[0]].keys() >= set(self.new_keys)
         for n in self.anchors:
             assert len(self.prevs[n]) == self.indexed - self.base
             for key, head in self.heads[n].items():

@@ -2,8 +2,9 @@
 
 A drafter proposes, for each running request, tokens that may follow its current tokens,
 from what this worker already holds (no draft model): the request's own prompt and output,
-and a shared memory of the requests it finished. The decode step verifies the drafts with
-one target forward over 1 + k tokens per request and commits what it accepts.
+a shared memory of the requests it finished, and (NGRAM) the other requests running now. The
+decode step verifies the drafts with one target forward over 1 + k tokens per request and
+commits what it accepts.
 """
 
 from __future__ import annotations
@@ -42,14 +43,16 @@ class Drafter(Protocol):
       holds committed tokens only. Tokens may be any ids (they need not come from a draft).
     - `finish(rid)` ends the request: its tokens go to the shared memory (NGRAM: prompt
       and output; SUFFIX: the output, as SGLang's global suffix tree keeps responses) at
-      the next `flush`, and its per-request state is freed. `finish(rid, keep=False)` frees
+      the next `flush`, and its per-request state is freed; from the call on, the other
+      requests no longer draft from its live tokens. `finish(rid, keep=False)` frees
       without storing (a request that failed). Unknown rids are ignored (finishing twice is
       harmless).
     - `flush()` does the work that can wait: indexing the tokens started and accepted since
-      the last flush, storing finished requests. Call it where it costs nothing, e.g. right
-      after launching the verify forward; every other call is correct without it (a search
-      scans what is not indexed yet, and indexes a request first past `MAX_PENDING`
-      tokens), only slower.
+      the last flush (NGRAM: what the other live requests see of them), storing finished
+      requests. Call it where it costs nothing, e.g. right after launching the verify
+      forward; every other call is correct without it (a search scans what is not indexed
+      yet, and indexes a request first past `MAX_PENDING` tokens), only slower, and (NGRAM)
+      without it the other live requests see none of the new tokens.
     - Memory is bounded: the shared memory by its settings, per request by its tokens.
     - `stats()` counts what is held; `check_integrity()` raises AssertionError on a broken
       structure (tests, or the daemon's idle check).

@@ -5,6 +5,7 @@ budgets), plus helpers to read a drafter's memories."""
 from __future__ import annotations
 
 from decode_worker.core.spec.arena import SEP, TokenArena
+from decode_worker.core.spec.ngram import NgramDrafter
 
 Seq = list[int]
 
@@ -20,6 +21,13 @@ def live_sequences(arena: TokenArena | None) -> list[Seq]:
     return out
 
 
+def live_others(drafter: NgramDrafter, rid: str) -> list[tuple[Seq, int]]:
+    """The other live requests' tokens and how many of them the others see (`shown`),
+    newest started first."""
+    others = [r for key, r in drafter._reqs.items() if key != rid]
+    return [(list(r.own.tokens), r.shown) for r in sorted(others, key=lambda r: -r.seq)]
+
+
 def match_len(seq: Seq, i: int, pattern: Seq, cap: int) -> int:
     """How many tokens ending at seq[i] equal the end of `pattern` (at most cap)."""
     n = 0
@@ -28,19 +36,25 @@ def match_len(seq: Seq, i: int, pattern: Seq, cap: int) -> int:
     return n
 
 
-def ngram(own: Seq, shared: list[Seq], k: int, lo: int, hi: int) -> Seq:
-    """The longest suffix match (lo..hi) with something after it; own tokens, then the
-    newest, win ties. A match in `own` whose continuation reaches its end repeats with that
-    period."""
+def ngram(own: Seq, shared: list[Seq], k: int, lo: int, hi: int,
+          live: list[tuple[Seq, int]] | None = None, live_min: int = 1) -> Seq:
+    """The longest suffix match (lo..hi) with something after it; own tokens, then the live
+    requests (`live`: tokens and shown count, newest started first; a match there ends
+    below its shown count and is at least `live_min` long), then the newest, win ties. A
+    match in `own` whose continuation reaches its end repeats with that period."""
     pattern = own[-hi:]
     best: tuple[int, int, int] = (0, 0, 0)  # (length, source rank, position rank)
     draft: Seq = []
-    memories = [(own, 1 << 40)] + [(seq, j) for j, seq in enumerate(shared)]
-    for seq, rank in memories:
-        for i in range(len(seq) - 1):
+    live = live or []
+    memories = [(own, 1 << 40, len(own), lo)]
+    memories += [(seq, (1 << 30) + len(live) - j, shown, max(lo, live_min))
+                 for j, (seq, shown) in enumerate(live)]
+    memories += [(seq, j, len(seq), lo) for j, seq in enumerate(shared)]
+    for seq, rank, below, least in memories:
+        for i in range(min(below, len(seq) - 1)):
             length = match_len(seq, i, pattern, hi)
             key = (length, rank, i)
-            if length >= lo and key > best:
+            if length >= least and key > best:
                 best, draft = key, seq[i + 1:i + 1 + k]
                 if seq is own:
                     period = len(own) - 1 - i
@@ -100,15 +114,14 @@ def _walk(seqs: list[Seq], ends: list[tuple[int, int]], room: int,
 def occurs_after_match(draft: Seq, context: Seq, memories: list[Seq], min_len: int) -> bool:
     """Whether `draft` follows, in one of `memories`, an occurrence of the last `min_len`
     tokens of `context` (the request's own last position excluded; in `context` itself the
-    continuation may repeat with the match's period, as NGRAM drafts it)."""
+    continuation repeats with its period once it reaches the end)."""
     tail = context[-min_len:]
     for seq in memories:
         for i in range(len(seq) - 1):
-            if seq is context and i == len(seq) - 1:
-                continue
             after = seq[i + 1:i + 1 + len(draft)]
-            if seq is context:  # NGRAM: a match in the own tokens repeats with its period
-                after = [seq[i + 1 + j % (len(seq) - 1 - i)] for j in range(len(draft))]
+            if seq is context:
+                period = len(seq) - 1 - i
+                after = [seq[i + 1 + j % period] for j in range(len(draft))]
             if (i + 1 >= min_len and seq[i + 1 - min_len:i + 1] == tail
                     and after == draft and SEP not in draft):
                 return True

@@ -30,22 +30,47 @@ def _fill(drafter: NgramDrafter | SuffixDrafter,
         drafter.flush()
 
 
-@settings(max_examples=examples(300), deadline=None)
-@given(history=history_st, prompt=tokens_st, k=st.integers(1, 8), lo=st.integers(1, 3),
-       span=st.integers(0, 6), capacity=st.integers(1, 120), flush=st.booleans())
+# live requests: (prompt, output, whether the prompt starts with r's prompt, flush after it)
+live_st = st.lists(st.tuples(tokens_st, st.lists(st.integers(0, 3), max_size=20), st.booleans(),
+                             st.booleans()), max_size=3)
+
+
+def _run_live(drafter: NgramDrafter, prompt: list[int],
+              live: list[tuple[list[int], list[int], bool, bool]], end: int) -> None:
+    """Start the live requests (some repeating `prompt`, as n > 1 samples or a repeated tool
+    call), then finish the last `end` of them without a flush (ignored from then on)."""
+    for i, (other, output, repeat, flush) in enumerate(live):
+        drafter.start(f"live{i}", (prompt if repeat else []) + other)
+        drafter.accept(f"live{i}", output)
+        if flush:
+            drafter.flush()
+    for i in range(len(live) - end, len(live)):
+        drafter.finish(f"live{i}", keep=i % 2 == 0)
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(history=history_st, live=live_st, end=st.integers(0, 1), prompt=tokens_st,
+       k=st.integers(1, 8), lo=st.integers(1, 3), span=st.integers(0, 6),
+       capacity=st.integers(1, 120), flush=st.booleans(), output=st.lists(st.integers(0, 3),
+                                                                          max_size=8))
 def test_ngram_equals_longest_suffix_match(history: list[tuple[list[int], list[int]]],
-                                           prompt: list[int], k: int, lo: int, span: int,
-                                           capacity: int, flush: bool) -> None:
+                                           live: list[tuple[list[int], list[int], bool, bool]],
+                                           end: int, prompt: list[int], k: int, lo: int,
+                                           span: int, capacity: int, flush: bool,
+                                           output: list[int]) -> None:
     drafter = NgramDrafter(SpecParams(
         "NGRAM", num_draft_tokens=k, ngram_min_match_window_size=lo,
         ngram_max_match_window_size=lo + span, ngram_capacity=capacity,
         max_chain=UNBOUNDED, short_chain=UNBOUNDED))
     _fill(drafter, history)
+    _run_live(drafter, prompt, live, min(end, len(live)))
     drafter.start("r", prompt)
+    drafter.accept("r", output)
     if flush:
         drafter.flush()
     shared = ref.live_sequences(drafter.shared)
-    expected = ref.ngram(prompt, shared, k, lo, lo + span)
+    others = ref.live_others(drafter, "r")
+    expected = ref.ngram(prompt + output, shared, k, lo, lo + span, others, drafter.live.n)
     assert drafter.propose(["r"], [k]) == [expected]
     drafter.check_integrity()
 
@@ -103,6 +128,28 @@ def test_a_finished_answer_drafts_the_next_request_that_repeats_it() -> None:
         drafter.start("b", [70, 50, 51, 52])  # another agent, the same question
         drafter.accept("b", [60, 61, 62])
         assert drafter.propose(["b"], [4]) == [[63, 64, 65]], algorithm
+
+
+def test_live_requests_draft_from_each_other() -> None:
+    """Two samples of one prompt: the one ahead drafts the other (NGRAM), once a flush has
+    shown its tokens; the cursor follows it as it goes on, and its finish ends that."""
+    drafter = NgramDrafter(SpecParams("NGRAM", num_draft_tokens=8))
+    prompt = [9, 8, 7, 6, 5]
+    drafter.start("a", prompt)
+    drafter.accept("a", [40, 41, 42, 43, 44, 45])
+    drafter.start("b", prompt)
+    assert drafter.propose(["b"], [4]) == [[]]  # a's tokens not shown yet
+    drafter.flush()
+    assert drafter.propose(["b", "a"], [4, 4]) == [[40, 41, 42, 43], []]
+    drafter.accept("b", [40, 41])
+    drafter.accept("a", [46, 47])  # a goes on: b's cursor reads on into it
+    assert drafter.propose(["b"], [8]) == [[42, 43, 44, 45, 46, 47]]
+    drafter.finish("a", keep=False)  # failed: not drafted from, not stored
+    assert drafter.propose(["b"], [4]) == [[]]
+    drafter.flush()
+    assert drafter.propose(["b"], [4]) == [[]]
+    assert set(map(id, drafter.live.holders.values())) == {id(drafter._reqs["b"])}
+    drafter.check_integrity()
 
 
 @pytest.mark.parametrize("algorithm", ["NGRAM", "SUFFIX"])

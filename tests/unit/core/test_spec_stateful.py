@@ -1,8 +1,10 @@
 """Hypothesis state machine over a drafter: random starts (rids reused), verify steps that
 accept part of a draft plus a bonus token (or tokens no draft predicted), finishes with and
 without storing, flushes, under small memory bounds. After every step the structures check
-out; every draft is no longer than asked and follows, in a memory it may come from, a match
-of the request's latest tokens; the shared memory stays within its bounds."""
+out (NGRAM's live index included); every draft is no longer than asked and follows, in a
+memory it may come from (NGRAM: the other live requests too), a match of the request's latest
+tokens; right after a flush, NGRAM's draft is the reference's over every memory; the shared
+memory stays within its bounds."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from decode_worker.core.spec import SpecParams, make_drafter
 from decode_worker.core.spec.arena import TokenArena
 from decode_worker.core.spec.drafter import Drafter
+from decode_worker.core.spec.ngram import NgramDrafter
 from tests.examples import examples
 from tests.unit.core import spec_reference as ref
 
@@ -23,7 +26,7 @@ small_tokens = st.lists(st.integers(0, 4), min_size=1, max_size=24)
 class DrafterMachine(RuleBasedStateMachine):
     @initialize(algorithm=st.sampled_from(["NGRAM", "SUFFIX"]), k=st.integers(1, 6),
                 lo=st.integers(1, 3), capacity=st.integers(1, 80), cached=st.integers(-1, 3),
-                depth=st.integers(2, 10), chain=st.integers(1, 6))
+                depth=st.integers(2, 10), chain=st.sampled_from([1, 6, 1 << 20, 1 << 20]))
     def setup(self, algorithm: str, k: int, lo: int, capacity: int, cached: int, depth: int,
               chain: int) -> None:
         self.params = SpecParams(
@@ -46,6 +49,14 @@ class DrafterMachine(RuleBasedStateMachine):
         self.tokens[rid], self.prompt_len[rid] = list(prompt), len(prompt)
 
     @precondition(lambda self: bool(self.tokens))
+    @rule(rid=st.sampled_from(RIDS), data=st.data())
+    def start_a_repeat(self, rid: str, data: st.DataObject) -> None:
+        """A request whose prompt is the start of a live one's tokens (n > 1 samples, the
+        same question twice): the live one, when ahead, drafts it."""
+        source = self.tokens[data.draw(st.sampled_from(sorted(self.tokens)))]
+        self.start(rid, source[:data.draw(st.integers(1, len(source)))])
+
+    @precondition(lambda self: bool(self.tokens))
     @rule(data=st.data())
     def propose(self, data: st.DataObject) -> None:
         rids = data.draw(st.lists(st.sampled_from(sorted(self.tokens)), min_size=1,
@@ -58,7 +69,8 @@ class DrafterMachine(RuleBasedStateMachine):
             assert len(draft) <= max(0, min(k, self.params.num_draft_tokens))
             if draft:
                 context = self.tokens[rid]
-                assert ref.occurs_after_match(draft, context, [context, *self.stored],
+                others = [t for o, t in self.tokens.items() if o != rid and self._ngram]
+                assert ref.occurs_after_match(draft, context, [context, *others, *self.stored],
                                               min_len), (rid, draft)
             self.drafts[rid] = draft
 
@@ -86,6 +98,21 @@ class DrafterMachine(RuleBasedStateMachine):
     @rule()
     def flush(self) -> None:
         self.drafter.flush()
+        if self._ngram and self.params.max_chain >= 1 << 20:
+            self._drafts_equal_the_reference()
+
+    def _drafts_equal_the_reference(self) -> None:
+        """With its cursor dropped (a search, not a match followed), each request drafts
+        what the reference does."""
+        drafter = self.drafter
+        assert isinstance(drafter, NgramDrafter)
+        p, shared = self.params, ref.live_sequences(drafter.shared)
+        for rid in sorted(self.tokens):
+            drafter._reqs[rid].src = None
+            expected = ref.ngram(self.tokens[rid], shared, p.num_draft_tokens,
+                                 p.ngram_min_match_window_size, p.ngram_max_match_window_size,
+                                 ref.live_others(drafter, rid), drafter.live.n)
+            assert drafter.propose([rid], [p.num_draft_tokens]) == [expected], rid
 
     @invariant()
     def structures_hold_and_memory_is_bounded(self) -> None:

@@ -41,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from decode_worker.core.sampling import SamplingParams
-from decode_worker.core.spec.drafter import SpecParams, make_drafter
+from decode_worker.core.spec.drafter import Drafter, SpecParams, make_drafter
 from decode_worker.daemon.decode.speculate import Speculator, StepCost
 from decode_worker.device.default_model import write_model
 from decode_worker.device.kv_pool import KVPools, KVSpec
@@ -111,10 +111,13 @@ def serve(rig: Rig, prompts: list[list[int]], params: SamplingParams, bs: int,
 
 
 def tokens_per_s(model, bs: int, args: argparse.Namespace, work: str,  # type: ignore[no-untyped-def]
-                 spec: bool) -> tuple[float, str]:
+                 spec: bool, drafter: Drafter | None = None,
+                 outputs: dict[str, list[int]] | None = None) -> tuple[float, str]:
     """Decode tokens per second of `bs` requests of `work` to the end, and the spec counts.
     `repeat`: each prompt was served once before (not timed; both sides serve it), so its
-    greedy answer repeats one the worker has seen (an agent's repeated call, a retry)."""
+    greedy answer repeats one the worker has seen (an agent's repeated call, a retry).
+    `drafter`: drafts from it instead of `--algorithm`'s; `outputs` gets each request's
+    output tokens."""
     k = args.num_draft_tokens
     pages = (bs + 1) * (cdiv(args.prompt_len + args.max_new + k, PAGE) + 2) + 8
     pools = KVPools(KVSpec.from_config(model.cfg), pages, pages, PAGE, "cpu", torch.float32)
@@ -126,7 +129,7 @@ def tokens_per_s(model, bs: int, args: argparse.Namespace, work: str,  # type: i
         ctx = args.prompt_len + args.max_new // 2
         cost = StepCost(runner.step_seconds(counts, ctx),
                         runner.step_seconds(counts, ctx, group=1 + k))
-        speculator = Speculator(make_drafter(SpecParams(args.algorithm, k)), k, cost)
+        speculator = Speculator(drafter or make_drafter(SpecParams(args.algorithm, k)), k, cost)
     rig = Rig(runner, spec=speculator, page_size=PAGE, window=model.cfg.window, num_rows=bs,
               full_pages=pages, swa_pages=pages)
     # every request runs to max_new_tokens on both sides (a sampled EOS would make the work
@@ -138,7 +141,9 @@ def tokens_per_s(model, bs: int, args: argparse.Namespace, work: str,  # type: i
         serve(rig, prompts, params, bs, "first")
     st = speculator.stats if speculator is not None else None
     before = (st.verify_steps_total, st.proposed_total, st.accepted_total) if st else (0, 0, 0)
-    _, rate = serve(rig, prompts, params, bs, "r")
+    out, rate = serve(rig, prompts, params, bs, "r")
+    if outputs is not None:
+        outputs.update(out)
     note = ""
     if st is not None:
         verifies, proposed, accepted = (st.verify_steps_total - before[0],

@@ -15,6 +15,7 @@ from decode_worker.core.radix_tree import UnifiedRadixTree
 from decode_worker.core.req_kv import ReqKV
 from decode_worker.core.request import RequestState
 from decode_worker.core.sampling import SamplingParams
+from decode_worker.core.spec.drafter import DrafterStats
 from decode_worker.daemon.decode.batch import RunningBatch
 from decode_worker.daemon.decode.bridge import AddRequest, Tokens, per_request
 from decode_worker.daemon.decode.fetcher import AuxBuffers, KVFetcher
@@ -55,6 +56,12 @@ class ScriptedDrafter:
         self.finished.append(rid)
 
     def flush(self) -> None:
+        pass
+
+    def stats(self) -> DrafterStats:
+        return DrafterStats(len(self.tokens), 0, 0)
+
+    def check_integrity(self) -> None:
         pass
 
 

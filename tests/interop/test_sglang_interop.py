@@ -262,6 +262,23 @@ def _wait_rank_failed(harness: SglangPrefill, room: int, timeout_s: float = 15.0
     raise AssertionError(f"room {room}: rank 0 did not fail within {timeout_s} s")
 
 
+def _transfer_failures(worker: Live) -> float:
+    return worker.metrics().value("decode_worker_transfer_failures_total",
+                                  reason="transfer_failed")
+
+
+def _wait_worker_saw_failure(harness: SglangPrefill, worker: Live, room: int, before: float,
+                             timeout_s: float = 15.0) -> None:
+    """Return once prefill rank 0 failed `room` and the worker counted the failed transfer:
+    a client that leaves before the worker has the rank's status makes the worker ABORT the
+    rank (it cannot know yet), a different case from the one checked here."""
+    _wait_rank_failed(harness, room, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while _transfer_failures(worker) <= before:
+        assert time.monotonic() < deadline, f"room {room}: the worker never saw rank 0 fail"
+        time.sleep(0.005)
+
+
 @pytest.mark.parametrize("tp, disconnect", [(1, False), (1, True), (2, False), (2, True)],
                          ids=["tp1-answered", "tp1-client-left", "tp2-answered",
                               "tp2-client-left"])
@@ -269,8 +286,8 @@ def test_a_room_the_prefill_failed_keeps_the_prefills_cause(rig: Rig, tp: int,
                                                             disconnect: bool) -> None:
     """SGLang's transfer worker fails the room itself (a status failure with its reason, or
     its own state / page count mismatch), several times in a row: the worker answers 502 with
-    that reason (or the client leaves once the prefill has failed the room), and sends the rank
-    that failed no ABORT (SGLang's manager counts none), so the cause SGLang's manager records
+    that reason (or the client leaves once the worker has the failed rank's status), and sends
+    the rank that failed no ABORT (SGLang's manager counts none), so the cause SGLang records
     for the room, read afterwards, stays the prefill's own every time. TP 2: rank 0 fails, rank
     1 serves after a delay; rank 1, which had not reported, gets at most the one ABORT of the
     failed transfer (exactly one when rank 0 failed before any send), never one more from the
@@ -291,7 +308,10 @@ def test_a_room_the_prefill_failed_keeps_the_prefills_cause(rig: Rig, tp: int,
         harness.prefill({**spec, "fail_ranks": [0], "delay_s": 1.0} if tp == 2 else spec)
         body = pd_body(harness, prompt, room)
         if disconnect:
-            _post_then_leave(rig.worker, body, lambda r=room: _wait_rank_failed(harness, r))
+            failed = _transfer_failures(rig.worker)
+            _post_then_leave(rig.worker, body,
+                             lambda r=room, n=failed: _wait_worker_saw_failure(
+                                 harness, rig.worker, r, n))
         else:
             resp = rig.worker.post("/generate", body, timeout_s=40)
             assert resp.status_code == 502 and rooms[room][1] in resp.text, resp.text[:2000]

@@ -51,15 +51,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def oracle(answers: dict[str, list[int]], prompt_len: int, p: float, vocab: int
-           ) -> ScriptedDrafter:
-    """Drafts of each request's known answer, each token right with probability p (a wrong
-    one is another token); the same request and position always draft the same."""
+def oracle(sequences: dict[str, list[int]], p: float, vocab: int) -> ScriptedDrafter:
+    """Drafts of each request's known sequence (prompt and answer), each token right with
+    probability p (a wrong one is another token); the same request and position always draft
+    the same."""
 
     def draft(rid: str, toks: list[int], k: int) -> list[int]:
-        answer, at = answers[rid], len(toks) - prompt_len
+        known, at = sequences[rid], len(toks)
         rng = random.Random(hash((rid, at)))
-        return [t if rng.random() < p else (t + 1) % vocab for t in answer[at:at + k]]
+        return [t if rng.random() < p else (t + 1) % vocab for t in known[at:at + k]]
 
     return ScriptedDrafter(draft)
 
@@ -70,7 +70,7 @@ def cell(model, bs: int, p: float, args: argparse.Namespace,  # type: ignore[no-
     ratios, note = [], ""
     for _ in range(args.repeats):
         off, _ = bench_spec.tokens_per_s(model, bs, args, "loops", False)
-        drafter = oracle(answers, args.prompt_len + 1, p, model.cfg.vocab_size)
+        drafter = oracle(answers, p, model.cfg.vocab_size)
         on, note = bench_spec.tokens_per_s(model, bs, args, "loops", True, drafter)
         ratios.append(on / off)
     return statistics.median(ratios), note
@@ -89,8 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|" + "---|" * len(shares))
     worst = (float("inf"), 0, 0.0)
     for bs in sizes:
-        answers: dict[str, list[int]] = {}
-        bench_spec.tokens_per_s(model, bs, args, "loops", False, outputs=answers)
+        outputs: dict[str, list[int]] = {}
+        bench_spec.tokens_per_s(model, bs, args, "loops", False, outputs=outputs)
+        prompts = bench_spec.prompts_of("loops", bs * args.waves, args.prompt_len)
+        answers = {f"r{i}": prompt + outputs[f"r{i}"] for i, prompt in enumerate(prompts)}
         row = []
         for p in shares:
             ratio, _ = cell(model, bs, p, args, answers)

@@ -22,6 +22,9 @@ at 2 ms, overlap): off vs on with no host traffic, per batch size and context, e
 stepped as the engine steps it (fetcher and host-tier polls, decode step, the books' publish:
 `scripts/host_tier_lib/step_compare.py`).
 
+A row with speculative decoding on (NGRAM K=8, bs 64 x 8k at 2 ms; `scripts/spec_lib/`) shows
+what speculation adds to a plain overlapped step; its step/dev ratio counts in the worst.
+
 Last line: `bench_step: host_ms_256x32k=<ms> overlap_ratio_max=<step time / device time, worst>`.
 """
 
@@ -279,6 +282,19 @@ def main() -> None:
         print(f"sampled batch (temperature 0.7, top_p 0.9; the sampler's math counts as host "
               f"here), bs {max(sizes)} x {ctx} at 2 ms, overlap: host {host:.3f} ms, "
               f"step/dev {wall / 2.0:.3f}")
+    if not args.no_fake:  # speculation on: what it adds to a plain, overlapped step
+        from scripts.spec_lib.step_overlap import WARM_UP, measure_spec
+
+        bs, ctx = 64, min(max(ctxs), 8192)
+        runs = [measure_spec(bs, ctx, 2.0, args.steps) for _ in range(args.repeats)]
+        sp = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        worst = max(worst, sp["step_ms"] / 2.0)
+        gain = sp["tokens_per_step"] / bs * 2.0 / sp["step_mean_ms"]
+        print(f"speculation on (NGRAM K=8, after {WARM_UP} steps), bs {bs} x {ctx} at 2 ms, "
+              f"overlap: host {sp['host_ms']:.3f} ms, step/dev {sp['step_ms'] / 2.0:.3f} (mean "
+              f"{sp['step_mean_ms'] / 2.0:.3f}), {sp['verify_steps']:.0f} verify steps of "
+              f"{sp['policy_steps']:.0f}, {sp['tokens_per_step']:.1f} tokens a step ({bs} "
+              f"without): {gain:.2f} x the tokens per second", flush=True)
     if not args.no_fake:
         bs, ctx = max(sizes), min(max(ctxs), 8192)
         off, on, diff = measure_kv_events(bs, ctx, args.steps, max(args.repeats, 5))

@@ -159,7 +159,7 @@ def running_stepper(runner: Any, bs: int, ctx: int, overlap: bool, *, page_size:
                     params: SamplingParams | list[SamplingParams] | None = None,
                     keep_events: bool = False, stagger: bool = True,
                     logprobs: list[tuple[bool, int]] | None = None,
-                    tree: Any = None) -> DecodeStepper:
+                    tree: Any = None, spec: Any = None) -> DecodeStepper:
     """The daemon's `DecodeStepper` over `runner` with `bs` RUNNING requests of `ctx` prompt
     tokens each (pages from real allocators, no radix tree, no transfer): what the step costs
     without admission and KV transfer in the way. With `stagger` request i's prompt is
@@ -167,7 +167,7 @@ def running_stepper(runner: Any, bs: int, ctx: int, overlap: bool, *, page_size:
     (not every request at an edge on the same step). `logprobs`: per request, whether it
     wants its tokens' logprobs and how many alternatives. `tree`: a callable
     `(full, swa) -> UnifiedRadixTree` to run with the decode radix cache on (each prompt is
-    inserted as its request starts)."""
+    inserted as its request starts). `spec`: a `Speculator` (speculative decoding on)."""
     num_full = bs * (cdiv(ctx, page_size) + 64) + 8
     full, swa = PageAllocator(num_full, "full"), PageAllocator(bs * 16 + 8, "swa")
     radix = tree(full, swa) if tree is not None else None
@@ -182,8 +182,8 @@ def running_stepper(runner: Any, bs: int, ctx: int, overlap: bool, *, page_size:
     fetcher = KVFetcher(FakeIdleReceiver(), AuxBuffers(AuxBuffer(1), SglangAuxBuffers(1)),  # type: ignore[arg-type]
                         kv_ctx, runner, sampler)
     table = RequestTable(kv_ctx, queue, alloc, _NoTransfers(), fetcher, SinkOutbox(keep_events),
-                         batch)
-    stepper = DecodeStepper(table, queue, alloc, runner, sampler, overlap=overlap)
+                         batch, spec.ended if spec is not None else None)
+    stepper = DecodeStepper(table, queue, alloc, runner, sampler, overlap=overlap, spec=spec)
     params = params or SamplingParams(max_new_tokens=1 << 20, temperature=0, ignore_eos=True)
     per_req = params if isinstance(params, list) else [params] * bs
     for i in range(bs):

@@ -121,3 +121,14 @@ def test_a_request_that_joins_ends_the_quiet_steps() -> None:
             assert _drafts(spec) is None
     spec.joined("new", [1, 2, 3], [4])
     assert any(spec.may_draft() for _ in range(2))
+
+
+def test_pauses_end_even_when_every_request_is_paused() -> None:
+    """A pause is counted in steps: plain steps count while every request is paused (else no
+    request would ever draft again)."""
+    spec = _spec(None)
+    for _ in range(3):  # both keep none of their drafts: paused
+        spec.record(["good", "bad"], [[7] * 2, [7] * 2], [[9], [9]])
+    assert all(st.paused_until > spec._step for st in spec._states.values())
+    assert not spec.may_draft()
+    assert any(spec.may_draft() for _ in range(2 * 64))  # the pause ran out

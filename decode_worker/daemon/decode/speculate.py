@@ -179,10 +179,11 @@ class Speculator:
         """Some request of the batch may draft at the next step (else a plain, overlapped step
         needs no committed tokens first)."""
         nxt = self._step + 1
-        if nxt < self._quiet_until:
-            self._step = nxt  # a plain step: it counts toward the pauses
+        if nxt < self._quiet_until or all(st.paused_until > nxt
+                                          for st in self._states.values()):
+            self._step = nxt  # a plain step: it counts toward the pauses and the quiet
             return False
-        return any(st.paused_until <= nxt for st in self._states.values())
+        return True
 
     def drafts(self, rids: Sequence[str], tokens: Sequence[TokenView],
                caps: Sequence[int]) -> list[list[int]] | None:

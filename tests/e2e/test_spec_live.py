@@ -71,3 +71,19 @@ def test_speculation_keeps_the_greedy_tokens_and_reports_what_it_did(
     assert delta["verify_steps"] > 0 and 0 < delta["accepted_tokens"] <= delta["proposed_tokens"]
     assert after.value("decode_worker_spec_accept_length_count") > 0
     assert not plain_live.get("/server_info").json()["speculative_algorithm"]
+
+
+def test_a_grammar_request_never_drafts_and_keeps_its_tokens(spec_live: Live,
+                                                              plain_live: Live) -> None:
+    """Structured output with speculation on: a batch with a grammar row samples on the host
+    and drafts nothing, so the request is exactly what it is without speculation (and has no
+    spec fields), even where its prompt repeats one the shared memory holds."""
+    ids = _prompts()[0]
+    _generate(spec_live, ids, 20)  # the memory now holds this prompt's continuation
+    body = gen_body(ids, 12)
+    body["sampling_params"] = {**body["sampling_params"], "regex": "[ab]+"}
+    got = spec_live.post("/generate", body)
+    want = plain_live.post("/generate", body)
+    assert got.status_code == want.status_code == 200, (got.text, want.text)
+    assert got.json()["output_ids"] == want.json()["output_ids"]
+    assert "spec_verify_ct" not in got.json()["meta_info"]

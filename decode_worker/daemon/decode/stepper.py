@@ -116,7 +116,9 @@ class DecodeStepper:
             return
         # the policy learns what steps cost here (drafting, commits and lost overlap included)
         t0, rows = time.perf_counter(), len(self.batch)
-        if rows and spec.may_draft() and self._speculate(now):
+        # a grammar row samples on the host and never drafts: no drafting attempt then
+        if (rows and self.batch.kind_of_batch() is not SampleKind.HOST and spec.may_draft()
+                and self._speculate(now)):
             assert self.verifier is not None
             spec.observe_step(self.verifier.last_entries, time.perf_counter() - t0, verify=True)
             return

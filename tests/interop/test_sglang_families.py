@@ -43,10 +43,12 @@ from tests.interop.sglang_peer import HarnessPorts, SglangPrefill
 
 pytestmark = [pytest.mark.slow, needs_sglang_venv]
 
-PORTS = {"qwen3": (HarnessPorts(43500, 43501, "43510-43519", "43520-43539"), 43590,
-                   "43570-43579"),
-         "gemma3": (HarnessPorts(43502, 43503, "43540-43549", "43550-43569"), 43591,
-                    "43580-43589")}
+# fixed ports below Linux's ephemeral range (32768-60999), where the OS never hands one out
+# to another socket meanwhile
+PORTS = {"qwen3": (HarnessPorts(18700, 18701, "18710-18719", "18720-18739"), 18790,
+                   "18770-18779"),
+         "gemma3": (HarnessPorts(18702, 18703, "18740-18749", "18750-18769"), 18791,
+                    "18780-18789")}
 
 
 @dataclass

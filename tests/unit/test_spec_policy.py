@@ -132,3 +132,19 @@ def test_pauses_end_even_when_every_request_is_paused() -> None:
     assert all(st.paused_until > spec._step for st in spec._states.values())
     assert not spec.may_draft()
     assert any(spec.may_draft() for _ in range(2 * 64))  # the pause ran out
+
+
+def test_a_slow_start_up_measurement_cannot_price_verifies_out() -> None:
+    """Start-up timings are only ever too slow: a count slower than a larger one is noise, and a
+    verify step of E entries costs at most a plain step of E entries (else a verify table
+    measured under someone else's load would keep speculation off for good: no verify would
+    run to correct it)."""
+    cost = StepCost([(1, 1.0), (2, 5.0), (4, 1.2), (64, 8.0)],
+                    verify=[(1, 1.0), (4, 1.1), (64, 80.0)])
+    assert cost(2) == 1.2 and cost(64) == 8.0
+    assert cost.verify(64) == 8.0 and cost.verify(4) == 1.1
+    spec = Speculator(ScriptedDrafter(lambda rid, toks, k: [7] * k), K, cost)
+    spec.joined("good", [1, 2, 3], [4])
+    _measured(spec, "good", 0.95)
+    got = spec.drafts(["good"], [TokenView([1, 2, 3], [4])], [K])
+    assert got is not None and len(got[0]) == K  # verified, as the true costs say it pays

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from decode_worker.core.spec.drafter import Drafter
 
@@ -58,14 +59,21 @@ class StepCost:
     """A decode step's time by its entry count (calibrated at start-up: `ModelRunner` steps
     of 1, 2, 4, ... entries), interpolated linearly between measured counts. `verify`: the
     same for verify steps (requests of 1 + K entries; a kernel may read a request's KV once
-    for all of them), when measured apart; else verify entries cost as plain ones."""
+    for all of them), when measured apart; else verify entries cost as plain ones.
+
+    A start-up measurement can only be too slow (other load adds time, never takes it): a
+    count measured slower than a larger one takes the larger one's time, and a verify step of
+    E entries, which runs the forward a plain step of E entries runs, costs at most that. A
+    plain step's noise is learnt away while serving (plain steps run all the time); a verify
+    step's would not be, as a step the table prices too high never runs to be measured."""
 
     def __init__(self, points: Sequence[tuple[int, float]],
                  verify: Sequence[tuple[int, float]] | None = None) -> None:
         pts = sorted(points)
         self.counts = [n for n, _ in pts]
-        self.seconds = [s for _, s in pts]
-        self.verify = StepCost(verify) if verify else self
+        self.seconds = list(accumulate(reversed([s for _, s in pts]), min))[::-1]
+        self.verify = (StepCost([(n, min(s, self(n))) for n, s in verify]) if verify
+                       else self)
 
     def __call__(self, entries: int) -> float:
         c, s = self.counts, self.seconds

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from decode_worker.core.sampling import SamplingParams
+from decode_worker.core.spec.drafter import SpecParams, make_drafter
 from decode_worker.daemon.decode.speculate import Speculator
 from tests.examples import examples
 from tests.fakes.fake_device import FakeDeviceRunner
@@ -93,3 +95,29 @@ def test_sampled_requests_verify_drafts_and_keep_their_lengths() -> None:
     got = _run(prompts, params, spec, True, False)
     assert all(len(v) == 30 and all(0 <= t < VOCAB for t in v) for v in got.values())
     assert spec.stats.verify_steps_total > 0 and spec.stats.proposed_total > 0
+
+
+def _waves(prompts: list[list[int]], spec: Speculator | None) -> list[list[int]]:
+    """Serve `prompts` twice, the second wave after the first ended; every output."""
+    runner = FakeDeviceRunner(0.0, vocab=VOCAB, page_size=PAGE, window=WINDOW, lookahead=K,
+                              read_pages=False)
+    rig = Rig(runner, spec=spec, page_size=PAGE, window=WINDOW)
+    params = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
+    for wave in range(2):
+        for i, prompt in enumerate(prompts):
+            rig.add(f"w{wave}r{i}", prompt, 5, params)
+        out = rig.run()
+    rig.check_pages()
+    return [list(out[f"w{w}r{i}"]) for w in range(2) for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("algorithm", ["NGRAM", "SUFFIX"])
+def test_the_servers_drafters_keep_greedy_outputs_and_draft_from_repeats(algorithm: str) -> None:
+    """The drafters `serve` runs (not a scripted one), through the verify path without a cost
+    model: a second wave repeating the first (the shared memory) gives the tokens it gives
+    without speculation, and its drafts are kept."""
+    prompts = [[(i * 13 + j * 7) % (VOCAB - 2) + 2 for j in range(24 + i)] for i in range(3)]
+    ref = _waves(prompts, None)
+    spec = Speculator(make_drafter(SpecParams(algorithm, K)), K, None)  # type: ignore[arg-type]
+    assert _waves(prompts, spec) == ref
+    assert spec.stats.accepted_total >= 40  # the repeats are drafted

@@ -22,7 +22,7 @@ at 2 ms, overlap): off vs on with no host traffic, per batch size and context, e
 stepped as the engine steps it (fetcher and host-tier polls, decode step, the books' publish:
 `scripts/host_tier_lib/step_compare.py`).
 
-A row with speculative decoding on (NGRAM K=8, bs 64 x 8k at 2 ms; `scripts/spec_lib/`) shows
+A row with speculative decoding on (NGRAM K=8, bs 64 x 8k at 2 ms; `scripts/step_lib/`) shows
 what speculation adds to a plain overlapped step; its step/dev ratio counts in the worst.
 
 Last line: `bench_step: host_ms_256x32k=<ms> overlap_ratio_max=<step time / device time, worst>`.
@@ -44,6 +44,7 @@ import torch
 
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.utils.mathx import cdiv
+from scripts.step_lib.timing import timed_steps
 from tests.fakes.fake_device import FakeDeviceRunner, running_stepper
 
 PAGE = 16
@@ -82,19 +83,8 @@ def measure(make_runner: Any, bs: int, ctx: int, overlap: bool, steps: int, repe
 def _measure(runner: Any, bs: int, ctx: int, overlap: bool, steps: int,
              params: SamplingParams | None) -> tuple[float, float]:
     stepper = running_stepper(runner, bs, ctx, overlap, params=params)
-    for _ in range(3):  # warm-up: rows written, the pipeline full
-        stepper.step(time.monotonic())
-    hosts, walls = [], []
-    for _ in range(steps):
-        runner.wait_s = runner.wait_cpu_s = runner.compute_cpu_s = 0.0
-        t0, cpu0 = time.perf_counter(), time.thread_time()
-        stepper.step(time.monotonic())
-        stepper.table.outbox.flush()
-        walls.append((time.perf_counter() - t0) * 1e3)
-        device_cpu = runner.wait_cpu_s + runner.compute_cpu_s
-        hosts.append((time.thread_time() - cpu0 - device_cpu) * 1e3)
-    if stepper.busy:  # commit the last launched step (outside the measurement)
-        stepper.step(time.monotonic())
+    # warm-up: rows written, the pipeline full
+    hosts, walls = timed_steps(stepper, runner, 3, steps)
     return statistics.median(hosts), statistics.median(walls)
 
 
@@ -283,7 +273,7 @@ def main() -> None:
               f"here), bs {max(sizes)} x {ctx} at 2 ms, overlap: host {host:.3f} ms, "
               f"step/dev {wall / 2.0:.3f}")
     if not args.no_fake:  # speculation on: what it adds to a plain, overlapped step
-        from scripts.spec_lib.step_overlap import WARM_UP, measure_spec
+        from scripts.step_lib.spec_overlap import WARM_UP, measure_spec
 
         bs, ctx = 64, min(max(ctxs), 8192)
         runs = [measure_spec(bs, ctx, 2.0, args.steps) for _ in range(args.repeats)]

@@ -1,1 +1,0 @@
-"""Shared parts of the speculative-decoding benchmarks."""

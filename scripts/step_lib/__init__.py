@@ -1,0 +1,1 @@
+"""Shared parts of bench_step: timing steps on the stand-in device, the speculation row."""

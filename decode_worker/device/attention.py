@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from decode_worker.device.kv_pool import KVPools
+from decode_worker.device.query_groups import QueryGroups
 
 SCORE_BUDGET = 2**26  # f32 scores per prefill chunk (256 MiB): bounds [heads, chunk, keys]
 DECODE_KV_BUDGET = 2**25  # gathered K/V elements per decode chunk: bounds [bs, keys, 2, kvh, hd]
@@ -102,7 +103,7 @@ class DecodeAttention:
 
     def __init__(self, pools: KVPools, window: int, positions: torch.Tensor,
                  full_table: torch.Tensor, swa_table: torch.Tensor,
-                 scale: float | None = None) -> None:
+                 scale: float | None = None, groups: QueryGroups | None = None) -> None:
         """positions: [bs] i64; full_table: [bs, max_pages] (0-padded); swa_table:
         [bs, R] holds SWA page `i` at column `i % R` (a ring: R >= cdiv(window, page_size) + 1
         keeps the window's pages apart; a plain table at least as wide as the full one is the
@@ -128,6 +129,8 @@ class DecodeAttention:
         self.swa_offs = sclamped % ps  # [bs, W + 1]
         self.swa_bias = mask_bias(spos >= 0)[:, None]  # [bs, 1, W + 1]
         self.scale = scale or pools.spec.head_dim ** -0.5
+        self.grouped = (GroupedKeys(pools, window, positions, full_table, swa_table, groups)
+                        if groups is not None and groups.max_len > 1 else None)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  sinks: torch.Tensor) -> torch.Tensor:
@@ -141,8 +144,11 @@ class DecodeAttention:
             w_page, pages, offs, bias = (self.swa_w_page, self.swa_pages, self.swa_offs,
                                          self.swa_bias)
         kv[w_page, :, self.w_off] = torch.stack((k, v), dim=1).to(kv.dtype)  # [bs, 2, kvh, hd]
+        per_key = kv[0].numel() // self.pools.page_size  # K and V elements of one key
+        if self.grouped is not None and self.grouped.fits(pool, per_key):
+            return self.grouped(pool, kv, q, sinks, self.scale)  # a request's keys read once
         bs, num_keys = pages.shape
-        chunk = max(1, DECODE_KV_BUDGET // (bs * kv[0].numel() // self.pools.page_size))
+        chunk = max(1, DECODE_KV_BUDGET // (bs * per_key))
         if num_keys > chunk:
             return attend_split(q, kv, pages, offs, bias, sinks, self.scale, chunk)
         both = pool_view(kv)[:, :, pages, offs]  # [2, kvh, bs, L, hd]
@@ -206,3 +212,57 @@ class PrefillAttention:
             kc, vc = both[0, :, None, k_lo:k_hi], both[1, :, None, k_lo:k_hi]  # [kvh, 1, K, hd]
             outs.append(attend(qc, kc, vc, bias, sinks, self.scale)[0])
         return torch.cat(outs)  # [T, heads * hd]
+
+
+class GroupedKeys:
+    """A verify step's attention on the torch path: the entries of one request (its group of
+    `1 + k` consecutive queries, `QueryGroups`) share one gather of its keys, each query
+    masked to its own position (and window); groups of one are groups too. What the Triton
+    path's grouped kernel computes, per group instead of per entry."""
+
+    def __init__(self, pools: KVPools, window: int, positions: torch.Tensor,
+                 full_table: torch.Tensor, swa_table: torch.Tensor, groups: QueryGroups) -> None:
+        ps, dev = pools.page_size, positions.device
+        first = groups.first  # [bs]
+        bs = len(first)
+        starts = torch.nonzero(first == torch.arange(bs, device=dev))[:, 0]  # [G]
+        qn = groups.max_len
+        idx = starts[:, None] + torch.arange(qn, device=dev)  # [G, Q] entry of each query
+        valid = (idx < bs) & (first[idx.clamp(max=bs - 1)] == starts[:, None])  # [G, Q]
+        self.idx, self.valid = idx.clamp(max=bs - 1), valid
+        qpos = positions[self.idx]  # [G, Q]
+        width, ring = full_table.shape[1], swa_table.shape[1]
+        kpos = torch.arange(width * ps, device=dev)  # [L]
+        table = full_table[starts]  # [G, width]
+        self.full_pages = table[:, kpos // ps]  # [G, L]
+        self.full_offs = (kpos % ps).expand(len(starts), -1)  # [G, L]
+        self.full_bias = mask_bias((kpos[None, None] <= qpos[..., None])
+                                   & valid[..., None])  # [G, Q, L]
+        # keys p0 - window .. p0 + Q - 1 cover every query's window [p - window, p]
+        spos = positions[starts][:, None] - window + torch.arange(window + qn, device=dev)
+        sclamped = spos.clamp(min=0)  # [G, W + Q]
+        self.swa_pages = swa_table[starts][torch.arange(len(starts), device=dev)[:, None],
+                                           (sclamped // ps) % ring]  # [G, W + Q]
+        self.swa_offs = sclamped % ps  # [G, W + Q]
+        see = ((spos[:, None] >= 0) & (spos[:, None] <= qpos[..., None])
+               & (spos[:, None] >= qpos[..., None] - window) & valid[..., None])
+        self.swa_bias = mask_bias(see)  # [G, Q, W + Q]
+
+    def fits(self, pool: str, per_key: int) -> bool:
+        """Its gather of `pool` stays within `DECODE_KV_BUDGET` (else the per-entry path,
+        which splits long contexts into chunks, runs)."""
+        pages = self.full_pages if pool == "full" else self.swa_pages
+        return pages.numel() * per_key <= DECODE_KV_BUDGET
+
+    def __call__(self, pool: str, kv: torch.Tensor, q: torch.Tensor, sinks: torch.Tensor,
+                 scale: float) -> torch.Tensor:
+        """q: [bs, heads, hd] -> [bs, heads * hd], the K/V of every entry written before."""
+        if pool == "full":
+            pages, offs, bias = self.full_pages, self.full_offs, self.full_bias
+        else:
+            pages, offs, bias = self.swa_pages, self.swa_offs, self.swa_bias
+        both = pool_view(kv)[:, :, pages, offs]  # [2, kvh, G, L, hd]
+        out = attend(q[self.idx], both[0], both[1], bias, sinks, scale)  # [G, Q, nh * hd]
+        res = torch.empty(q.shape[0], out.shape[-1], dtype=q.dtype, device=q.device)
+        res[self.idx[self.valid]] = out[self.valid]
+        return res

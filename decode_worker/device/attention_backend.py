@@ -71,10 +71,9 @@ def decode_attention(backend: AttentionBackend, pools: KVPools, window: int,
                      groups: QueryGroups | None = None) -> Attend:
     """The `Attend` of one decode step (arguments as `DecodeAttention`'s; `max_keys`: the
     most keys a request can have, which bounds the Triton backend's split count; `groups`: a
-    verify step's groups of entries, which the Triton backend reads the keys of once per group
-    and the torch path, reading them per entry, does not need)."""
+    verify step's groups of entries, whose keys both backends read once per group)."""
     if backend == "torch":
-        return DecodeAttention(pools, window, positions, full_table, swa_table, scale)
+        return DecodeAttention(pools, window, positions, full_table, swa_table, scale, groups)
     # imported here: triton loads only for a runner that uses it (after TRITON_INTERPRET)
     from decode_worker.device.attention_triton import TritonDecodeAttention
 

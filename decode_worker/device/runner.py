@@ -175,9 +175,11 @@ class ModelRunner:
 
     def _group_starts(self, rows: np.ndarray, positions: np.ndarray,
                       drafts: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
-        """`group_starts` of a verify step that groups entries on the Triton backend, else
-        empty (the torch path reads keys per entry; groups of one are a plain step)."""
-        if drafts is None or not len(drafts[0]) or self.attention_backend != "triton":
+        """`group_starts` of a verify step that groups entries: on the Triton backend, and on
+        the torch path when it runs eagerly (its graphs have no grouped shapes); else empty
+        (keys read per entry; groups of one are a plain step)."""
+        if drafts is None or not len(drafts[0]) or (self.attention_backend != "triton"
+                                                    and self.graphs is not None):
             return np.empty(0, np.int64)
         return group_starts(rows, positions)  # [bs]
 

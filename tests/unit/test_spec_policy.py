@@ -21,7 +21,7 @@ def _spec(cost: StepCost | None) -> Speculator:
 def _measured(spec: Speculator, rid: str, alpha: float) -> None:
     """`rid`'s acceptance measured at `alpha` over many draft tokens."""
     st = spec._states[rid]
-    st.kept_w, st.tried_w = 1000 * alpha, 1000.0
+    st.kept_w, st.tried_w, st.fresh = 1000 * alpha, 1000.0, False
 
 
 def _drafts(spec: Speculator) -> list[list[int]] | None:
@@ -61,6 +61,8 @@ def test_misses_shorten_and_then_pause_drafting_and_hits_lengthen_it() -> None:
 
 def test_steps_with_nothing_worth_verifying_back_off_to_plain_steps() -> None:
     spec = _spec(StepCost([(1, 1.0), (64, 64.0)]))  # nothing pays on a linear cost
+    for rid in ("good", "bad"):
+        _measured(spec, rid, 0.5)
     waits = []
     for _ in range(4):
         assert spec.may_draft() and _drafts(spec) is None
@@ -112,15 +114,22 @@ def test_an_estimate_counts_tries_up_to_the_first_refusal() -> None:
                                                            round(0.7 * 4 + 2, 6))
 
 
-def test_a_request_that_joins_ends_the_quiet_steps() -> None:
+def test_a_request_that_joins_drafts_alone_in_the_quiet_steps() -> None:
     """After many steps with nothing worth verifying the policy drafts rarely; a request that
-    joins may repeat what the worker has seen, so drafting resumes within two steps."""
-    spec = _spec(StepCost([(1, 1.0), (64, 64.0)]))  # nothing pays on a linear cost
+    joins may repeat what the worker has seen, so it drafts at once, alone (the others stay
+    quiet: a stream of arrivals must not make the whole batch draft every step)."""
+    spec = _spec(StepCost([(1, 1.0), (64, 1.05)]))  # verifying is nearly free
+    for rid in ("good", "bad"):
+        _measured(spec, rid, 0.0)  # nothing they draft is kept
     for _ in range(200):
         if spec.may_draft():
             assert _drafts(spec) is None
+    assert spec._quiet_until > spec._step + 1  # quiet for a while
     spec.joined("new", [1, 2, 3], [4])
-    assert any(spec.may_draft() for _ in range(2))
+    assert spec.may_draft()
+    views = [TokenView([1, 2, 3], [4]) for _ in range(3)]
+    got = spec.drafts(["good", "bad", "new"], views, [K, K, K])
+    assert got is not None and got[:2] == [[], []] and len(got[2]) == K  # the newcomer alone
 
 
 def test_pauses_end_even_when_every_request_is_paused() -> None:

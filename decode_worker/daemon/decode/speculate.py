@@ -12,7 +12,8 @@ verified: requests ranked by expected kept tokens per draft token, the leading s
 the most tokens per second by `StepCost` (the runner's start-up table of step time by entry
 count, plus what steps here took beyond it, learnt as the server runs), and the step verifies
 only when that beats a plain step by `_MIN_GAIN`; after a step with nothing worth verifying,
-the next 1, 2, 4, ... `_MAX_PAUSE_STEPS` steps are plain (and overlapped).
+the next 1, 2, 4, ... `_MAX_PAUSE_STEPS` steps are plain (and overlapped), but for a request
+that just joined, which drafts alone until a draft of it is measured.
 
 The drafter (`core/spec`'s `Drafter`, whose contract the verify step relies on) holds the
 memory drafts come from; it sees a request's tokens when it joins the batch and its committed
@@ -95,6 +96,7 @@ class _State:
     misses: int = 0  # measurements in a row that kept none of its drafts
     paused_until: int = 0  # the step from which it drafts again
     shadow: list[int] | None = None  # a declined draft, for the tokens `seen` on
+    fresh: bool = True  # nothing measured yet: it drafts even in the quiet steps
     kept_w: float = 0.0  # draft tokens kept and tried, earlier measurements decayed
     tried_w: float = 0.0
 
@@ -108,6 +110,7 @@ class _State:
         """Count the draft against the tokens that came (`got`: as many as are known); the
         tokens of the draft kept. Each token compared up to the first refused one is a try:
         the refused one is, those after it are not."""
+        self.fresh = False
         kept = 0
         for d, t in zip(draft, got, strict=False):
             if d != t:
@@ -150,10 +153,9 @@ class Speculator:
         if rid in self._states:
             return
         self.drafter.start(rid, prompt_ids, output_ids)
+        # fresh: it drafts at the next step even in quiet steps (it may repeat what the
+        # others found nothing in), alone, until a draft of it is measured
         self._states[rid] = _State(self.k_max, seen=len(prompt_ids) + len(output_ids))
-        # a new request may repeat what the quiet steps found nothing in: draft soon
-        self._quiet_until = min(self._quiet_until, self._step + 2)
-        self._quiet_len = 1
 
     def ended(self, rid: str, status: str) -> None:
         """The request ended ("finished" / "aborted" / "failed"): a failed one's tokens stay
@@ -187,8 +189,9 @@ class Speculator:
         """Some request of the batch may draft at the next step (else a plain, overlapped step
         needs no committed tokens first)."""
         nxt = self._step + 1
-        if nxt < self._quiet_until or all(st.paused_until > nxt
-                                          for st in self._states.values()):
+        quiet = nxt < self._quiet_until
+        if not any(st.paused_until <= nxt and (st.fresh or not quiet)
+                   for st in self._states.values()):
             self._step = nxt  # a plain step: it counts toward the pauses and the quiet
             return False
         return True
@@ -198,10 +201,12 @@ class Speculator:
         """Drafts for the batch's requests (`tokens`: each one's tokens so far; `caps`: the
         most each may draft, its tokens left - 1), or None when this step should not verify."""
         self._step += 1
+        quiet = self._step < self._quiet_until  # only fresh requests draft
         want, asked = [], []
         for rid, toks, cap in zip(rids, tokens, caps, strict=True):
             st = self._states.get(rid)
-            if st is None or st.paused_until > self._step or cap <= 0:
+            if st is None or st.paused_until > self._step or cap <= 0 or (quiet
+                                                                           and not st.fresh):
                 want.append(0)
                 continue
             if len(toks) > st.seen:
@@ -224,6 +229,8 @@ class Speculator:
         for rid, draft, verified in zip(rids, out, worth or [[]] * len(out), strict=True):
             if draft and not verified:
                 self._states[rid].shadow = draft  # measured when its next tokens come
+        if quiet:  # fresh requests only: the batch's backoff is not theirs to change
+            return worth
         if worth is None:  # back off: the next steps stay plain (and overlapped)
             self._quiet_until = self._step + self._quiet_len
             self._quiet_len = min(_MAX_PAUSE_STEPS, self._quiet_len * 2)

@@ -44,9 +44,10 @@ R = TypeVar("R", bound=ReqState)
 class DrafterBase(Generic[R]):
     """Request bookkeeping and deferred work; subclasses draft (see `Drafter`)."""
 
-    def __init__(self, anchors: tuple[int, ...], shared: TokenArena | None,
+    def __init__(self, anchors: tuple[int, ...], shared: TokenArena | None, k_max: int,
                  live: bool = False) -> None:
         self.anchors = anchors
+        self.k_max = k_max  # the most tokens a draft has
         self.shared = shared
         self.live = LiveIndex(anchors[0]) if live else None
         self._started = 0  # requests started so far: the next one's `seq`
@@ -58,6 +59,18 @@ class DrafterBase(Generic[R]):
 
     def new_req(self, own: TokenArena, prompt_len: int) -> R:
         raise NotImplementedError
+
+    def draft(self, r: R, k: int) -> list[int]:
+        """Request `r`'s draft of at most k >= 1 tokens."""
+        raise NotImplementedError
+
+    def propose(self, rids: Sequence[str], max_tokens: Sequence[int]) -> list[list[int]]:
+        drafts: list[list[int]] = []
+        for rid, k in zip(rids, max_tokens, strict=True):
+            r = self.req(rid)
+            k = min(k, self.k_max)
+            drafts.append(self.draft(r, k) if k > 0 else [])
+        return drafts
 
     def stored_tokens(self, r: R) -> list[int]:
         """What a finished request leaves in the shared memory."""

@@ -63,10 +63,9 @@ class NgramDrafter(DrafterBase[_Req]):
         anchors = anchors_within(params.ngram_min_match_window_size,
                                  params.ngram_max_match_window_size)
         super().__init__(anchors, TokenArena(anchors, max_tokens=params.ngram_capacity),
-                         live=True)
+                         params.num_draft_tokens, live=True)
         self.shared: TokenArena
         self.live: LiveIndex
-        self.k_max = params.num_draft_tokens
         self.lo = params.ngram_min_match_window_size
         self.hi = params.ngram_max_match_window_size
         self.max_chain = params.max_chain
@@ -91,21 +90,12 @@ class NgramDrafter(DrafterBase[_Req]):
         else:
             r.src = r.via = None
 
-    def propose(self, rids: Sequence[str], max_tokens: Sequence[int]) -> list[list[int]]:
-        drafts: list[list[int]] = []
-        for rid, k in zip(rids, max_tokens, strict=True):
-            r = self.req(rid)
-            k = min(k, self.k_max)
-            if k <= 0:
-                drafts.append([])
-                continue
-            if r.src is not None and r.pos >= r.src.start and (r.via is None or r.via.alive):
-                draft = self._follow(r, r.src, r.pos, k)
-                if draft:
-                    drafts.append(draft)
-                    continue
-            drafts.append(self._search(r, k))
-        return drafts
+    def draft(self, r: _Req, k: int) -> list[int]:
+        if r.src is not None and r.pos >= r.src.start and (r.via is None or r.via.alive):
+            draft = self._follow(r, r.src, r.pos, k)
+            if draft:
+                return draft
+        return self._search(r, k)
 
     @staticmethod
     def _follow(r: _Req, src: TokenArena, pos: int, k: int) -> list[int]:

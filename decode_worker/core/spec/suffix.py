@@ -62,8 +62,7 @@ class SuffixDrafter(DrafterBase[_Req]):
         cached = params.suffix_max_cached_requests
         shared = None if cached == 0 else TokenArena(
             anchors, params.suffix_max_cached_tokens, None if cached < 0 else cached)
-        super().__init__(anchors, shared)
-        self.k_max = params.num_draft_tokens
+        super().__init__(anchors, shared, params.num_draft_tokens)
         self.depth = depth
         self.factor = params.suffix_max_spec_factor
         self.min_prob = params.suffix_min_token_prob
@@ -87,24 +86,16 @@ class SuffixDrafter(DrafterBase[_Req]):
                 assert src is not None
                 r.found[which] = _carry(src, found, tokens, self.depth - 1)
 
-    def propose(self, rids: Sequence[str], max_tokens: Sequence[int]) -> list[list[int]]:
-        drafts: list[list[int]] = []
-        for rid, k in zip(rids, max_tokens, strict=True):
-            r = self.req(rid)
-            k = min(k, self.k_max)
-            if k <= 0:
-                drafts.append([])
-                continue
-            best = self._draft(r, 0, r.own, k)
-            if self.shared is not None and best.score < k:  # k: nothing scores more
-                if r.shared_version != self.shared_version:
-                    r.found.pop(1, None)
-                    r.shared_version = self.shared_version
-                other = self._draft(r, 1, self.shared, k, best.score)
-                if other.score > best.score:
-                    best = other
-            drafts.append(best.token_ids)
-        return drafts
+    def draft(self, r: _Req, k: int) -> list[int]:
+        best = self._draft(r, 0, r.own, k)
+        if self.shared is not None and best.score < k:  # k: nothing scores more
+            if r.shared_version != self.shared_version:
+                r.found.pop(1, None)
+                r.shared_version = self.shared_version
+            other = self._draft(r, 1, self.shared, k, best.score)
+            if other.score > best.score:
+                best = other
+        return best.token_ids
 
     def _rooms(self, k: int) -> list[int]:
         """`rooms[m]` for m in 0 .. D: the most tokens a match of m may draft (K, the spec

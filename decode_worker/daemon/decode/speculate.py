@@ -175,14 +175,18 @@ class Speculator:
         times only the forward; the host's work per step is learnt as the server runs)."""
         if self.cost is None:
             return
-        table = self.cost.verify(entries) if verify else self.cost(entries)
+        table = self._table(entries, verify)
         beyond = min(max(seconds - table, -0.5 * table), 3 * table)  # one slow step: bounded
         self._extra[verify] += _OBSERVE * (beyond - self._extra[verify])
 
+    def _table(self, entries: int, verify: bool) -> float:
+        """The start-up table's time for a step of `entries` entries."""
+        assert self.cost is not None
+        return self.cost.verify(entries) if verify else self.cost(entries)
+
     def _seconds(self, entries: int, verify: bool) -> float:
         """What a step of `entries` entries is expected to take."""
-        assert self.cost is not None
-        table = self.cost.verify(entries) if verify else self.cost(entries)
+        table = self._table(entries, verify)
         return max(table + self._extra[verify], 0.25 * table)
 
     def may_draft(self) -> bool:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from decode_worker.core.decode_alloc import DecodeAllocator
-from decode_worker.daemon.decode.batch import Order, RunningBatch, SampleKind
+from decode_worker.daemon.decode.batch import Order, RunningBatch
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.requests import RequestTable
 from decode_worker.daemon.decode.speculate import Speculator, TokenView
@@ -43,10 +43,9 @@ class Verifier:
 
     def try_step(self, now: float) -> int | None:
         """Run one verify step when the policy drafts; the tokens it committed, or None (no
-        drafts this step, or their pages are short: the stepper runs a plain step)."""
+        drafts this step, or their pages are short: the stepper runs a plain step). The
+        stepper calls it for a batch with rows and without a grammar row (those never draft)."""
         batch = self.batch
-        if not batch or batch.kind_of_batch() is SampleKind.HOST:
-            return None  # a grammar row samples on the host: no drafts
         order = batch.order()
         rows = order.rows
         caps = (batch.left[rows] - 1).tolist()  # a run never passes max_new_tokens

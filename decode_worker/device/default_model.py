@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,12 +138,19 @@ def ensure_default_model(cache_dir: Path, seed: int = 0) -> Path:
     place; the loser of the rename discards its copy.
     """
     final = Path(cache_dir) / f"tiny-gpt-oss-v{FORMAT_VERSION}-seed{seed}"
+    return write_once(final, lambda tmp: write_model(tmp, seed))
+
+
+def write_once(final: Path, write: Callable[[Path], object]) -> Path:
+    """`final`, a model directory, written once by `write(dir)` unless it holds a model:
+    each process writes a private temp dir beside it and renames it into place; the loser of
+    the rename discards its copy."""
     if (final / "model.safetensors").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-tiny-gpt-oss-", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
     try:
-        write_model(tmp, seed)
+        write(tmp)
         os.rename(tmp, final)
     except OSError:
         if not (final / "model.safetensors").is_file():

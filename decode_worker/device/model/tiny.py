@@ -13,16 +13,17 @@ directory with `AutoModelForCausalLM.from_pretrained`.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
-from decode_worker.device.default_model import byte_tokenizer, ensure_default_model
+from decode_worker.device.default_model import (
+    byte_tokenizer,
+    ensure_default_model,
+    write_once,
+)
 from decode_worker.device.model import chat_templates
 from decode_worker.device.model.arch import ModelConfig
 from decode_worker.device.model.decoder_weights import tensor_shapes
@@ -110,16 +111,4 @@ def ensure_tiny_model(cache_dir: Path, family: str, seed: int = 0) -> Path:
     if name == "gpt-oss":
         return ensure_default_model(cache_dir, seed)
     final = Path(cache_dir) / f"tiny-{name}-v{FORMAT_VERSION}-seed{seed}"
-    if (final / "model.safetensors").is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-tiny-{name}-", dir=final.parent))
-    try:
-        write_tiny_model(tmp, name, seed)
-        os.rename(tmp, final)
-    except OSError:
-        if not (final / "model.safetensors").is_file():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return write_once(final, lambda tmp: write_tiny_model(tmp, name, seed))

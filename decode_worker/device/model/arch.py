@@ -62,8 +62,23 @@ class MoeSpec:
     norm_topk_prob: bool = True
 
 
+class LayerKinds:
+    """The layer indices of each attention kind, from a config's `layer_types`."""
+
+    __slots__ = ()
+    layer_types: tuple[str, ...]
+
+    @property
+    def sliding_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == SLIDING)
+
+    @property
+    def full_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == FULL)
+
+
 @dataclass(frozen=True, slots=True)
-class ModelConfig:
+class ModelConfig(LayerKinds):
     """One checkpoint's architecture facts (build with a family's `read_config`)."""
 
     family: str
@@ -113,14 +128,6 @@ class ModelConfig:
     @property
     def attn_scale(self) -> float:
         return float(self.query_pre_attn_scalar or self.head_dim) ** -0.5
-
-    @property
-    def sliding_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, t in enumerate(self.layer_types) if t == SLIDING)
-
-    @property
-    def full_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, t in enumerate(self.layer_types) if t == FULL)
 
     def kv_shape(self, layer_type: str) -> KVShape:
         """The KV one token of a layer of this type stores (GQA: K and V of every KV head)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from decode_worker.device.model.arch import FULL, SLIDING, KVShape
+from decode_worker.device.model.arch import FULL, SLIDING, KVShape, LayerKinds
 from decode_worker.device.model.rope import RopeSpec, yarn_inv_freq
 from decode_worker.errors import ConfigError
 
@@ -22,7 +22,7 @@ GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_sl
 
 
 @dataclass(frozen=True, slots=True)
-class GptOssConfig:
+class GptOssConfig(LayerKinds):
     """Architecture facts; build with `from_dict` / `from_file`."""
 
     vocab_size: int
@@ -69,14 +69,6 @@ class GptOssConfig:
     def kv_shape(self, layer_type: str) -> KVShape:
         """K and V of every KV head, the same for both layer types."""
         return KVShape(self.num_key_value_heads, self.head_dim)
-
-    @property
-    def sliding_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, t in enumerate(self.layer_types) if t == SLIDING)
-
-    @property
-    def full_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, t in enumerate(self.layer_types) if t == FULL)
 
     @classmethod
     def from_file(cls, path: Path) -> GptOssConfig:

@@ -64,7 +64,7 @@ class ExpertView:
     down_scales: torch.Tensor | None = None
 
 
-class DecoderModel:
+class DecoderModel(layers.ModelWeights[DecoderLayer]):
     """Weights plus the forward pass; build with `decoder_weights.load_decoder`.
 
     `moe_backend`: "triton" runs routed experts in the fused Triton MoE (SiLU-gated, routing
@@ -97,18 +97,6 @@ class DecoderModel:
                     self.experts[i] = ExpertView(
                         gu, gu.new_zeros(gu.shape[0], gu.shape[2]), dn,
                         dn.new_zeros(dn.shape[0], dn.shape[2]))  # biases [E, 2I], [E, H]
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embed.dtype
-
-    def weights_bytes(self) -> int:
-        """Bytes of every distinct tensor the model holds (a tied lm_head counts once)."""
-        return layers.weights_bytes(self.embed, self.norm, self.lm_head, self.layers)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attend: Attend,
                 *, static: bool = False) -> torch.Tensor:

@@ -57,7 +57,7 @@ class LayerWeights:
     down_scales: torch.Tensor | None = None  # MXFP4: [E, H, I / 32] u8
 
 
-class GptOssModel:
+class GptOssModel(layers.ModelWeights[LayerWeights]):
     """Weights plus the forward pass. Build with `weights.load_model` (or `from_state_dict`).
 
     `moe_backend`: "triton" runs the routed experts in the fused Triton MoE (any T, eager or
@@ -75,19 +75,6 @@ class GptOssModel:
         # inv_freq: [head_dim / 2] f32 (RoPE math is done in float32 like the reference)
         self.inv_freq = torch.tensor(inv, dtype=torch.float32, device=embed.device)
         self.rope_scale = scale
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embed.dtype
-
-    def weights_bytes(self) -> int:
-        """Bytes of every distinct tensor the model holds (a tied lm_head counts once; meta
-        tensors count what they would take)."""
-        return layers.weights_bytes(self.embed, self.norm, self.lm_head, self.layers)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attend: Attend,
                 *, static: bool = False) -> torch.Tensor:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import fields
+from typing import Generic, TypeVar
 
 import torch
 import torch.nn.functional as F
 
 Act = Callable[[torch.Tensor], torch.Tensor]
+L = TypeVar("L")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -163,3 +165,25 @@ def weights_bytes(embed: torch.Tensor, norm: torch.Tensor, lm_head: torch.Tensor
         base = t._base if t._base is not None else t
         tensors[id(base)] = base
     return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class ModelWeights(Generic[L]):
+    """What every family's model derives from its weights: the device, dtype and bytes."""
+
+    embed: torch.Tensor  # [V, H]
+    norm: torch.Tensor  # [H]
+    lm_head: torch.Tensor  # [V, H] (the embedding itself when tied)
+    layers: list[L]
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    def weights_bytes(self) -> int:
+        """Bytes of every distinct tensor the model holds (a tied lm_head counts once; meta
+        tensors count what they would take)."""
+        return weights_bytes(self.embed, self.norm, self.lm_head, self.layers)

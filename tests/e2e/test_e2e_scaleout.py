@@ -14,6 +14,7 @@ against transformers' greedy run of the same prompt.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,7 +39,11 @@ def _play(url: str, systems: list[list[int]],
     """All conversations at once, turn after turn: per turn, the prompt ids sent and the
     `/generate` answer's output ids, prompt and cached token counts."""
 
+    start = threading.Barrier(len(users))  # the first turns in flight together, even on a
+    # loaded host where threads start late: the router sees every conversation's load
+
     def one(i: int) -> list[dict[str, Any]]:
+        start.wait()
         history, out = list(systems[i]), []
         for t, user in enumerate(users[i]):
             prompt = history + user

@@ -21,7 +21,7 @@ from decode_worker.core.decode_alloc import DecodeAllocator
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
-from decode_worker.core.request import DecodeRequest, held_page_ids
+from decode_worker.core.request import DecodeRequest, RequestState, held_page_ids
 
 PS, WIN = 64, 127
 
@@ -45,8 +45,8 @@ def _setup(  # type: ignore[no-untyped-def]
     for i in range(n_running):
         q.add(DecodeRequest(f"run{i}", i, _prompt(rng, families, i), 256), 0.0)
     for d in q.pop_admitted(0.0):
-        d.req.arrive(1, 0.0)
-        dec.start_running(d.req, 0.0)
+        d.req.transition(RequestState.READY, 0.0, first_token=1)
+        d.req.transition(RequestState.RUNNING, 0.0, keeper=dec.ctx)
     reqs = [DecodeRequest(f"q{i}", 10_000 + i, _prompt(rng, families, i), 256)
             for i in range(n_queued)]
     gc.collect()  # each timed phase starts from a collected heap: it pays its own garbage only

@@ -107,7 +107,7 @@ class Rig:
         live.req.transition(RequestState.RESERVED, 0.0, kv=kv)
         if first is None:
             first = int(self.runner.prefill(prompt, kv.full_page_ids, swa_ids).argmax())
-        live.req.arrive(first, 0.0)
+        live.req.transition(RequestState.READY, 0.0, first_token=first)
         if return_logprob or top_logprobs:
             live.record_logprobs(-1.0, [(first, -1.0)] * top_logprobs)
         self.stepper.start(live, 0.0)
@@ -122,7 +122,7 @@ class Rig:
         for d in self.table.queue.pop_admitted(0.0):
             assert isinstance(d, Admit), d
             live = self.lives[d.req.rid]
-            live.req.arrive(live.req.output_ids[-1], 0.0)
+            live.req.transition(RequestState.READY, 0.0, first_token=live.req.output_ids[-1])
             self.stepper.start(live, 0.0)
             admitted += 1
         return admitted

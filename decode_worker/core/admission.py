@@ -233,7 +233,7 @@ class PreallocQueue:
     # -- plumbing ------------------------------------------------------------------------------
     def _abort(self, req: DecodeRequest, now: float, reason: str, message: str, *,
                decided_here: bool = True) -> Abort:
-        req.transition(S.ABORTED, now, releaser=self.ctx, reason=reason, message=message)
+        req.transition(S.ABORTED, now, keeper=self.ctx, reason=reason, message=message)
         if decided_here:
             self.ctx.stats.count_abort(reason)
         return Abort(req, reason, message)

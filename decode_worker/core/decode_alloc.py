@@ -44,7 +44,9 @@ class StepPlan:
 
 
 class DecodeAllocator:
-    """Gives running requests their decode pages; owns READY -> RUNNING -> FINISHED/RETRACTED.
+    """Gives running requests their decode pages, and retracts some (RUNNING -> RETRACTED)
+    when the pools stay short. Starting and ending a request are its own transitions
+    (`DecodeRequest.transition` with the `KVContext` as keeper).
 
     Not thread-safe (the compute thread owns it and `ctx`'s tree and pools).
     """
@@ -52,27 +54,16 @@ class DecodeAllocator:
     def __init__(self, ctx: KVContext) -> None:
         self.ctx = ctx
 
-    def start_running(self, req: DecodeRequest, now: float) -> None:
-        """READY -> RUNNING: insert the received prompt KV into the tree (the one place a
-        prompt enters the cache), moving the request's lock onto it."""
-        req.transition(S.RUNNING, now)
-        if self.ctx.tree is not None and req.kv is not None:
-            self.ctx.tree.cache_unfinished_req(req.kv)
-
-    def finish_request(self, req: DecodeRequest, now: float) -> None:
-        """RUNNING -> FINISHED: cache the computed KV, return the rest, drop the lock."""
-        req.transition(S.FINISHED, now, releaser=self.ctx)
-
     def cache_computed(self, req: DecodeRequest) -> None:
         """A RUNNING request ends while a launched step still uses its pages: insert its
         computed page-aligned KV into the tree now (the tree's events of this step name it, so
         they are published before its answer leaves), as `cache_unfinished_req`. It keeps its
         lock and the pages past the aligned end (the launched step writes only there) until
-        `finish_request` or the abort releases them, which then inserts nothing new. A
+        the request's end (FINISHED, ABORTED) releases them, which then inserts nothing new. A
         duplicate page it held is freed now: the launched step still reads it, but that row's
         token is dropped. A no-op without a tree or outside RUNNING."""
-        if self.ctx.tree is not None and req.kv is not None and req.state is S.RUNNING:
-            self.ctx.tree.cache_unfinished_req(req.kv)
+        if req.kv is not None and req.state is S.RUNNING:
+            self.ctx.cache_unfinished(req.kv)
 
     def prepare_step(self, running: Sequence[DecodeRequest], now: float,
                      ahead: Mapping[str, int] | None = None) -> StepPlan:
@@ -93,7 +84,7 @@ class DecodeAllocator:
                 break
             victim = min(plan.runnable, key=_retract_order)  # a pool is short
             plan.runnable.remove(victim)
-            victim.transition(S.RETRACTED, now, releaser=self.ctx)
+            victim.transition(S.RETRACTED, now, keeper=self.ctx)
             plan.retracted.append(victim)
             self.ctx.stats.retractions_total += 1
         self._grow(need)

@@ -1,7 +1,7 @@
 """What the KV-side parts of one worker share: the tree, the two pools and their geometry (pure).
 
 `PreallocQueue`, `DecodeAllocator` and the shell's terminal transitions take one `KVContext`;
-it is also the `KVReleaser` every request transition uses. `window` = earlier tokens a query sees
+it is also the `KVKeeper` every request transition uses. `window` = earlier tokens a query sees
 (127 for gpt-oss, HF `sliding_window` 128).
 """
 
@@ -64,6 +64,12 @@ class KVContext:
         if tree is not None and swa.num_free < need_swa:
             st.evicted_swa_pages_total += len(tree.evict_swa(need_swa - swa.num_free))
         return "swa" if swa.num_free < need_swa else ""
+
+    def cache_unfinished(self, kv: ReqKV) -> None:
+        """A request starts running: its received prompt enters the tree (dedup and repoint
+        onto cache-owned pages), its lock moving onto it; nothing without a tree."""
+        if self.tree is not None:
+            self.tree.cache_unfinished_req(kv)
 
     def release(self, kv: ReqKV, *, insert: bool) -> None:
         """Give back everything `kv` holds: through the tree when there is one

@@ -56,9 +56,13 @@ _ALLOWED: dict[RequestState, frozenset[RequestState]] = {
 }
 
 
-class KVReleaser(Protocol):
-    """Returns what a request's `ReqKV` holds when it leaves the states that hold KV; the one
-    implementation is `core.kv_context.KVContext.release`."""
+class KVKeeper(Protocol):
+    """Where a request's `ReqKV` goes when its state changes; the one implementation is
+    `core.kv_context.KVContext`."""
+
+    def cache_unfinished(self, kv: ReqKV) -> None:
+        """The request starts running: its received prompt KV enters the tree (the one place a
+        prompt enters the cache), its lock moving onto it. Nothing without a tree."""
 
     def release(self, kv: ReqKV, *, insert: bool) -> None:
         """Give back everything `kv` holds; with `insert`, the tree keeps its page-aligned KV
@@ -146,16 +150,21 @@ class DecodeRequest:
         now: float,
         *,
         kv: ReqKV | None = None,
-        releaser: KVReleaser | None = None,
+        keeper: KVKeeper | None = None,
+        first_token: int | None = None,
         reason: str = "",
         message: str = "",
     ) -> None:
         """Move to `to`; the one place a request changes state.
 
         - to RESERVED: `kv` (the reserved pages and prefix lock) is required and taken over.
-        - leaving a state that holds KV for one that holds none: `releaser` is required; the
-          KV is inserted into the tree when it is valid (FINISHED, RETRACTED, or ABORTED after
-          it arrived) and freed otherwise (FAILED, ABORTED before arrival).
+        - to READY (its KV arrived): `first_token`, the prefill's first output token, is its
+          first output; a resumed request keeps its own last token and ignores it (required
+          for a request without output).
+        - to RUNNING: `keeper` is required; the received prompt enters the tree.
+        - leaving a state that holds KV for one that holds none: `keeper` is required; the KV
+          is inserted into the tree when it is valid (FINISHED, RETRACTED, or ABORTED after it
+          arrived) and freed otherwise (FAILED, ABORTED before arrival).
         - to ABORTED / FAILED: `reason` is the label, `message` the cause.
         Raises `InvalidTransition` (nothing changed) for a transition the state machine lacks
         or a missing argument.
@@ -165,15 +174,21 @@ class DecodeRequest:
         drops_kv = self.state in HOLDS_KV and to not in HOLDS_KV
         if to is S.RESERVED and kv is None:
             raise InvalidTransition(f"req={self.rid}: -> reserved needs the reserved kv")
-        if drops_kv and releaser is None:
+        if to is S.READY and first_token is None and not self.output_ids:
+            raise InvalidTransition(f"req={self.rid}: -> ready needs the first token")
+        if (drops_kv or to is S.RUNNING) and keeper is None:
             raise InvalidTransition(f"req={self.rid}: {self.state.value} -> {to.value} "
-                                    "needs a releaser for the kv it holds")
-        if drops_kv and self.kv is not None and releaser is not None:
+                                    "needs the keeper of the kv it holds")
+        if drops_kv and self.kv is not None and keeper is not None:
             insert = to in (S.FINISHED, S.RETRACTED) or (
                 to is S.ABORTED and self.state in (S.READY, S.RUNNING)
             )
-            releaser.release(self.kv, insert=insert)
+            keeper.release(self.kv, insert=insert)
             self.kv = None
+        if to is S.RUNNING and self.kv is not None and keeper is not None:
+            keeper.cache_unfinished(self.kv)
+        if to is S.READY and not self.output_ids:
+            self.output_ids.append(first_token)  # type: ignore[arg-type]  # checked above
         if to is S.RESERVED:
             self.kv = kv
         if to is S.RETRACTED:
@@ -182,14 +197,6 @@ class DecodeRequest:
             self.reason, self.message = reason, message or reason
         self.state = to
         self.entered_at[to] = now
-
-    def arrive(self, first_token_id: int, now: float) -> None:
-        """The transfer completed (RESERVED or RECEIVING -> READY) with prefill's first output
-        token; a resumed request keeps its own last token and ignores the transferred one."""
-        self.transition(S.READY, now)
-        if not self.output_ids:
-            self.output_ids.append(first_token_id)
-
 
 
 class StepCommit:

@@ -220,8 +220,8 @@ class Worker:
         if d.restore is not None:
             self._restore(req, d.restore, d.prefix_len - host_len)
         self._stamp(req, d.prefix_len, fill)  # the transfer lands
-        req.arrive(answer[0], 0.0)
-        self.dec.start_running(req, 0.0)
+        req.transition(RequestState.READY, 0.0, first_token=answer[0])
+        req.transition(RequestState.RUNNING, 0.0, keeper=self.dec.ctx)
 
     def _step(self, running: list[DecodeRequest], now: float, chats: list[Chat],
               turn_of: dict[str, tuple[int, int]], pending: deque[DecodeRequest]) -> None:
@@ -238,7 +238,7 @@ class Worker:
             StepCommit([req]).commit([answer[len(req.output_ids)]])
             self._stamp(req, pos, pos + 1)
             if len(req.output_ids) == len(answer):
-                self.dec.finish_request(req, now)
+                req.transition(RequestState.FINISHED, now, keeper=self.dec.ctx)
                 running.remove(req)
                 if t + 1 < len(chats[c].turns):
                     nxt = DecodeRequest(f"c{c}t{t + 1}", c, chats[c].prompt(t + 1),

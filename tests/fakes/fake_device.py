@@ -196,7 +196,7 @@ def running_stepper(runner: Any, bs: int, ctx: int, overlap: bool, *, page_size:
         swa_ids = [0] * (swa_start // page_size) + swa.alloc(n - swa_start // page_size)
         kv = ReqKV(list(prompt), full.alloc(n), swa_ids, swa_start=swa_start)
         live.req.transition(RequestState.RESERVED, 0.0, kv=kv)
-        live.req.arrive(5 + i % 200, 0.0)
+        live.req.transition(RequestState.READY, 0.0, first_token=5 + i % 200)
         if lp or top:  # as the fetcher does with the prefill peer's first token
             live.record_logprobs(-1.0, [(5 + i % 200, -1.0)] * top)
         stepper.start(live, 0.0)

@@ -36,7 +36,6 @@ from decode_worker.settings import load_settings
 
 # (function, module) pairs allowed to make a terminal transition
 ALLOWED_ENDERS = {("_release", "decode_worker.daemon.decode.requests"),
-                  ("finish_request", "decode_worker.core.decode_alloc"),
                   ("_abort", "decode_worker.core.admission")}
 
 

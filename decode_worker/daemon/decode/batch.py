@@ -22,8 +22,8 @@ position's page (the SWA ring holds the window's pages, not pages held ahead of 
 SWA ring of R columns, position p:  page i = p // page_size sits in column i % R;
 columns hold pages [i - R + 1, i], a superset of the window's [(p - window) // page_size, i]
 ```
-A request's page lists only grow at the end while it runs (the tree repoints them once, at
-`start_running`, before it joins), so the written counts say what is new. Rows run in row order.
+A request's page lists only grow at the end while it runs (the tree repoints them once, as
+it starts running, before it joins), so the written counts say what is new. Rows run in row order.
 Stop tokens and EOS of the batch are counted in one table, so a step finds the rows its tokens
 may end with one `isin`. Compute thread only.
 """

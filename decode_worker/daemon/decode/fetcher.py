@@ -164,7 +164,7 @@ class KVFetcher:
     def arrive(live: LiveRequest, first: FirstToken, now: float) -> None:
         """READY with the first token (and its logprobs) the peer sent."""
         live.record_logprobs(first.logprob, first.top_logprobs)
-        live.req.arrive(first.token_id, now)
+        live.req.transition(RequestState.READY, now, first_token=first.token_id)
 
     # -- a prefill here ------------------------------------------------------------------------
     def prefill_here(self, live: LiveRequest, prefix_len: int, now: float) -> None:
@@ -177,9 +177,9 @@ class KVFetcher:
         full = [0] * (prefix_len // ps) + kv.full_page_ids[prefix_len // ps:]
         swa = kv.swa_page_ids if self.kv_ctx.swa else [0] * len(full)
         logits = self.runner.prefill(req.fill_ids, full, swa, start_pos=0)
-        if req.is_resumed:
-            req.arrive(req.output_ids[-1], now)
+        if req.is_resumed:  # it keeps its own last token
+            req.transition(RequestState.READY, now)
             return
         out = self.sampler.sample(logits[None], [live.sample_row()])
         live.record_logprobs(out.logprobs[0], out.top_logprobs[0])
-        req.arrive(out.token_ids[0], now)
+        req.transition(RequestState.READY, now, first_token=out.token_ids[0])

@@ -361,13 +361,16 @@ class RequestTable:
             log.info("rid=%s ended (%s): %s", req.rid, reason, req.message or status)
 
     def _release(self, live: LiveRequest, status: str, now: float) -> None:
+        """`live`'s core request ends (FINISHED when it ran, else ABORTED or FAILED) and gives
+        back what it holds; one still in the prealloc queue leaves it."""
         req, ended = live.req, live.ended
         assert ended is not None
-        if req.state is RequestState.QUEUED:
-            self.queue.abort_request(req.rid, now, ended.reason, ended.message)
-        elif req.state is RequestState.RUNNING and status == "finished":
-            self.decode_alloc.finish_request(req, now)
-        elif req.state not in TERMINAL:
-            to = RequestState.FAILED if status == "failed" else RequestState.ABORTED
-            req.transition(to, now, releaser=self.kv_ctx, reason=ended.reason,
-                           message=ended.message)
+        S = RequestState
+        if req.state is S.QUEUED and self.queue.abort_request(req.rid, now, ended.reason,
+                                                               ended.message):
+            return
+        if req.state in TERMINAL:  # admission aborted it and returned its pages itself
+            return
+        to = (S.FINISHED if req.state is S.RUNNING and status == "finished"
+              else S.FAILED if status == "failed" else S.ABORTED)
+        req.transition(to, now, keeper=self.kv_ctx, reason=ended.reason, message=ended.message)

@@ -42,6 +42,7 @@ import torch
 
 from decode_worker.core.admission import PreallocQueue
 from decode_worker.core.decode_alloc import DecodeAllocator
+from decode_worker.core.request import RequestState
 from decode_worker.daemon.decode.batch import Order, RunningBatch, SampleKind
 from decode_worker.daemon.decode.bridge import StepTokens
 from decode_worker.daemon.decode.live import LiveRequest
@@ -98,7 +99,7 @@ class DecodeStepper:
         """READY -> RUNNING: insert the received prompt into the tree (dedup and repoint onto
         cache-owned pages), join the batch, send the first token, and end at once if it already
         ends."""
-        self.decode_alloc.start_running(live.req, now)
+        live.req.transition(RequestState.RUNNING, now, keeper=self.decode_alloc.ctx)
         self.batch.join(live)
         if self.spec is not None:
             self.spec.joined(live.rid, live.req.prompt_ids, live.req.output_ids)

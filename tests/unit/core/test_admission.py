@@ -259,10 +259,10 @@ def test_retracted_requests_are_readmitted_before_new_ones() -> None:
     rig = make_rig()
     a = req("a", 100)
     admit_one(rig, a)
-    a.arrive(3, 0.5)
-    rig.dec.start_running(a, 0.5)
+    a.transition(RequestState.READY, 0.5, first_token=3)
+    a.transition(RequestState.RUNNING, 0.5, keeper=rig.dec.ctx)
     rig.queue.enqueue(req("new", 50, base=7), 0.6)
-    a.transition(RequestState.RETRACTED, 1.0, releaser=rig.ctx)
+    a.transition(RequestState.RETRACTED, 1.0, keeper=rig.ctx)
     rig.queue.requeue([a], 1.0)
     got = rig.queue.pop_admitted(1.0)
     assert [d.req.rid for d in got] == ["a", "new"]

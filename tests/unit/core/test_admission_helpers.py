@@ -9,7 +9,7 @@ from decode_worker.core.decode_alloc import DecodeAllocator
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.pages import PageAllocator
 from decode_worker.core.radix_tree import UnifiedRadixTree
-from decode_worker.core.request import DecodeRequest, StepCommit, held_page_ids
+from decode_worker.core.request import DecodeRequest, RequestState, StepCommit, held_page_ids
 from decode_worker.core.stats import SchedulerStats
 
 PS, WIN = 64, 127
@@ -82,10 +82,10 @@ def admit_one(rig: Rig, r: DecodeRequest, now: float = 0.0) -> Admit:
 
 def run_to_finish(rig: Rig, r: DecodeRequest, steps: int = 1, now: float = 1.0) -> None:
     """Transfer done -> running -> `steps` decode steps -> finished."""
-    r.arrive(10**6, now)
-    rig.dec.start_running(r, now)
+    r.transition(RequestState.READY, now, first_token=10**6)
+    r.transition(RequestState.RUNNING, now, keeper=rig.dec.ctx)
     for i in range(steps):
         plan = rig.dec.prepare_step([r], now)
         assert plan.runnable == [r]
         StepCommit([r]).commit([i])
-    rig.dec.finish_request(r, now)
+    r.transition(RequestState.FINISHED, now, keeper=rig.dec.ctx)

@@ -80,7 +80,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         if cand:
             r = cand[pick % len(cand)]
             if done:
-                r.arrive(pick % 50, self.now)
+                r.transition(RequestState.READY, self.now, first_token=pick % 50)
             elif r.state is S.RESERVED:
                 r.transition(S.RECEIVING, self.now)
 
@@ -89,12 +89,12 @@ class AdmissionMachine(RuleBasedStateMachine):
         cand = [r for r in self.reqs if r.state in (S.RESERVED, S.RECEIVING)]
         if cand:
             r = cand[pick % len(cand)]
-            r.transition(S.FAILED, self.now, releaser=self.rig.ctx, reason="transfer_failed")
+            r.transition(S.FAILED, self.now, keeper=self.rig.ctx, reason="transfer_failed")
 
     @rule()
     def join_batch(self) -> None:
         for r in [r for r in self.reqs if r.state is S.READY]:
-            self.rig.dec.start_running(r, self.now)
+            r.transition(RequestState.RUNNING, self.now, keeper=self.rig.dec.ctx)
             self.running.append(r)
 
     @precondition(lambda self: bool(self.running))
@@ -106,7 +106,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         StepCommit(self.running).commit([tok] * len(self.running))
         for r in list(self.running):
             if len(r.output_ids) >= r.max_new_tokens:
-                self.rig.dec.finish_request(r, self.now)
+                r.transition(RequestState.FINISHED, self.now, keeper=self.rig.dec.ctx)
                 self.running.remove(r)
 
     @rule(steps=st.integers(1, 30), tok=st.integers(0, 49))
@@ -116,7 +116,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             self.admit()
             for r in self.reqs:
                 if r.state in (S.RESERVED, S.RECEIVING):
-                    r.arrive(tok, self.now)
+                    r.transition(RequestState.READY, self.now, first_token=tok)
             self.join_batch()
             if self.running:
                 self.decode_step(tok)

@@ -15,8 +15,8 @@ S = RequestState
 
 def _running(rig: Rig, r: DecodeRequest, now: float = 0.0) -> DecodeRequest:
     admit_one(rig, r, now)
-    r.arrive(1, now)
-    rig.dec.start_running(r, now)
+    r.transition(RequestState.READY, now, first_token=1)
+    r.transition(RequestState.RUNNING, now, keeper=rig.dec.ctx)
     return r
 
 
@@ -68,13 +68,13 @@ def test_retraction_frees_and_readmits() -> None:
     keeper = b if victim is a else a
     rig.check([keeper])
     # the keeper finishes, the victim is readmitted with its cached prefix and its outputs
-    rig.dec.finish_request(keeper, 2.0)
+    keeper.transition(RequestState.FINISHED, 2.0, keeper=rig.dec.ctx)
     (d,) = rig.queue.pop_admitted(3.0)
     assert d.req is victim and victim.is_resumed and d.prefix_len > 0
     assert victim.kv is not None and victim.kv.token_ids == victim.fill_ids
-    victim.arrive(999, 4.0)
+    victim.transition(RequestState.READY, 4.0, first_token=999)
     assert victim.output_ids[-1] != 999  # a resumed request replays its own last token
-    rig.dec.start_running(victim, 4.0)
+    victim.transition(RequestState.RUNNING, 4.0, keeper=rig.dec.ctx)
     _step(rig, [victim])
     rig.check([victim])
 
@@ -108,7 +108,7 @@ def test_without_radix_cache_swa_pages_are_freed_as_the_window_moves() -> None:
         _step(rig, [r])
     rig.check([r])
     assert rig.stats.swa_pages_released_total >= (800 - 300) // PS - 1
-    rig.dec.finish_request(r, 2.0)
+    r.transition(RequestState.FINISHED, 2.0, keeper=rig.dec.ctx)
     rig.check([])
 
 

@@ -96,7 +96,7 @@ class HostTierMachine(RadixMachineBase):
     @precondition(lambda self: any(id(k) not in self.restores for k in self.reqs))
     @rule(data=st.data())
     def start_running(self, data: st.DataObject) -> None:
-        """Restored (or nothing to restore): insert the prompt, as `start_running` does."""
+        """Restored (or nothing to restore): insert the prompt, as READY -> RUNNING does."""
         kv = data.draw(st.sampled_from([k for k in self.reqs if id(k) not in self.restores]))
         self.tree.cache_unfinished_req(kv)
         self._drain()

@@ -6,7 +6,7 @@ import pytest
 
 from decode_worker.core.request import DecodeRequest, RequestState, StepCommit
 from decode_worker.errors import InvalidTransition
-from tests.unit.core.test_admission_helpers import admit_one, make_rig, req, run_to_finish
+from tests.unit.core.test_admission_helpers import PS, admit_one, make_rig, req, run_to_finish
 
 S = RequestState
 
@@ -18,7 +18,7 @@ def test_queued_cannot_jump_to_running() -> None:
     assert r.state is S.QUEUED
 
 
-def test_reserved_needs_kv_and_leaving_kv_needs_a_releaser() -> None:
+def test_reserved_needs_kv_and_leaving_kv_needs_its_keeper() -> None:
     rig = make_rig()
     r = DecodeRequest("a", 1, [1, 2, 3], 4)
     with pytest.raises(InvalidTransition):
@@ -28,6 +28,31 @@ def test_reserved_needs_kv_and_leaving_kv_needs_a_releaser() -> None:
     with pytest.raises(InvalidTransition):
         r2.transition(S.ABORTED, 1.0, reason="client_abort")
     assert r2.state is S.RESERVED and r2.kv is not None
+
+
+def test_ready_needs_the_first_token_and_running_its_keeper_which_caches_the_prompt() -> None:
+    rig = make_rig()
+    r = req("a", 100)
+    admit_one(rig, r)
+    with pytest.raises(InvalidTransition):
+        r.transition(S.READY, 1.0)  # no output yet: the prefill's first token is needed
+    r.transition(S.READY, 1.0, first_token=9)
+    assert r.output_ids == [9]
+    with pytest.raises(InvalidTransition):
+        r.transition(S.RUNNING, 2.0)
+    assert r.state is S.READY
+    assert r.kv is not None and r.kv.cache_protected_len == 0
+    r.transition(S.RUNNING, 2.0, keeper=rig.ctx)
+    assert r.kv.cache_protected_len == 100 // PS * PS  # the prompt's whole pages: the tree's
+
+
+def test_a_resumed_request_keeps_its_own_last_token() -> None:
+    rig = make_rig()
+    r = req("a", 100)
+    r.output_ids = [4, 5]  # retracted after two tokens, readmitted
+    admit_one(rig, r)
+    r.transition(S.READY, 1.0, first_token=9)
+    assert r.output_ids == [4, 5]
 
 
 def test_terminal_states_accept_nothing() -> None:
@@ -44,7 +69,7 @@ def test_abort_before_arrival_frees_without_caching() -> None:
     r = req("a", 300)
     admit_one(rig, r)
     r.transition(S.RECEIVING, 0.5)
-    r.transition(S.ABORTED, 1.0, releaser=rig.ctx, reason="peer_dead")
+    r.transition(S.ABORTED, 1.0, keeper=rig.ctx, reason="peer_dead")
     assert rig.tree is not None
     assert rig.tree.full_stats().evictable == 0  # nothing cached from a half-written transfer
     assert rig.full.num_free == rig.full.num_total
@@ -55,7 +80,7 @@ def test_failed_transfer_frees_everything() -> None:
     rig = make_rig(radix=False)
     r = req("a", 300)
     admit_one(rig, r)
-    r.transition(S.FAILED, 1.0, releaser=rig.ctx, reason="transfer_failed")
+    r.transition(S.FAILED, 1.0, keeper=rig.ctx, reason="transfer_failed")
     assert r.kv is None and r.reason == "transfer_failed"
     rig.check([])
 
@@ -76,9 +101,9 @@ def test_a_committed_step_tracks_fill_ids() -> None:
     rig = make_rig()
     r = req("a", 10)
     admit_one(rig, r)
-    r.arrive(77, 1.0)
+    r.transition(RequestState.READY, 1.0, first_token=77)
     assert r.output_ids == [77] and r.fill_ids == r.prompt_ids
-    rig.dec.start_running(r, 1.0)
+    r.transition(RequestState.RUNNING, 1.0, keeper=rig.dec.ctx)
     rig.dec.prepare_step([r], 1.0)
     StepCommit([r]).commit([78])
     assert r.kv is not None and r.kv.token_ids == [*r.prompt_ids, 77]
@@ -88,8 +113,8 @@ def test_a_committed_step_tracks_fill_ids() -> None:
 def _running(rig: object, rid: str, n: int, first: int) -> DecodeRequest:
     r = req(rid, n)
     admit_one(rig, r)  # type: ignore[arg-type]
-    r.arrive(first, 1.0)
-    rig.dec.start_running(r, 1.0)  # type: ignore[attr-defined]
+    r.transition(RequestState.READY, 1.0, first_token=first)
+    r.transition(RequestState.RUNNING, 1.0, keeper=rig.ctx)  # type: ignore[attr-defined]
     return r
 
 
@@ -122,7 +147,7 @@ def test_a_step_commit_takes_running_requests_only() -> None:
     admit_one(rig, r)
     with pytest.raises(InvalidTransition):  # RESERVED
         StepCommit([r])
-    r.arrive(5, 1.0)
+    r.transition(RequestState.READY, 1.0, first_token=5)
     with pytest.raises(InvalidTransition):  # READY, not yet in the batch
         StepCommit([r])
     assert r.output_ids == [5]

@@ -168,14 +168,24 @@ class PreallocQueue:
         return out
 
     # -- admission -----------------------------------------------------------------------------
-    def pop_admitted(self, now: float, *, expire: bool = False) -> list[Decision]:
-        """One admission pass: admit waiting requests in order while both budgets allow; stop at
-        the first that does not fit (it waits). An SWA reclaim failure aborts only that request
-        and the pass goes on. Returned Admits are RESERVED; Aborts are ABORTED. With `expire`,
-        the deadlines' aborts (`expire`) follow the pass's decisions."""
+    def pop_admitted(self, now: float, arrivals: Iterable[DecodeRequest] = (), *,
+                     expire: bool = False) -> list[Decision]:
+        """One admission pass: the step's `arrivals` (new, QUEUED) join the queue first, each
+        aborted at once when the queue is full (`queue_full`) or it can never fit
+        (`too_large`); then waiting requests are admitted in order while both budgets allow,
+        stopping at the first that does not fit (it waits). An SWA reclaim failure aborts
+        only that request and the pass goes on. Returned Admits are RESERVED; Aborts are
+        ABORTED. With `expire`, the deadlines' aborts (`expire`) follow the pass's decisions."""
+        out: list[Decision] = []
+        for new in arrivals:
+            try:
+                ab = self.enqueue(new, now)
+            except ServiceUnavailable as exc:
+                ab = self._abort(new, now, "queue_full", str(exc))
+            if ab is not None:
+                out.append(ab)
         self.ctx.stats.admission_passes_total += 1
         self._budget.begin_pass()  # growth reserves of this pass, summed on first need
-        out: list[Decision] = []
         while (req := self._head()) is not None:
             if not self._budget.has_slot(self.limits.max_active):
                 break

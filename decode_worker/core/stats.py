@@ -16,8 +16,9 @@ class SchedulerStats:
     - `prefix_query_tokens_total` / `prefix_hit_tokens_total`: per admitted request, the tokens
       it needed (`fill_len`) and those reused from the tree (`prefix_len`); a request blocked at
       the head of the queue is counted once, when admitted.
-    - `aborts_total`: the aborts admission decides (`too_large`, `queue_timeout`, `kv_timeout`,
-      `swa_reclaim_insufficient`), by reason label; the shell counts the aborts it decides.
+    - `aborts_total`: the aborts admission decides (`queue_full`, `too_large`, `queue_timeout`,
+      `kv_timeout`, `swa_reclaim_insufficient`), by reason label; the shell counts the aborts
+      it decides.
     - `evicted_*_pages_total`: pages the tree gave back on our asking (admission or decode).
     - `swa_pages_released_total`: request-owned SWA pages freed as the window moved on.
     """

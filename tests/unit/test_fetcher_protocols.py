@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from decode_worker.core.request import DecodeRequest
 from decode_worker.core.sampling import SamplingParams
 from decode_worker.daemon.decode.bridge import AddRequest
 from decode_worker.daemon.decode.fetcher import AuxBuffers, KVFetcher
@@ -44,13 +43,8 @@ class FakeRouter:
 
 
 class FakeQueue:
-    """The prealloc queue: records what was queued."""
-
-    def __init__(self) -> None:
-        self.queued: list[str] = []
-
-    def enqueue(self, req: DecodeRequest, now: float) -> None:
-        self.queued.append(req.rid)
+    """The prealloc queue (these requests join it at an admission pass, which these tests
+    never run: they read the table's `arrivals`)."""
 
     def abort_request(self, rid: str, now: float, reason: str, message: str = "") -> None:
         return None
@@ -80,6 +74,11 @@ def waiting(t: RequestTable, *ports: int) -> list[LiveRequest]:
     return lives
 
 
+def queued(t: RequestTable) -> list[str]:
+    """The requests that join the prealloc queue at this step's pass."""
+    return [lv.rid for lv in t.arrivals]
+
+
 def peers(t: RequestTable) -> list[str]:
     return [rec.live.rid for rec in t.parked.at(Wait.PEER)]
 
@@ -88,7 +87,7 @@ def test_waiting_requests_are_queued_once_their_peer_is_known() -> None:
     t = table({1: None, 2: PeerProtocol("native"), 3: PeerProtocol("sglang", 16, 2)})
     r1, r2, r3 = waiting(t, 1, 2, 3)
     t.poll(200.0)
-    assert t.queue.queued == ["r2", "r3"]  # type: ignore[attr-defined]
+    assert queued(t) == ["r2", "r3"]
     assert r2.req.sglang_page_size == 0 and r3.req.sglang_page_size == 16
     assert peers(t) == ["r1"] and r1.parked is not None  # still probing
     router = t.fetcher.receiver
@@ -117,7 +116,7 @@ def test_a_smaller_prefill_page_is_taken_without_the_radix_cache() -> None:
     (lv,) = waiting(t, 6)
     t.poll(200.0)
     assert lv.ended is None and lv.req.sglang_page_size == 8
-    assert t.queue.queued == ["r6"]  # type: ignore[attr-defined]
+    assert queued(t) == ["r6"]
 
 
 def test_an_unavailable_peer_ends_its_request_at_once_and_ended_requests_leave() -> None:

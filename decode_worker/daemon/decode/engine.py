@@ -1,7 +1,8 @@
 """The compute thread: owns torch, the pools, the tree, the prealloc queue and NIXL.
 
 The engine is a composition of parts, each built here with what it needs:
-- `RequestTable` (`requests.py`): the requests and the one exit every request leaves by;
+- `RequestTable` (`requests.py`): the requests, their commands, admission, and the one exit
+  every request leaves by (the engine enters it once a step: `RequestTable.step`);
 - `KVFetcher` (`fetcher.py`): transfers (or local prefill) for admitted requests;
 - `DecodeStepper` (`stepper.py`): the decode batch, one token per request per step;
 - `Books` (`books.py`): metrics, gauges, load, cache flush and the integrity check.
@@ -18,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from decode_worker.core.admission import Abort, Admit, Decision, PreallocQueue, QueueLimits
+from decode_worker.core.admission import PreallocQueue, QueueLimits
 from decode_worker.core.decode_alloc import DecodeAllocator
 from decode_worker.core.host_tier import WritePolicy
 from decode_worker.core.kv_context import KVContext
@@ -28,24 +29,17 @@ from decode_worker.core.spec.drafter import make_drafter
 from decode_worker.daemon.decode.batch import RunningBatch
 from decode_worker.daemon.decode.books import Books
 from decode_worker.daemon.decode.bridge import (
-    AbortRequest,
-    AddRequest,
     BackendInfo,
     CacheFlushed,
-    Command,
-    Drain,
     EngineDead,
-    FinishRequest,
     FlushCache,
     Inbox,
     Outbox,
-    RefuseRequest,
     Shutdown,
 )
 from decode_worker.daemon.decode.fetcher import AuxBuffers, KVFetcher
 from decode_worker.daemon.decode.host_tier import HostTier
 from decode_worker.daemon.decode.landing import LandingDock
-from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.requests import RequestTable
 from decode_worker.daemon.decode.speculate import Speculator, StepCost
 from decode_worker.daemon.decode.stepper import DecodeStepper, sample_kind
@@ -53,11 +47,9 @@ from decode_worker.daemon.shared.compat import landing_region, model_compat, reg
 from decode_worker.daemon.shared.host_plan import HostPlan, host_tier_enabled, plan_host_tier
 from decode_worker.daemon.shared.runtime import Runtime, build_runtime
 from decode_worker.device.aux_buffer import AuxBuffer
-from decode_worker.device.host_pool import RestoreFailed
 from decode_worker.device.sampler import Sampler
 from decode_worker.device.sglang_aux import SglangAuxBuffers
 from decode_worker.device.tokenizer import Tokenizer
-from decode_worker.errors import DecodeWorkerError
 from decode_worker.io.kv.router import ProtocolRouter
 from decode_worker.io.kv_events.hub import KvEventHub
 from decode_worker.io.metrics import Metrics
@@ -66,7 +58,6 @@ from decode_worker.settings import Settings
 log = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.02  # how long an idle engine blocks on its inbox before polling transfers
 _WAITING_S = 0.0005  # the same with no batch but requests waiting (KV in flight, pages short)
-_EXPIRE_EVERY_S = 0.01  # how often the queue's deadlines are checked
 # aux rows (first tokens) beyond max_running_requests: the transfers of requests admitted while
 # the batch is full hold rows too (admission bounds running + transferring by the same number,
 # so this is slack for rows not yet returned by transfers that ended)
@@ -166,7 +157,10 @@ class DecodeEngine:
         self.spec = _speculator(settings, rt)
         self.table = RequestTable(self.kv_ctx, self.queue, decode_alloc, self.receiver,
                                   self.fetcher, outbox or Outbox.unbound(), batch,
-                                  self.spec.ended if self.spec is not None else None)
+                                  self.spec.ended if self.spec is not None else None,
+                                  host_tier=self.host_tier,
+                                  eos_ids=frozenset(rt.tokenizer.eos_token_ids),
+                                  vocab_size=rt.runner.model.cfg.vocab_size)
         self.stepper = DecodeStepper(self.table, self.queue, decode_alloc, rt.runner, sampler,
                                      overlap=sched.overlap_schedule, spec=self.spec)
         self.books = Books(self.kv_ctx, self.table, self.receiver, self.stepper, metrics,
@@ -174,11 +168,8 @@ class DecodeEngine:
         # the one KV-event log: the ZMQ publisher and in-process (gRPC) subscribers read it
         self.kv_events = (KvEventHub(settings.kv_events.parsed.buffer_steps,
                                      load=lambda: self.books.load) if events_on else None)
-        self._eos_ids = frozenset(rt.tokenizer.eos_token_ids)
-        self._drain_deadline: float | None = None
         self._stopping = False
         self._next_integrity_check = 0.0
-        self._next_expire = 0.0
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -239,7 +230,8 @@ class DecodeEngine:
             self._close()
 
     def step(self, now: float) -> None:
-        """inbox -> transfers -> admit -> start -> decode step (and commit) -> publish.
+        """inbox -> the table's step (commands, transfers, admission) -> start -> decode step
+        (and commit) -> publish.
 
         With `scheduler.overlap_schedule` the decode step launches step N+1 and commits step N
         (see `stepper.py`), so everything before it runs while the device computes step N.
@@ -250,104 +242,22 @@ class DecodeEngine:
         busy = table.running or self.stepper.busy
         waiting = table.parked or self.queue.num_queued
         wait_s = 0.0 if busy else _WAITING_S if waiting else _IDLE_WAIT_S
-        for cmd in self.inbox.get_all(wait_s):
-            self.handle(cmd, now)
+        commands = self.inbox.get_all(wait_s)
         now = time.monotonic()  # the inbox wait may have blocked
-        table.poll(now)
+        ready = table.step(now, commands)  # arrivals, cancels, poll, admission, fetch
+        for cmd in commands:  # the engine's own, once the table polled
+            if isinstance(cmd, FlushCache):
+                self.outbox.put(CacheFlushed(cmd.token, self.books.flush_cache()))
+            elif isinstance(cmd, Shutdown):
+                self._stopping = True
         if self.host_tier is not None:
             self.host_tier.count_done_restores(now)
-        self._admit(now)
-        self.stepper.step(now, table.take_ready())  # also commits a launched step (overlap)
+        self.stepper.step(now, ready)  # also commits a launched step (overlap)
         self.books.publish(now, decoding=bool(table.running))
         if self.kv_events is not None and self.tree is not None:
             self.kv_events.publish_step(self.tree)  # this step's events: one batch
         self._maybe_check_integrity(now)
         self.outbox.flush()
-
-    # -- commands ----------------------------------------------------------------------------
-    def handle(self, cmd: Command, now: float) -> None:
-        if isinstance(cmd, AddRequest):
-            self._add(cmd, now)
-        elif isinstance(cmd, AbortRequest | FinishRequest):
-            live = self.table.lives.get(cmd.rid)
-            if live is not None:
-                self._cancel(live, cmd.reason if isinstance(cmd, AbortRequest) else "stop", now)
-        elif isinstance(cmd, RefuseRequest):
-            self.table.refuse(cmd)
-        elif isinstance(cmd, Drain):
-            self._drain_deadline = now + cmd.grace_s
-        elif isinstance(cmd, FlushCache):
-            self.table.poll(now)  # ended requests whose pages are free by now leave first
-            self.outbox.put(CacheFlushed(cmd.token, self.books.flush_cache()))
-        elif isinstance(cmd, Shutdown):
-            self._stopping = True
-
-    def _add(self, cmd: AddRequest, now: float) -> None:
-        live = self.table.register(cmd, self._eos_ids)
-        vocab = self.rt.runner.model.cfg.vocab_size
-        bad = [t for t in cmd.input_ids if not 0 <= t < vocab]
-        if bad or not cmd.input_ids:
-            # the API checks this too; the engine never trusts its caller with the device
-            why = f"token ids outside [0, {vocab}): {bad[:5]}" if bad else "empty prompt"
-            self.table.end(live, "bad_request", why, now)
-            return
-        host, port = cmd.bootstrap_host, cmd.bootstrap_port
-        if live.has_peer and (not host or port is None or not 0 < port < 65536):
-            self.table.end(live, "bad_request", f"bad prefill peer address {host!r}:{port} "
-                           "(bootstrap_host, bootstrap_port)", now)
-            return
-        if live.has_peer:  # queued once its peer's protocol is known (this step's poll)
-            self.table.wait_for_peer(live, now)
-        else:
-            self.table.enqueue(live, now)
-
-    def _cancel(self, live: LiveRequest, reason: str, now: float) -> None:
-        """Client abort, stop string ("stop": the request finished, wherever it is) or drain."""
-        message = "" if reason == "stop" else f"aborted: {reason}"
-        self.table.end(live, reason, message, now)
-
-    def _admit(self, now: float) -> None:
-        """The prealloc queue's decisions: admitted requests fetch their KV, the rest end;
-        then the deadlines (queue and KV backstop), and the drain deadline."""
-        expire = now >= self._next_expire  # deadlines are seconds: not every step
-        if expire:
-            self._next_expire = now + _EXPIRE_EVERY_S
-        decisions: list[Decision] = self.queue.pop_admitted(now, expire=expire)
-        for d in decisions:
-            if isinstance(d, Abort):
-                self.table.end_decided(d, now)
-                continue
-            live = self.table.lives[d.req.rid]
-            if self.host_tier is not None and not self._restore(live, d, now):
-                continue
-            try:
-                self.table.fetch(live, d, now)
-            except DecodeWorkerError as exc:  # this request's inputs, not the engine
-                log.warning("rid=%s failed to start: %s", live.rid, exc)
-                self.table.end(live, "bad_request", str(exc), now, failed=True)
-        if self._drain_deadline is not None and now >= self._drain_deadline:
-            for live in list(self.table.lives.values()):
-                self.table.end(live, "drain", "aborted: drain", now)
-
-    def _restore(self, live: LiveRequest, d: Admit, now: float) -> bool:
-        """Start restoring `d`'s host hits into its pages (after any write still reading the
-        pages admission gave it, e.g. those of a node it evicted: a transfer posted next must
-        not land in pages a write still reads). The request keeps
-        the handle and joins the batch once it is done (the fetcher's gate). False when the
-        restore failed and the request ended (every page returned, the host lock dropped)."""
-        ht = self.host_tier
-        assert ht is not None
-        ht.pool.sync_writes_reading(d.full_page_ids)
-        if d.restore is None:
-            return True
-        try:
-            live.restore = ht.start_restore(d.restore)
-        except RestoreFailed as exc:
-            log.warning("rid=%s restore failed: %s", live.rid, exc)
-            self.table.end(live, "restore_failed", f"host tier restore failed: {exc}", now,
-                           failed=True)
-            return False
-        return True
 
     def _maybe_check_integrity(self, now: float) -> None:
         """Between batches, every `integrity_check_interval_s`: pages and locks balance, or

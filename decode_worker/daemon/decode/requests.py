@@ -1,14 +1,19 @@
 """The request table: every request the engine knows, where each one is, the one exit every
 request leaves by (`end`) and the one poll that moves waiting requests on (`poll`).
 
-A request is in exactly one place: the prealloc queue (QUEUED, RETRACTED), the running batch
-(RUNNING), or parked (`parking.py`: waiting for its peer's protocol, its transfer, its
+The engine enters it once a step (`step`): the step's commands (arrivals, cancels), the poll,
+the prealloc queue's pass (arrivals join it there), the fetch of what it admitted; the READY
+requests it returns join the batch. The stepper ends requests through `end`.
+
+A request is in exactly one place: the step's arrivals (until this step's pass), the prealloc
+queue (QUEUED, RETRACTED), the running batch (RUNNING), or parked (`parking.py`: waiting for its peer's protocol, its transfer, its
 restore, its place in the batch; or, once ended, for what still writes its pages). `end`
 answers the client once (`Ended`), counts the end, and releases exactly what the request held:
 
 ```
 where at end          released by end
-prealloc queue        its place there (it holds no pages)
+arrivals, prealloc    its place there (it holds no pages)
+queue
 PEER / START          at once: nothing / its pages and prefix lock
 LANDING               at once: its pages and prefix lock (no transfer was posted); after its
                       restore, if one still writes its pages
@@ -27,22 +32,34 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from decode_worker.core.admission import Abort, Admit, PreallocQueue
+from decode_worker.core.admission import Abort, Admit, Decision, PreallocQueue
 from decode_worker.core.decode_alloc import DecodeAllocator
 from decode_worker.core.kv_context import KVContext
 from decode_worker.core.request import TERMINAL, DecodeRequest, RequestState
 from decode_worker.daemon.decode.batch import RunningBatch
-from decode_worker.daemon.decode.bridge import FINISH_REASONS, AddRequest, Outbox, RefuseRequest
+from decode_worker.daemon.decode.bridge import (
+    FINISH_REASONS,
+    AbortRequest,
+    AddRequest,
+    Command,
+    Drain,
+    FinishRequest,
+    Outbox,
+    RefuseRequest,
+)
 from decode_worker.daemon.decode.fetcher import KVFetcher
+from decode_worker.daemon.decode.host_tier import HostTier
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.parking import Parked, ParkingLot, Wait
-from decode_worker.errors import DecodeWorkerError, ServiceUnavailable
+from decode_worker.device.host_pool import RestoreFailed
+from decode_worker.errors import DecodeWorkerError
 from decode_worker.io.kv.peer import TransferEvent
 
 log = logging.getLogger(__name__)
+_EXPIRE_EVERY_S = 0.01  # how often the prealloc queue's deadlines are checked
 
 
 class TransferStopper(Protocol):
@@ -63,16 +80,120 @@ class RequestTable:
 
     def __init__(self, kv_ctx: KVContext, queue: PreallocQueue, decode_alloc: DecodeAllocator,
                  transfers: TransferStopper, fetcher: KVFetcher, outbox: Outbox,
-                 running: RunningBatch, on_end: Callable[[str, str], None] | None = None) -> None:
-        """`on_end(rid, status)` is told of every end (the drafter forgets the request)."""
+                 running: RunningBatch, on_end: Callable[[str, str], None] | None = None, *,
+                 host_tier: HostTier | None = None, eos_ids: frozenset[int] = frozenset(),
+                 vocab_size: int | None = None) -> None:
+        """`on_end(rid, status)` is told of every end (the drafter forgets the request).
+        `host_tier`: restores host hits into admitted requests' pages. `eos_ids`: the model's
+        end tokens; `vocab_size`: prompts with ids outside it end as `bad_request` (None: not
+        checked, for rigs without a model)."""
         self.kv_ctx, self.queue, self.decode_alloc = kv_ctx, queue, decode_alloc
         self.transfers, self.fetcher, self.outbox, self.running = (transfers, fetcher, outbox,
                                                                    running)
+        self.host_tier, self.eos_ids, self.vocab_size = host_tier, eos_ids, vocab_size
         self.lives: dict[str, LiveRequest] = {}
         self.parked = ParkingLot()
+        self.arrivals: list[LiveRequest] = []  # join the prealloc queue at this step's pass
         self.on_end = on_end
         self.requests_total: Counter[str] = Counter()  # finished / aborted / failed
         self.aborts_total: Counter[str] = Counter()  # shell-decided aborts, by reason
+        self._drain_deadline: float | None = None
+        self._next_expire = 0.0
+
+    # -- one engine step -----------------------------------------------------------------------
+    def step(self, now: float, commands: Iterable[Command] = ()) -> list[LiveRequest]:
+        """The requests' part of an engine step: the step's commands (arrivals, cancels,
+        refusals, a drain; the engine's own are skipped), then `poll`, then the admission
+        pass (admitted requests fetch their KV, the rest end), then the deadlines. Returns the
+        READY requests, in arrival order: they leave the lot for the batch."""
+        for cmd in commands:
+            self._command(cmd, now)
+        self.poll(now)
+        self._admit(now)
+        out = []
+        for rec in self.parked.at(Wait.START):
+            self.parked.move(rec, None)
+            out.append(rec.live)
+        return out
+
+    def _command(self, cmd: Command, now: float) -> None:
+        if isinstance(cmd, AddRequest):
+            self._add(cmd, now)
+        elif isinstance(cmd, AbortRequest | FinishRequest):
+            live = self.lives.get(cmd.rid)
+            if live is not None:  # client abort, stop string ("stop": it finished) or drain
+                reason = cmd.reason if isinstance(cmd, AbortRequest) else "stop"
+                self.end(live, reason, "" if reason == "stop" else f"aborted: {reason}", now)
+        elif isinstance(cmd, RefuseRequest):
+            self.refuse(cmd)
+        elif isinstance(cmd, Drain):
+            self._drain_deadline = now + cmd.grace_s
+
+    def _add(self, cmd: AddRequest, now: float) -> None:
+        """A new request: it waits for its peer's protocol, or joins the prealloc queue at
+        this step's pass, or ends at once (bad input)."""
+        live = self.register(cmd, self.eos_ids)
+        vocab = self.vocab_size
+        bad = [t for t in cmd.input_ids if not 0 <= t < vocab] if vocab is not None else []
+        if bad or not cmd.input_ids:
+            # the API checks this too; the engine never trusts its caller with the device
+            why = f"token ids outside [0, {vocab}): {bad[:5]}" if bad else "empty prompt"
+            self.end(live, "bad_request", why, now)
+            return
+        host, port = cmd.bootstrap_host, cmd.bootstrap_port
+        if live.has_peer and (not host or port is None or not 0 < port < 65536):
+            self.end(live, "bad_request", f"bad prefill peer address {host!r}:{port} "
+                     "(bootstrap_host, bootstrap_port)", now)
+            return
+        if live.has_peer:  # queued once its peer's protocol is known (this step's poll)
+            self.wait_for_peer(live, now)
+        else:
+            self.arrivals.append(live)
+
+    def _admit(self, now: float) -> None:
+        """The prealloc queue's pass over this step's arrivals and those waiting: admitted
+        requests fetch their KV, the rest end; then the drain deadline."""
+        expire = now >= self._next_expire  # deadlines are seconds: not every step
+        if expire:
+            self._next_expire = now + _EXPIRE_EVERY_S
+        arrivals, self.arrivals = self.arrivals, []
+        decisions: list[Decision] = self.queue.pop_admitted(
+            now, [lv.req for lv in arrivals if lv.ended is None], expire=expire)
+        for d in decisions:
+            if isinstance(d, Abort):
+                self.end_decided(d, now)
+                continue
+            live = self.lives[d.req.rid]
+            if self.host_tier is not None and not self._restore(live, d, now):
+                continue
+            try:
+                self.fetch(live, d, now)
+            except DecodeWorkerError as exc:  # this request's inputs, not the engine
+                log.warning("rid=%s failed to start: %s", live.rid, exc)
+                self.end(live, "bad_request", str(exc), now, failed=True)
+        if self._drain_deadline is not None and now >= self._drain_deadline:
+            for live in list(self.lives.values()):
+                self.end(live, "drain", "aborted: drain", now)
+
+    def _restore(self, live: LiveRequest, d: Admit, now: float) -> bool:
+        """Start restoring `d`'s host hits into its pages (after any write still reading the
+        pages admission gave it, e.g. those of a node it evicted: a transfer posted next must
+        not land in pages a write still reads). The request keeps the handle and becomes
+        READY once it is done (RESTORE). False when the restore failed and the request ended
+        (every page returned, the host lock dropped)."""
+        ht = self.host_tier
+        assert ht is not None
+        ht.pool.sync_writes_reading(d.full_page_ids)
+        if d.restore is None:
+            return True
+        try:
+            live.restore = ht.start_restore(d.restore)
+        except RestoreFailed as exc:
+            log.warning("rid=%s restore failed: %s", live.rid, exc)
+            self.end(live, "restore_failed", f"host tier restore failed: {exc}", now,
+                     failed=True)
+            return False
+        return True
 
     def register(self, cmd: AddRequest, eos_ids: frozenset[int]) -> LiveRequest:
         """A new request (QUEUED, not yet in the prealloc queue or parked)."""
@@ -100,16 +221,6 @@ class RequestTable:
     def wait_for_peer(self, live: LiveRequest, now: float) -> None:
         """`live` waits until its peer's protocol is known; then `poll` queues or ends it."""
         self.parked.park(live, Wait.PEER, since=now)
-
-    def enqueue(self, live: LiveRequest, now: float) -> None:
-        """Into the prealloc queue (or ended: the queue is full, or it can never fit)."""
-        try:
-            ab = self.queue.enqueue(live.req, now)
-        except ServiceUnavailable as exc:  # the prealloc queue is full
-            self.end(live, "queue_full", str(exc), now)
-            return
-        if ab is not None:
-            self.end_decided(ab, now)
 
     def fetch(self, live: LiveRequest, admit: Admit, now: float) -> None:
         """`live` holds its pages (RESERVED): ask its prefill peer for the missing KV, or
@@ -154,15 +265,6 @@ class RequestTable:
             return True
         self.parked.move(rec, Wait.TRANSFER)
         return True
-
-    def take_ready(self) -> list[LiveRequest]:
-        """The requests whose KV and first token are in (READY), in arrival order: they leave
-        the lot for the batch."""
-        out = []
-        for rec in self.parked.at(Wait.START):
-            self.parked.move(rec, None)
-            out.append(rec.live)
-        return out
 
     # -- the one poll --------------------------------------------------------------------------
     def poll(self, now: float) -> None:
@@ -242,7 +344,7 @@ class RequestTable:
         if refusal is not None:
             self.end(live, *refusal, now, failed=True)
         else:
-            self.enqueue(live, now)
+            self.arrivals.append(live)
 
     def _settle(self, rec: Parked, now: float) -> None:
         """An ended request's wait is over: nothing writes its pages any more."""

@@ -126,6 +126,24 @@ def test_full_queue_raises_service_unavailable() -> None:
     assert rig.queue.num_queued == 2
 
 
+def test_a_pass_queues_its_arrivals_first_and_aborts_those_that_cannot_wait() -> None:
+    """The step's arrivals join before the pass (so it may admit them); past the bound one
+    is aborted (`queue_full`), one that can never fit too (`too_large`), both counted by
+    admission, and the pass goes on."""
+    rig = make_rig(full_pages=10, max_queued=2, max_active=1)
+    wait = req("w", 100)
+    rig.queue.enqueue(wait, 0.0)
+    new = [req("big", 600, max_new=100), req("a", 100, base=1), req("b", 100, base=2),
+           req("c", 100, base=3)]
+    got = rig.queue.pop_admitted(1.0, new)
+    aborts = [(d.req.rid, d.reason) for d in got if isinstance(d, Abort)]
+    assert aborts == [("big", "too_large"), ("b", "queue_full"), ("c", "queue_full")]
+    assert [d.req.rid for d in got if isinstance(d, Admit)] == ["w"]  # first come, one slot
+    assert new[2].state is S.ABORTED and new[1].state is S.QUEUED
+    assert new[1].entered_at[S.QUEUED] == 1.0 and rig.queue.num_queued == 1
+    assert rig.stats.aborts_total == {"too_large": 1, "queue_full": 2}
+
+
 class _SpyTree(UnifiedRadixTree):
     """Records eviction asks; `swa_fail` makes the next `swa_fail` SWA evictions free nothing
     (a tree whose evictable count cannot be realised)."""

@@ -41,19 +41,25 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.n = 0
         self.reqs: list[DecodeRequest] = []  # every request not yet done
+        self.arrivals: list[DecodeRequest] = []  # join the queue at the next pass
         self.running: list[DecodeRequest] = []
 
     # -- rules -----------------------------------------------------------------------------
     @rule(fam=st.integers(0, 2), cut=st.integers(0, 30), n=st.integers(1, 70),
-          max_new=st.integers(1, 60), sglang=st.sampled_from([0, 1, 2]))
-    def arrive(self, fam: int, cut: int, n: int, max_new: int, sglang: int) -> None:
+          max_new=st.integers(1, 60), sglang=st.sampled_from([0, 1, 2]), at_pass=st.booleans())
+    def arrive(self, fam: int, cut: int, n: int, max_new: int, sglang: int,
+               at_pass: bool) -> None:
         """`sglang`: 0 a native peer, 1 an SGLang prefill of our page size, 2 one of half our
-        page size (only without the radix cache: the engine refuses it with the cache on)."""
+        page size (only without the radix cache: the engine refuses it with the cache on).
+        `at_pass`: it joins the queue at the next pass (as the engine's arrivals do)."""
         self.n += 1
         prompt = FAMILIES[fam][:cut] + [100 + self.n] * max(0, n - cut)
         r = DecodeRequest(f"r{self.n}", self.n, prompt or [1], max_new)
         if sglang == 1 or (sglang == 2 and not self.radix):
             r.sglang_page_size = self.page_size // sglang
+        if at_pass:
+            self.arrivals.append(r)
+            return
         try:
             ab = self.rig.queue.enqueue(r, self.now)
         except ServiceUnavailable:
@@ -63,7 +69,13 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @rule()
     def admit(self) -> None:
-        for d in self.rig.queue.pop_admitted(self.now):
+        arrivals, self.arrivals = self.arrivals, []
+        got = self.rig.queue.pop_admitted(self.now, arrivals)
+        for r in arrivals:  # queued or admitted, else aborted (queue full, too large)
+            assert r.state is not S.QUEUED or self.rig.queue.get(r.rid) is r
+            if r.state is not S.ABORTED:
+                self.reqs.append(r)
+        for d in got:
             if isinstance(d, Admit):
                 # full KV is reused up to the last whole page; the SWA tail arrives fresh from
                 # the window start, under the reused prefix when it starts below it

@@ -6,8 +6,9 @@ the prealloc queue's pass (arrivals join it there), the fetch of what it admitte
 requests it returns join the batch. The stepper ends requests through `end`.
 
 A request is in exactly one place: the step's arrivals (until this step's pass), the prealloc
-queue (QUEUED, RETRACTED), the running batch (RUNNING), or parked (`parking.py`: waiting for its peer's protocol, its transfer, its
-restore, its place in the batch; or, once ended, for what still writes its pages). `end`
+queue (QUEUED, RETRACTED), the running batch (RUNNING), or parked (`parking.py`: waiting for
+its peer's protocol, its transfer, its restore, its place in the batch; or, once ended, for
+what still writes its pages). `end`
 answers the client once (`Ended`), counts the end, and releases exactly what the request held:
 
 ```

@@ -62,6 +62,46 @@ def _write_kv_kernel(  # type: ignore[no-untyped-def]
     tl.store(dst + s_kv, v.to(kv_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _kv_block(kv_ptr, table_ptr, b, s_table, ring, k0, end, s_page, s_kv, s_tok, kvh,  # type: ignore[no-untyped-def]
+              dims, dim_ok, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    """The BLOCK_N keys from position `k0` of request row `b`'s KV head `kvh`, masked from
+    `end` on: their positions [N], that mask [N], K and V [N, D]; each key read from its own
+    page (`table[b, (p // PAGE) % ring]`, slot `p % PAGE`)."""
+    p = k0 + tl.arange(0, BLOCK_N)  # [N] key positions
+    ok = p < end
+    page = tl.load(table_ptr + b * s_table + (p // PAGE) % ring, mask=ok, other=0)
+    base = kv_ptr + page.to(tl.int64) * s_page + (p % PAGE) * s_tok + kvh * HEAD_DIM  # [N]
+    kv_ok = ok[:, None] & dim_ok[None, :]
+    k = tl.load(base[:, None] + dims[None, :], mask=kv_ok, other=0.0)  # [N, D]
+    v = tl.load(base[:, None] + s_kv + dims[None, :], mask=kv_ok, other=0.0)  # [N, D]
+    return p, ok, k, v
+
+
+@triton.jit
+def _scores(q, k, FP32_DOT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """q [H, D] . k [N, D]^T -> [H, N] float32 (IEEE float32, or the native dot)."""
+    if FP32_DOT:
+        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    return s
+
+
+@triton.jit
+def _weighted(e, v, FP32_DOT: tl.constexpr, ROUND_P: tl.constexpr):  # type: ignore[no-untyped-def]
+    """e [H, N] . v [N, D] -> [H, D] float32; with ROUND_P, e in the pool dtype first (the
+    native dot's P, as SGLang rounds it)."""
+    if ROUND_P:
+        e = e.to(v.dtype)
+    if FP32_DOT:
+        pv = tl.dot(e.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(e, v)
+    return pv
+
+
 @triton.jit(do_not_specialize=["s_table", "ring", "window"],
             do_not_specialize_on_alignment=["pos_ptr"])
 def _stage1_kernel(  # type: ignore[no-untyped-def]
@@ -87,29 +127,14 @@ def _stage1_kernel(  # type: ignore[no-untyped-def]
     denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     for k0 in range(start, end, BLOCK_N):
-        p = k0 + tl.arange(0, BLOCK_N)  # [N] key positions
-        ok = p < end
-        page = tl.load(table_ptr + b * s_table + (p // PAGE) % ring, mask=ok, other=0)
-        base = kv_ptr + page.to(tl.int64) * s_page + (p % PAGE) * s_tok + kvh * HEAD_DIM  # [N]
-        kv_ok = ok[:, None] & dim_ok[None, :]
-        k = tl.load(base[:, None] + dims[None, :], mask=kv_ok, other=0.0)  # [N, D]
-        v = tl.load(base[:, None] + s_kv + dims[None, :], mask=kv_ok, other=0.0)  # [N, D]
-        if FP32_DOT:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")  # [H, N]
-        else:
-            s = tl.dot(q, tl.trans(k))  # [H, N] f32
-        s = tl.where(ok[None, :], s * scale, float("-inf"))
+        _, ok, k, v = _kv_block(kv_ptr, table_ptr, b, s_table, ring, k0, end, s_page, s_kv,
+                                s_tok, kvh, dims, dim_ok, HEAD_DIM, PAGE, BLOCK_N)
+        s = tl.where(ok[None, :], _scores(q, k, FP32_DOT) * scale, float("-inf"))  # [H, N]
         new_m = tl.maximum(m, tl.max(s, 1))  # finite: every block holds a key
         corr = tl.exp(m - new_m)
         e = tl.exp(s - new_m[:, None])  # [H, N]
         denom = denom * corr + tl.sum(e, 1)
-        if ROUND_P:
-            e = e.to(v.dtype)  # P in the pool dtype, for the native dot
-        if FP32_DOT:
-            pv = tl.dot(e.to(tl.float32), v.to(tl.float32), input_precision="ieee")  # [H, D]
-        else:
-            pv = tl.dot(e, v)  # [H, D] f32
-        acc = acc * corr[:, None] + pv
+        acc = acc * corr[:, None] + _weighted(e, v, FP32_DOT, ROUND_P)  # [H, D]
         m = new_m
     full = denom > 0  # False for a split past the request's keys
     lse = tl.where(full, m + tl.log(tl.where(full, denom, 1.0)), float("-inf"))

@@ -36,7 +36,10 @@ import triton.language as tl  # type: ignore[import-untyped]
 from decode_worker.device.kernels import INTERPRETED
 from decode_worker.device.kernels.decode_attention import (
     BLOCK_N,
+    _kv_block,
+    _scores,
     _stage2_kernel,
+    _weighted,
     stage2_meta,
 )
 
@@ -77,32 +80,17 @@ def _grouped_stage1_kernel(  # type: ignore[no-untyped-def]
     denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     for k0 in range(start, end, BLOCK_N):
-        p = k0 + tl.arange(0, BLOCK_N)  # [N] key positions
-        ok = p < end
-        page = tl.load(table_ptr + b * s_table + (p // PAGE) % ring, mask=ok, other=0)
-        base = kv_ptr + page.to(tl.int64) * s_page + (p % PAGE) * s_tok + kvh * HEAD_DIM  # [N]
-        kv_ok = ok[:, None] & dim_ok[None, :]
-        k = tl.load(base[:, None] + dims[None, :], mask=kv_ok, other=0.0)  # [N, D]
-        v = tl.load(base[:, None] + s_kv + dims[None, :], mask=kv_ok, other=0.0)  # [N, D]
-        if FP32_DOT:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")  # [H, N]
-        else:
-            s = tl.dot(q, tl.trans(k))  # [H, N] f32
+        p, ok, k, v = _kv_block(kv_ptr, table_ptr, b, s_table, ring, k0, end, s_page, s_kv,
+                                s_tok, kvh, dims, dim_ok, HEAD_DIM, PAGE, BLOCK_N)
         seen = (ok[None, :] & (p[None, :] <= pos_r[:, None])
                 & (p[None, :] >= pos_r[:, None] - window))  # [H, N] each row's own keys
-        s = tl.where(seen, s * scale, float("-inf"))
+        s = tl.where(seen, _scores(q, k, FP32_DOT) * scale, float("-inf"))  # [H, N]
         new_m = tl.maximum(m, tl.max(s, 1))  # -inf for a row that has seen no key yet
         base_m = tl.where(new_m == float("-inf"), 0.0, new_m)  # keeps exp(-inf - -inf) out
         corr = tl.exp(m - base_m)
         e = tl.exp(s - base_m[:, None])  # [H, N]
         denom = denom * corr + tl.sum(e, 1)
-        if ROUND_P:
-            e = e.to(v.dtype)  # P in the pool dtype, for the native dot
-        if FP32_DOT:
-            pv = tl.dot(e.to(tl.float32), v.to(tl.float32), input_precision="ieee")  # [H, D]
-        else:
-            pv = tl.dot(e, v)  # [H, D] f32
-        acc = acc * corr[:, None] + pv
+        acc = acc * corr[:, None] + _weighted(e, v, FP32_DOT, ROUND_P)  # [H, D]
         m = new_m
     full = denom > 0  # False for a split (or a row) without keys
     lse = tl.where(full, m + tl.log(tl.where(full, denom, 1.0)), float("-inf"))

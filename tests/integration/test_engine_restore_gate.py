@@ -35,8 +35,8 @@ from decode_worker.daemon.decode.bridge import (
 )
 from decode_worker.daemon.decode.engine import DecodeEngine
 from decode_worker.device.host_pool import HostKVPool, RestoreHandle
-from decode_worker.io.kv.peer import TransferEvent
 from decode_worker.io.kv.peer_protocols import PeerProtocol
+from tests.fakes.fake_receiver import FakeReceiver
 from tests.integration.conftest import recording_engine
 
 S = RequestState
@@ -57,14 +57,14 @@ class FakeSlowRestore(RestoreHandle):
         self.done = True
 
 
-class FakePeerReceiver:
+class FakePeerReceiver(FakeReceiver):
     """The engine's receiver, except that transfers are posted to nobody and end with the
     events the test queues (`done`, `fail`); an abort is acknowledged ("released") only
     when the test calls `release`. Everything else goes to the real receiver."""
 
     def __init__(self, real: Any) -> None:
-        self.real, self.events, self.aborted = real, [], []
-        self.posted: dict[int, dict[str, Any]] = {}
+        super().__init__(first_id=1000)
+        self.real = real
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
@@ -72,34 +72,16 @@ class FakePeerReceiver:
     def protocol_of(self, host: str, port: int, since: float) -> PeerProtocol:
         return PeerProtocol("native")
 
-    def submit(self, host: str, port: int, **kw: Any) -> int:
-        tid = 1000 + len(self.posted)
-        self.posted[tid] = kw
-        return tid
-
-    def take_events(self) -> list[TransferEvent]:
-        out, self.events = self.events, []
-        return out
-
-    def abort_transfer(self, transfer_id: int) -> None:
-        self.aborted.append(transfer_id)
-
-    def cancel_room(self, *a: Any) -> None:
-        pass
-
     def done(self, engine: DecodeEngine, tid: int, token_id: int) -> None:
-        kw = self.posted[tid]
+        kw = self.submitted[tid]
         engine.fetcher.aux.native.write(kw["aux_row"], kw["room"], token_id, -0.5, tid)
-        self.events.append(TransferEvent("done", tid, kw["rid"], kw["room"], wire_id=tid))
+        self.queue("done", tid, wire_id=tid)
 
     def fail(self, tid: int) -> None:
-        kw = self.posted[tid]
-        self.events.append(TransferEvent("failed", tid, kw["rid"], kw["room"],
-                                         reason="peer_dead", detail="FakePeer died"))
+        self.queue("failed", tid, reason="peer_dead", detail="FakePeer died")
 
     def release(self, tid: int) -> None:
-        kw = self.posted[tid]
-        self.events.append(TransferEvent("released", tid, kw["rid"], kw["room"]))
+        self.queue("released", tid)
 
 
 @pytest.fixture
@@ -188,7 +170,7 @@ def test_a_transferred_request_joins_only_once_its_restore_is_done(
     engine.fetcher.receiver = engine.table.transfers = fake  # type: ignore[assignment]
     _add(engine, "p", [*PROMPT, 5, 6, 7], peer=True)
     _steps(engine, 3)
-    (tid, posted), = fake.posted.items()
+    (tid, posted), = fake.submitted.items()
     assert posted["reused_len"] > 0 and len(slow) == 1  # host hits advertised, restore begun
     # the peer is asked for [reused_len, prompt_len) only: not into the restore's pages
     ps = engine.page_size
@@ -213,7 +195,7 @@ def test_an_end_during_a_restore_frees_its_pages_only_once_the_restore_is_done(
     free_before = _free_full(engine)
     _add(engine, "x", [*PROMPT, 5, 6, 7], peer=True)
     _steps(engine, 3)
-    (tid, _), = fake.posted.items()
+    (tid, _), = fake.submitted.items()
     held = free_before - _free_full(engine)
     assert held > 0 and len(slow) == 1
     if how == "client_abort":
@@ -246,7 +228,7 @@ def test_the_kv_backstop_during_a_restore_waits_for_the_copy_before_its_pages_go
     engine.fetcher.receiver = engine.table.transfers = fake  # type: ignore[assignment]
     _add(engine, "late", [*PROMPT, 5, 6, 7], peer=True)
     _steps(engine, 3)
-    (tid, _), = fake.posted.items()
+    (tid, _), = fake.submitted.items()
     fake.done(engine, tid, token_id=9)  # KV in; the restore never finishes by itself
     _steps(engine, 2)
     assert not slow[0].done

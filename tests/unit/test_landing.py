@@ -27,33 +27,10 @@ from decode_worker.device.kv_pool import KVPools, KVSpec
 from decode_worker.device.landing import LandingArea
 from decode_worker.device.model.arch import FULL, SLIDING
 from decode_worker.io.kv.peer import TransferEvent
+from tests.fakes.fake_receiver import FakeReceiver
 
 PS = 4
 LAYERS = (SLIDING, FULL, SLIDING)  # model layer 1 is the full one
-
-
-class FakeRouter:
-    """Records submits and aborts; hands out the events a test queues."""
-
-    def __init__(self) -> None:
-        self.submitted: dict[int, dict[str, Any]] = {}
-        self.aborted: list[int] = []
-        self.events: list[TransferEvent] = []
-
-    def submit(self, host: str, port: int, **kw: Any) -> int:
-        tid = len(self.submitted) + 1
-        self.submitted[tid] = kw
-        return tid
-
-    def take_events(self) -> list[TransferEvent]:
-        out, self.events = self.events, []
-        return out
-
-    def abort_transfer(self, transfer_id: int) -> None:
-        self.aborted.append(transfer_id)
-
-    def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None:
-        pass
 
 
 class Rig:
@@ -62,7 +39,7 @@ class Rig:
     def __init__(self) -> None:
         self.pools = KVPools(KVSpec(LAYERS, 1, 2), 16, 16, PS, "cpu", torch.float32)
         self.dock = LandingDock(LandingArea(self.pools, 4), PS)
-        self.router = FakeRouter()
+        self.router = FakeReceiver()
         first = FirstToken(0, 42, -0.5, [])
         aux: Any = AuxBuffers(SimpleNamespace(num_rows=8, clear=lambda row: None),  # type: ignore[arg-type]
                               SimpleNamespace(clear=lambda row: None,  # type: ignore[arg-type]

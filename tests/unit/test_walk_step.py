@@ -1,8 +1,8 @@
-"""`scripts/walk_step.py`: following one engine step's `now` stays near a tree (docs/DECODE_PATH.md).
+"""`scripts/walk_step.py`: following one engine step's `now` stays near a tree.
 
-The figure counts the returns to a file the walk had left; each new entry point into a file
-costs two. A change that makes the engine enter the request table again, or a part reach into
-the core through a second door, fails here with the crossings that came back.
+The figure (docs/DECODE_PATH.md) counts the returns to a file the walk had left; each new entry
+point into a file costs two. A change that makes the engine enter the request table again, or a
+part reach into the core through a second door, fails here with the crossings that came back.
 """
 
 from __future__ import annotations

@@ -21,6 +21,11 @@ from decode_worker.core.spec.live import LiveIndex
 from decode_worker.errors import InvalidTransition
 
 FLUSH_BATCH = 64  # a request's waiting tokens indexed together
+# requests due at one flush are indexed over this many flushes (most waiting first), at least
+# FLUSH_SPREAD_MIN a flush: a batch that accepts together (its first wave, or every request's
+# tokens at once after the policy's quiet steps) would otherwise index batch x FLUSH_BATCH
+# tokens in one flush, longer than a short forward that should hide it
+FLUSH_SPREAD, FLUSH_SPREAD_MIN = 4, 8
 
 
 class ReqState:
@@ -100,18 +105,23 @@ class DrafterBase(Generic[R]):
 
     def flush(self) -> None:
         """Index what requests started or accepted since the last flush (once at least
-        `FLUSH_BATCH` tokens wait: a call per few tokens costs more than their indexing) and
-        store finished requests in the shared memory (until then they are not drafted
-        from). With a live index: a request's first flush indexes all it has (its prompt is
-        visible to the others at once), indexed tokens are published, ended requests
-        withdrawn."""
+        `FLUSH_BATCH` tokens wait: a call per few tokens costs more than their indexing;
+        many such requests at once over `FLUSH_SPREAD` flushes) and store finished requests
+        in the shared memory (until then they are not drafted from). With a live index: a
+        request's first index takes all it has (its prompt becomes visible to the others),
+        indexed tokens are published, ended requests withdrawn."""
         done, live = [], self.live
+        # fewer than FLUSH_BATCH waiting: not worth a call, the scan is cheap
+        due = [r for rid in self._dirty if (r := self._reqs[rid]).own.pending >= FLUSH_BATCH
+               or (live is not None and r.own.indexed == 0)]
+        if len(due) > FLUSH_SPREAD_MIN:
+            due.sort(key=lambda r: r.own.pending, reverse=True)
+            del due[max(FLUSH_SPREAD_MIN, -(-len(due) // FLUSH_SPREAD)):]
+        for r in due:
+            r.own.index()
         for rid in self._dirty:
             r = self._reqs[rid]
             own = r.own
-            # fewer than FLUSH_BATCH: not worth a call, the scan is cheap
-            if own.pending >= FLUSH_BATCH or (live is not None and own.indexed == 0):
-                own.index()
             if live is not None and own.indexed > r.shown:
                 assert own.new_keys is not None
                 live.publish(r, own.new_keys)

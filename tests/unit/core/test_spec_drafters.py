@@ -153,6 +153,35 @@ def test_live_requests_draft_from_each_other() -> None:
 
 
 @pytest.mark.parametrize("algorithm", ["NGRAM", "SUFFIX"])
+@pytest.mark.parametrize("every", [1, 64])
+def test_a_batch_that_accepts_together_is_indexed_over_several_flushes(algorithm: str,
+                                                                        every: int) -> None:
+    """64 requests accept together, a token a step (`every` 1) or 64 at once every 64 steps
+    (the policy's quiet steps hand tokens over only when it drafts): no flush indexes more
+    than a quarter of them (before: all 64, 4096 tokens in one flush on the critical path of a
+    short forward), and no request is left with more than two flushes' worth waiting."""
+    from decode_worker.core.spec.base import FLUSH_BATCH, FLUSH_SPREAD
+
+    drafter = make_drafter(SpecParams(algorithm, num_draft_tokens=4))  # type: ignore[arg-type]
+    rids = [f"r{i}" for i in range(64)]
+    for i, rid in enumerate(rids):
+        drafter.start(rid, [i % 7, 100 + i] * 40)  # 80-token prompts
+    reqs = [drafter._reqs[rid] for rid in rids]  # type: ignore[attr-defined]
+    per_flush = []
+    for step in range(1, 6 * FLUSH_BATCH + 1):
+        if step % every == 0:
+            for rid in rids:
+                drafter.accept(rid, [(step + j) % 5 for j in range(every)])
+        before = [r.own.indexed for r in reqs]
+        drafter.flush()
+        per_flush.append(sum(r.own.indexed != b for r, b in zip(reqs, before, strict=True)))
+    drafter.check_integrity()
+    assert max(per_flush) <= len(rids) // FLUSH_SPREAD, per_flush
+    assert sum(per_flush) >= 5 * len(rids)  # each indexed about every FLUSH_BATCH tokens
+    assert max(r.own.pending for r in reqs) < 2 * FLUSH_BATCH + every
+
+
+@pytest.mark.parametrize("algorithm", ["NGRAM", "SUFFIX"])
 def test_contract_errors_and_reused_rids(algorithm: str) -> None:
     drafter = make_drafter(SpecParams(algorithm, num_draft_tokens=4))  # type: ignore[arg-type]
     drafter.start("r", [1, 2, 3, 1, 2])

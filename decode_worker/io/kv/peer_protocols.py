@@ -11,9 +11,11 @@ and takes a native answer as a misconfiguration; `native` never probes):
 Only a peer that answered decides: refused, reset, closed unanswered, silent or a 5xx is a
 miss ("unreachable", a request of it ends with peer_dead), and so is an answer from neither
 protocol ("foreign", transfer_failed). A miss decides nothing: it answers the callers that were
-waiting when the probe ended (`since`; the probe's own clock, not when the owner looked: a
-refused probe that ended before a restarted peer listened again must not fail a request sent
-after), and the next caller starts a new probe. A caller waits for the running probe (`get`
+waiting when it was seen (`since`, on the probe's own clock, not when the owner looked): a
+silent peer, when the probe ended (it was silent all along); a refused (reset, closed) one,
+when the probe began, as the refusal came at some moment in between and the probe's thread may
+report it late: a refusal seen before a restarted peer listened again must not fail a request
+sent after. The next caller starts a new probe. A caller waits for the running probe (`get`
 returns None), at most `wait_limit_s`. Owner thread only; probes run on `pool`.
 """
 
@@ -51,16 +53,27 @@ class PeerProtocol:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Probed:
-    """A probe's answer and when it ended (the owner's clock, read on the probe's thread)."""
+    """A probe's answer and when it ended and began (the owner's clock, read on the probe's
+    thread; `started_at` None: as `ended_at`)."""
 
     found: Probe
     ended_at: float
+    started_at: float | None = None
+
+    @property
+    def seen_at(self) -> float:
+        """The latest time the answer is known to hold from: the end, or for an instant miss
+        (a refusal) the start."""
+        if self.found.instant and self.started_at is not None:
+            return self.started_at
+        return self.ended_at
 
 
 def timed(probe: ProbeFn, clock: Clock, host: str, port: int, timeout_s: float) -> Probed:
-    """Run `probe` (on a pool thread) and stamp its end."""
+    """Run `probe` (on a pool thread) and stamp its start and end."""
+    started_at = clock()
     found = probe(host, port, timeout_s)
-    return Probed(found, clock())
+    return Probed(found, clock(), started_at)
 
 
 class PeerProtocols:
@@ -134,8 +147,8 @@ class PeerProtocols:
         return out
 
     def _learn(self, key: str, found: Probe, now: float) -> PeerProtocol | None:
-        """Decide from a probe's answer (returns the protocol), or record a miss that came at
-        `now` (None)."""
+        """Decide from a probe's answer (returns the protocol), or record a miss seen at `now`
+        (None)."""
         if found.kind == "native" and self.mode == "sglang":
             found = Probe("foreign", detail="answers as a native decode-worker peer, but "
                                             "transfer.peer_protocol is 'sglang'")  # fmt: skip
@@ -165,10 +178,11 @@ class PeerProtocols:
 
 
 def _result(job: Future[Probed], now: float) -> tuple[Probe, float]:
-    """A finished probe's answer and end; one that raised (a bug) is unreachable, ended now."""
+    """A finished probe's answer and when it was seen (`Probed.seen_at`); one that raised (a
+    bug) is unreachable, seen now."""
     try:
         done = job.result()
     except Exception as exc:  # the pool's boundary: a bad address must not stop the engine
         log.exception("protocol probe failed")
         return Probe("unreachable", detail=f"probe failed: {type(exc).__name__}: {exc}"), now
-    return done.found, done.ended_at
+    return done.found, done.seen_at

@@ -97,6 +97,45 @@ def test_a_miss_that_ended_before_a_request_came_is_not_its_answer() -> None:
     assert r.get(8, 100.5) == PeerProtocol("sglang", 16, 2)
 
 
+def test_a_refusal_reported_late_is_not_the_answer_of_a_request_that_came_after_it() -> None:
+    """A probe that began while the peer was down is refused at once, but its thread reports
+    it late (a loaded host): a request that arrived meanwhile, after the peer listened again,
+    probes again and is served (a full loaded run once failed it peer_dead). A silent peer's
+    miss still answers whoever waited through the silence."""
+    r = Rig()
+    assert r.get(8, 100.0) is None  # a pending cancel's probe, while the peer is down
+    refused = Probe("unreachable", detail="h:8: [Errno 111] Connection refused", instant=True)
+    r.now = 100.5  # the peer is up again; a request arrives, waits for the running probe
+    assert r.get(8, 100.4) is None and len(r.pool.jobs) == 1
+    (job,) = r.pool.running(8)
+    job.set_result(Probed(refused, ended_at=100.5, started_at=100.0))  # refused at 100.0+
+    assert r.get(8, 100.4) is None and len(r.pool.running(8)) == 1  # not failed: a new probe
+    old = r.get(8, 100.0)  # the cancel that waited since the probe began gets the refusal
+    assert old is not None and old.kind == "unavailable"
+    r.answer(8, "native")
+    assert r.get(8, 100.4) == PeerProtocol("native")
+
+    r.now = 200.0
+    assert r.get(9, 200.0) is None
+    r.now = 202.0  # silent until its timeout: the peer was silent all that while
+    (job,) = r.pool.running(9)
+    silent = Probe("unreachable", detail="h:9: timed out")
+    job.set_result(Probed(silent, ended_at=202.0, started_at=200.0))
+    miss = r.get(9, 201.0)
+    assert miss is not None and miss.kind == "unavailable" and "timed out" in miss.detail
+
+
+def test_probe_says_a_refusal_is_instant_and_timed_stamps_its_start() -> None:
+    from decode_worker.daemon.shared.procs import free_port
+    from decode_worker.io.kv.peer_protocols import timed
+    from decode_worker.io.kv.sglang.bootstrap_client import probe
+
+    ticks = iter([10.0, 11.0])
+    done = timed(probe, lambda: next(ticks), "127.0.0.1", free_port(), 1.0)  # nobody listens
+    assert done.found.kind == "unreachable" and done.found.instant
+    assert (done.started_at, done.ended_at, done.seen_at) == (10.0, 11.0, 10.0)
+
+
 def test_a_foreign_answer_decides_nothing_and_ends_requests_with_transfer_failed() -> None:
     r = Rig()
     r.get(2, 100.0)

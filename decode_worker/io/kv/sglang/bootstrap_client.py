@@ -75,11 +75,14 @@ class HttpAnswer:
 class Probe:
     """What listens on a bootstrap address: "sglang" (with its server info), "native" (a ZMQ
     socket), "unreachable" (no answer, see the module doc; or a 503 until the deadline), or
-    "foreign" (an answer from neither); `detail` says why for the last two."""
+    "foreign" (an answer from neither); `detail` says why for the last two. `instant`: an
+    "unreachable" seen at one moment of the probe (refused, unresolvable, reset, closed
+    unanswered), not throughout it (silent until the timeout, 5xx until the deadline)."""
 
     kind: Literal["sglang", "native", "unreachable", "foreign"]
     info: PrefillServerInfo | None = None
     detail: str = ""
+    instant: bool = False
 
 
 def http_get(host: str, port: int, path: str, timeout_s: float) -> HttpAnswer:
@@ -173,7 +176,7 @@ def probe(host: str, port: int, timeout_s: float) -> Probe:
         except NotHttp as exc:
             return Probe("native") if exc.zmtp else Probe("foreign", detail=str(exc))
         except PeerUnreachable as exc:
-            return Probe("unreachable", detail=str(exc))
+            return Probe("unreachable", detail=str(exc), instant=exc.definite)
         if answer.status != 503:
             break
         if time.monotonic() + _RETRY_503_S > deadline:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -99,13 +100,20 @@ class Live:
 
     def wait_idle(self, timeout_s: float = 20.0) -> Metrics:
         """Poll /metrics until no request is queued or running; returns the last scrape."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            m = self.metrics()
-            busy = sum(m.value("decode_worker_queue_requests", queue=q) for q in IDLE_QUEUES)
-            if busy == 0 or time.monotonic() > deadline:
-                return m
-            time.sleep(0.05)
+        return idle_metrics(self.url, timeout_s)
+
+
+def idle_metrics(url: str, timeout_s: float = 30.0) -> Metrics:
+    """Poll the worker's /metrics until no request is queued, transferring or running; the
+    last scrape (also at the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+            m = Metrics(resp.read().decode())
+        busy = sum(m.value("decode_worker_queue_requests", queue=q) for q in IDLE_QUEUES)
+        if busy == 0 or time.monotonic() > deadline:
+            return m
+        time.sleep(0.05)
 
 
 def read_events(lines: Iterator[str]) -> Iterator[str]:

@@ -32,7 +32,7 @@ import pytest
 from decode_worker.daemon.shared.harmony_vocab import harmony_vocab_env
 from decode_worker.daemon.shared.procs import PdServers, free_port, http_json, scrape_metric
 from decode_worker.daemon.shared.router import SMG, Router, has_router, router_argv
-from tests.e2e.live_fixtures import Metrics, pool_is_whole
+from tests.e2e.live_fixtures import idle_metrics, pool_is_whole
 
 pytestmark = [pytest.mark.slow, pytest.mark.router,
               pytest.mark.skipif(not has_router(), reason="smg is not installed"),
@@ -140,7 +140,7 @@ def test_client_that_leaves_mid_stream_frees_its_request(stack: Stack) -> None:
                         'reason="client_abort"') < before + 1:
         assert time.monotonic() < deadline, "the decode request was not aborted"
         time.sleep(0.1)
-    m = _idle(stack.decode.url)
+    m = idle_metrics(stack.decode.url)
     assert pool_is_whole(m) == []
 
 
@@ -153,7 +153,7 @@ def test_chat_on_smgs_harmony_path_is_refused_cleanly(stack: Stack) -> None:
             {"Content-Type": "application/json"}), timeout=60)
     assert info.value.code == 400
     assert "outside the vocabulary" in info.value.read().decode()
-    assert pool_is_whole(_idle(stack.decode.url)) == []
+    assert pool_is_whole(idle_metrics(stack.decode.url)) == []
 
 
 def test_a_body_without_model_is_404_model_not_found(stack: Stack) -> None:
@@ -201,18 +201,6 @@ def test_smg_subscribes_to_the_decode_workers_events(stack: Stack) -> None:
 def _plain(text: str) -> str:
     import re
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
-
-
-def _idle(url: str, timeout_s: float = 30.0) -> Metrics:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-            m = Metrics(resp.read().decode())
-        busy = sum(m.value("decode_worker_queue_requests", queue=q)
-                   for q in ("prealloc", "transfer", "running"))
-        if busy == 0 or time.monotonic() > deadline:
-            return m
-        time.sleep(0.05)
 
 
 def _sse(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:

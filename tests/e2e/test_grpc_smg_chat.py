@@ -18,7 +18,6 @@ weights.
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +27,7 @@ import pytest
 from decode_worker.daemon.shared.harmony_vocab import harmony_vocab_env
 from decode_worker.daemon.shared.procs import PdServers, free_port, http_json, scrape_metric
 from decode_worker.daemon.shared.router import SMG, Router, has_router, router_argv
-from tests.e2e.live_fixtures import Metrics, pool_is_whole
+from tests.e2e.live_fixtures import idle_metrics, pool_is_whole
 from tests.e2e.o200k_model import write_o200k_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.router,
@@ -75,7 +74,7 @@ def test_chat_runs_on_smgs_harmony_pipeline(stack: Stack) -> None:
     # the harmony system message, the user turn and `<|start|>assistant`: tens of tokens
     assert out["usage"]["completion_tokens"] == 8 and out["usage"]["prompt_tokens"] > 40
     assert stack.generate_ok() == before + 1
-    assert pool_is_whole(_idle(stack.decode.url)) == []
+    assert pool_is_whole(idle_metrics(stack.decode.url)) == []
 
 
 def test_streamed_chat_ends_with_its_finish_reason(stack: Stack) -> None:
@@ -98,19 +97,7 @@ def test_responses_later_turn_reuses_the_decode_workers_kv(stack: Stack) -> None
     assert second["usage"]["input_tokens"] > first["usage"]["input_tokens"]
     # the history smg stored is the prompt's start: whole pages of it stayed cached
     assert second["usage"]["input_tokens_details"]["cached_tokens"] >= 16
-    assert pool_is_whole(_idle(stack.decode.url)) == []
-
-
-def _idle(url: str, timeout_s: float = 30.0) -> Metrics:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-            m = Metrics(resp.read().decode())
-        busy = sum(m.value("decode_worker_queue_requests", queue=q)
-                   for q in ("prealloc", "transfer", "running"))
-        if busy == 0 or time.monotonic() > deadline:
-            return m
-        time.sleep(0.05)
+    assert pool_is_whole(idle_metrics(stack.decode.url)) == []
 
 
 def _sse(url: str, body: dict[str, Any]) -> list[str]:

@@ -86,7 +86,8 @@ class Rig:
                             self.ctx, runner, sampler)
         self.outbox = SinkOutbox(keep=True)
         self.table = RequestTable(self.ctx, queue, self.alloc, _NoTransfers(), fetcher,
-                                  self.outbox, batch, spec.ended if spec is not None else None)
+                                  self.outbox, batch, spec.ended if spec is not None else None,
+                                  eos_ids=frozenset({0}))
         self.stepper = DecodeStepper(self.table, queue, self.alloc, runner, sampler,
                                      overlap=overlap, spec=spec)
         self.lives: dict[str, LiveRequest] = {}
@@ -99,8 +100,7 @@ class Rig:
         pages hold it (a stand-in runner that reads no KV) with first token `first`."""
         ps, ctx = self.ctx.page_size, self.ctx
         live = self.table.register(AddRequest(rid, prompt, params, return_logprob, None, None,
-                                              None, 0.0, top_logprobs=top_logprobs),
-                                   frozenset({0}))
+                                              None, 0.0, top_logprobs=top_logprobs))
         swa_start, n = ctx.swa_start(len(prompt)), cdiv(len(prompt), ps)
         swa_ids = [0] * (swa_start // ps) + self.swa.alloc(n - swa_start // ps)
         kv = ReqKV(list(prompt), self.full.alloc(n), swa_ids, swa_start=swa_start)

@@ -191,7 +191,7 @@ def running_stepper(runner: Any, bs: int, ctx: int, overlap: bool, *, page_size:
         prompt = [(i * 7 + j) % 200 + 3 for j in range(n_tok)]
         lp, top = logprobs[i] if logprobs else (False, 0)
         live = table.register(AddRequest(f"r{i}", prompt, per_req[i], lp, None, None, None,
-                                         0.0, top_logprobs=top), frozenset())
+                                         0.0, top_logprobs=top))
         swa_start, n = kv_ctx.swa_start(n_tok), cdiv(n_tok, page_size)
         swa_ids = [0] * (swa_start // page_size) + swa.alloc(n - swa_start // page_size)
         kv = ReqKV(list(prompt), full.alloc(n), swa_ids, swa_start=swa_start)

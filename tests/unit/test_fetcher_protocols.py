@@ -64,7 +64,7 @@ def table(answers: dict[int, PeerProtocol | None], *, radix: bool = True) -> Req
 def live(t: RequestTable, port: int) -> LiveRequest:
     cmd = AddRequest(f"r{port}", [1, 2, 3], SamplingParams(max_new_tokens=4), False,
                      "127.0.0.1", port, 7, 0.0)
-    return t.register(cmd, frozenset())
+    return t.register(cmd)
 
 
 def waiting(t: RequestTable, *ports: int) -> list[LiveRequest]:
@@ -159,7 +159,7 @@ def test_an_admission_reports_its_host_hits_as_part_of_cached_tokens() -> None:
     t = table({})
     cmd = AddRequest("r", list(range(64)), SamplingParams(max_new_tokens=4), False, None, None,
                      None, 0.0)
-    lv = t.register(cmd, frozenset())
+    lv = t.register(cmd)
     lv.restore = _Restoring()
     # 48 tokens reused: 1 page on the device, 2 pages (32 tokens) restored from the host
     t.fetch(lv, Admit(lv.req, 48, 48, [10, 11, 12, 13], [], HostRestore([5, 6], [10, 11])), 0.0)

@@ -57,7 +57,7 @@ class Rig:
         """An admitted (RESERVED) request of an SGLang peer, fetched now."""
         cmd = AddRequest(rid, list(range(prompt_len)), SamplingParams(max_new_tokens=4), False,
                          "127.0.0.1", 9, 100 + len(self.t.lives), 0.0)
-        live = self.t.register(cmd, frozenset())
+        live = self.t.register(cmd)
         live.req.sglang_page_size = PS
         live.req.transition(RequestState.RESERVED, 0.0, kv=SimpleNamespace())  # type: ignore[arg-type]
         self.t.fetch(live, Admit(live.req, 0, 0, full, swa), 0.0)

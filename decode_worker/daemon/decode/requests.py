@@ -3,7 +3,9 @@ request leaves by (`end`) and the one poll that moves waiting requests on (`poll
 
 The engine enters it once a step (`step`): the step's commands (arrivals, cancels), the poll,
 the prealloc queue's pass (arrivals join it there), the fetch of what it admitted; the READY
-requests it returns join the batch. The stepper ends requests through `end`.
+requests it returns join the batch. The stepper ends requests through `end`. What concerns
+prefill peers (their protocol, posting transfers, their events, ending rooms) is in
+`peer_waits.py`, mixed in.
 
 A request is in exactly one place: the step's arrivals (until this step's pass), the prealloc
 queue (QUEUED, RETRACTED), the running batch (RUNNING), or parked (`parking.py`: waiting for
@@ -34,7 +36,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Protocol
 
 from decode_worker.core.admission import Abort, Admit, Decision, PreallocQueue
 from decode_worker.core.decode_alloc import DecodeAllocator
@@ -55,24 +56,15 @@ from decode_worker.daemon.decode.fetcher import KVFetcher
 from decode_worker.daemon.decode.host_tier import HostTier
 from decode_worker.daemon.decode.live import LiveRequest
 from decode_worker.daemon.decode.parking import Parked, ParkingLot, Wait
+from decode_worker.daemon.decode.peer_waits import PeerWaits, TransferStopper
 from decode_worker.device.host_pool import RestoreFailed
 from decode_worker.errors import DecodeWorkerError
-from decode_worker.io.kv.peer import TransferEvent
 
 log = logging.getLogger(__name__)
 _EXPIRE_EVERY_S = 0.01  # how often the prealloc queue's deadlines are checked
 
 
-class TransferStopper(Protocol):
-    """What the table needs of the KV receiver: stop one transfer (its "released" or "done"
-    event follows); tell a prefill peer that a room's request ended."""
-
-    def abort_transfer(self, transfer_id: int) -> None: ...
-
-    def cancel_room(self, host: str, port: int, room: int, reason: str, detail: str) -> None: ...
-
-
-class RequestTable:
+class RequestTable(PeerWaits):
     """The live requests by rid, the running batch, the parked requests (live or ended).
 
     `counts`: requests ended by status, and aborts by reason for those the shell decided
@@ -133,7 +125,7 @@ class RequestTable:
     def _add(self, cmd: AddRequest, now: float) -> None:
         """A new request: it waits for its peer's protocol, or joins the prealloc queue at
         this step's pass, or ends at once (bad input)."""
-        live = self.register(cmd, self.eos_ids)
+        live = self.register(cmd)
         vocab = self.vocab_size
         bad = [t for t in cmd.input_ids if not 0 <= t < vocab] if vocab is not None else []
         if bad or not cmd.input_ids:
@@ -196,11 +188,11 @@ class RequestTable:
             return False
         return True
 
-    def register(self, cmd: AddRequest, eos_ids: frozenset[int]) -> LiveRequest:
+    def register(self, cmd: AddRequest) -> LiveRequest:
         """A new request (QUEUED, not yet in the prealloc queue or parked)."""
         req = DecodeRequest(cmd.rid, cmd.bootstrap_room or 0, list(cmd.input_ids),
                             cmd.sampling.max_new_tokens)
-        live = LiveRequest(req, cmd, eos_ids)
+        live = LiveRequest(req, cmd, self.eos_ids)
         self.lives[cmd.rid] = live
         return live
 
@@ -219,10 +211,6 @@ class RequestTable:
                 + lot.count(Wait.RESTORE, ended=False))
 
     # -- where a request goes next -------------------------------------------------------------
-    def wait_for_peer(self, live: LiveRequest, now: float) -> None:
-        """`live` waits until its peer's protocol is known; then `poll` queues or ends it."""
-        self.parked.park(live, Wait.PEER, since=now)
-
     def fetch(self, live: LiveRequest, admit: Admit, now: float) -> None:
         """`live` holds its pages (RESERVED): ask its prefill peer for the missing KV, or
         compute it here when the client named no peer (or it is a resumed request). Raises
@@ -236,36 +224,6 @@ class RequestTable:
             return
         prefix_len = admit.prefix_len
         self._when_restored(live, lambda t: fetcher.prefill_here(live, prefix_len, t), now)
-
-    def _post(self, live: LiveRequest, admit: Admit, now: float) -> None:
-        """Post `live`'s transfer (TRANSFER), or it waits for landing room behind those that
-        wait already (LANDING), or it ends when it can never get that room."""
-        fetcher, lot = self.fetcher, self.parked
-        why = fetcher.landing_refusal(live, admit)
-        if why is not None:
-            self.end(live, "transfer_failed", f"KV transfer refused: {why}", now, failed=True)
-            return
-        behind_others = fetcher.lands(live) and lot.has(Wait.LANDING)
-        if not behind_others and fetcher.post(live, admit, now):
-            lot.park(live, Wait.TRANSFER)
-            return
-        log.info("rid=%s waits for landing room", live.rid)
-        lot.park(live, Wait.LANDING, admit=admit)
-
-    def _post_landing(self, rec: Parked, now: float) -> bool:
-        """Post the transfer of a request that waited for landing room; False while there is
-        still too little (it keeps waiting). An input the receiver refuses ends it."""
-        live, admit = rec.live, rec.admit
-        assert admit is not None  # LANDING keeps its admission
-        try:
-            if not self.fetcher.post(live, admit, now):
-                return False
-        except DecodeWorkerError as exc:  # this request's inputs, not the engine
-            self.parked.move(rec, None)
-            self.end(live, "bad_request", str(exc), now, failed=True)
-            return True
-        self.parked.move(rec, Wait.TRANSFER)
-        return True
 
     # -- the one poll --------------------------------------------------------------------------
     def poll(self, now: float) -> None:
@@ -291,37 +249,6 @@ class RequestTable:
                 if rec.until_step <= done:
                     self._settle(rec, now)
 
-    def _transfer_event(self, rec: Parked, ev: TransferEvent, now: float) -> None:
-        live = rec.live
-        if ev.kind == "failed":  # answer now; the pages wait until the peer stopped writing
-            if rec.status is None:
-                reason = ev.reason or "transfer_failed"
-                log.warning("rid=%s transfer %d failed (%s): %s", live.rid, ev.transfer_id,
-                            reason, ev.detail)
-                self.end(live, reason, f"KV transfer failed ({reason}): {ev.detail}", now,
-                         failed=True)
-            return
-        first = self.fetcher.transfer_over(live, ev)
-        if rec.status is not None:  # it had ended: its pages go back once nothing writes them
-            if live.is_restoring:
-                self.parked.move(rec, Wait.RESTORE)
-            else:
-                self._settle(rec, now)
-            return
-        if first is None:
-            self.parked.move(rec, None)
-            why = ("first token missing or for another room" if ev.kind == "done" else
-                   "the KV transfer was released before it completed")
-            self.end(live, "transfer_failed", why, now, failed=True)
-            return
-        if live.is_restoring:
-            self.parked.move(rec, Wait.RESTORE)
-            rec.then = lambda t: self.fetcher.arrive(live, first, t)
-            return
-        live.restore = None
-        self.fetcher.arrive(live, first, now)
-        self.parked.move(rec, Wait.START)
-
     def _restored(self, rec: Parked, now: float) -> None:
         """`rec`'s restore is done: a live request becomes READY, an ended one's pages go."""
         live = rec.live
@@ -332,20 +259,6 @@ class RequestTable:
         assert rec.then is not None
         rec.then(now)
         self.parked.move(rec, Wait.START)
-
-    def _resolve(self, rec: Parked, now: float) -> None:
-        """`rec`'s peer protocol, if known: queue the request, or end it when that peer cannot
-        serve it (unreachable: counted as a transfer failure)."""
-        live = rec.live
-        proto = self.fetcher.protocol_of(live, rec.since)
-        if proto is None:
-            return
-        self.parked.move(rec, None)
-        refusal = self.fetcher.refusal(live, proto)
-        if refusal is not None:
-            self.end(live, *refusal, now, failed=True)
-        else:
-            self.arrivals.append(live)
 
     def _settle(self, rec: Parked, now: float) -> None:
         """An ended request's wait is over: nothing writes its pages any more."""
@@ -416,15 +329,6 @@ class RequestTable:
             live.restore.wait()
         self.end(live, ab.reason, ab.message, now)
 
-    def refuse(self, cmd: RefuseRequest) -> None:
-        """Requests the worker refused before they reached the engine (at the HTTP door):
-        counted as aborted for `cmd.reason`, and each room ended at its prefill peer."""
-        self.requests_total["aborted"] += cmd.num_requests
-        self.aborts_total[cmd.reason] += cmd.num_requests
-        log.info("refused %d request(s) (%s): %s", cmd.num_requests, cmd.reason, cmd.message)
-        for host, port, room in cmd.rooms:
-            self._cancel_room(host, port, room, cmd.reason, cmd.message)
-
     def settle_all(self, now: float) -> None:
         """Shutdown (the device runs nothing else): release every ended request that waits for
         launched steps, and those waiting for a restore once it is done."""
@@ -437,24 +341,6 @@ class RequestTable:
                 self._settle(rec, now)
 
     # -- internals -----------------------------------------------------------------------------
-    def _tell_peer(self, live: LiveRequest, reason: str, message: str) -> None:
-        """A request that ends before its first token came (refused at admission, client
-        abort, drain, a failed transfer) ends at its prefill peer too, which then answers the
-        router's copy at once instead of at its own timeout; sent for a peer found dead too
-        (one that restarts within seconds may still get the router's copy)."""
-        cmd = live.cmd
-        if live.req.output_ids or reason in FINISH_REASONS:
-            return
-        self._cancel_room(cmd.bootstrap_host, cmd.bootstrap_port or 0, cmd.bootstrap_room,
-                          reason, message)
-
-    def _cancel_room(self, host: str | None, port: int, room: int | None, reason: str,
-                     message: str) -> None:
-        """End `room` at the prefill peer host:port (in its protocol), if the address and room
-        are whole."""
-        if host and room is not None and 0 < port < 65536:
-            self.transfers.cancel_room(host, port, room, reason, message)
-
     def _count(self, req: DecodeRequest, status: str, reason: str) -> None:
         self.requests_total[status] += 1
         decided_by_admission = req.state is RequestState.ABORTED  # admission aborts first
